@@ -1,0 +1,39 @@
+# MegaScale-Omni developer entry points. Everything installs into .venv/ in this repository.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# The CPU build for this machine; GPU images pin their CUDA build instead (dockerfiles/).
+TORCH_SPEC ?= torch==2.13.0
+EXTRAS ?= trainer,operator,test
+STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
+comma  := ,
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test lint format clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 needed, found " + sys.version' 
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	# torch first: an unpinned torch (asked for by megatron-core) would pull a multi-GB CUDA build.
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[$(EXTRAS)]"
+	touch $@
+
+demo: setup
+	$(BIN)/omni train examples/tiny-cpu.yaml --summary runs/tiny-cpu/summary.json
+
+test: setup
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: setup
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""MegaScale-Omni Kubernetes operator (kopf)."""

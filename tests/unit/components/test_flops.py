@@ -1,0 +1,115 @@
+"""FLOPs and MFU accounting: hand-computed cases, public orders of magnitude, peak detection."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from omni_trainer.components.flops import (
+    DEVICE_PEAK_FLOPS,
+    attention_flops,
+    detect_peak_flops,
+    matmul_flops,
+    measure_peak_flops,
+    mfu,
+    training_flops,
+    transformer_flops,
+    transformer_matmul_params,
+)
+
+TINY = {"num_layers": 1, "hidden_size": 4, "ffn_hidden_size": 8, "num_heads": 2}
+
+
+def test_one_layer_by_hand() -> None:
+    # matmul params: q,k,v 3*4*4 = 48, o 4*4 = 16, MLP 2*4*8 = 64 -> 128
+    # linear FLOPs: 2 * 128 * 3 tokens = 768
+    # attention: (QK^T + AV) 2 * 2 * s^2 * h = 4 * 9 * 4 = 144
+    assert transformer_flops(**TINY, seq_lengths=[3]) == 768 + 144
+
+
+def test_variants_by_hand() -> None:
+    # LM head: + 2 * (4 * 10) * 3 = 240
+    assert transformer_flops(**TINY, vocab_size=10, seq_lengths=[3]) == 912 + 240
+    # causal counts half the square: 144 / 2 = 72
+    assert transformer_flops(**TINY, seq_lengths=[3], causal=True) == 768 + 72
+    # GQA with 1 K/V group: k,v 2 * 4 * (1 * 2) = 16 instead of 32 -> 112 params
+    assert transformer_matmul_params(**TINY, num_query_groups=1) == 112
+    # gated MLP: 3 * 4 * 8 = 96 instead of 64 -> 160 params
+    assert transformer_matmul_params(**TINY, gated_mlp=True) == 160
+    # two sequences never attend to each other: 4 * h * (3^2 + 5^2) = 4 * 4 * 34 = 544
+    assert transformer_flops(**TINY, seq_lengths=[3, 5]) == 2 * 128 * 8 + 544
+
+
+def test_llama_7b_matches_6nt() -> None:
+    """LLaMA-7B (Touvron et al. 2023: 6.7B params): training FLOPs ~ 6 N T plus attention."""
+    shape = {
+        "num_layers": 32,
+        "hidden_size": 4096,
+        "ffn_hidden_size": 11008,
+        "num_heads": 32,
+        "gated_mlp": True,
+        "vocab_size": 32000,
+    }
+    seqs = [2048] * 4
+    tokens = sum(seqs)
+    forward = transformer_flops(**shape, seq_lengths=seqs)
+    attention = attention_flops(num_layers=32, num_heads=32, head_dim=128, seq_lengths=seqs)
+    assert attention == 32 * 4 * 4096 * 2048**2 * 4
+    # matmul params exclude the 131M input embedding: 6.61B of LLaMA's 6.74B.
+    assert training_flops(forward - attention) == pytest.approx(6 * 6.74e9 * tokens, rel=0.03)
+    # at 2K context attention adds ~8% over 6NT (4 * s * h * L vs 2 * N per token)
+    assert 0.05 < attention / (forward - attention) < 0.10
+
+
+def test_mfu_and_training() -> None:
+    assert training_flops(10.0) == 30.0
+    assert mfu(378e12, 989e12) == pytest.approx(0.382, abs=1e-3)
+    with pytest.raises(ValueError, match="positive"):
+        mfu(1.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("name", "key"),
+    [
+        ("NVIDIA H100 80GB HBM3", "H100 SXM"),
+        ("NVIDIA H100 PCIe", "H100 PCIe"),
+        ("NVIDIA H200", "H200"),
+        ("NVIDIA GH200 480GB", "H200"),
+        ("NVIDIA A100-SXM4-80GB", "A100"),
+    ],
+)
+def test_detect_peak_from_datasheet(name: str, key: str) -> None:
+    assert detect_peak_flops(name) == (DEVICE_PEAK_FLOPS[key], f"datasheet:{key}")
+
+
+def test_detect_peak_override_and_unknown() -> None:
+    assert detect_peak_flops("NVIDIA H100 80GB HBM3", override=1e12) == (1e12, "override")
+    assert detect_peak_flops(None, override=2e11) == (2e11, "override")
+    with pytest.raises(ValueError, match="override"):
+        detect_peak_flops(None)
+    with pytest.raises(ValueError, match="override"):
+        detect_peak_flops("Tesla T4")
+    assert DEVICE_PEAK_FLOPS["H100 SXM"] == DEVICE_PEAK_FLOPS["H200"] == 989e12
+    assert DEVICE_PEAK_FLOPS["A100"] == 312e12
+
+
+def test_measure_peak_keeps_fastest_call() -> None:
+    times = iter([0.0, 2.0, 10.0, 11.0, 20.0, 24.0])  # calls of 2 s, 1 s, 4 s
+    calls = []
+    peak = measure_peak_flops(
+        lambda: calls.append(1),
+        flops_per_call=matmul_flops(10, 10, 10),
+        iters=3,
+        clock=lambda: next(times),
+    )
+    assert peak == 2000.0  # 2 * 10^3 FLOPs in 1 s
+    assert len(calls) == 4  # 1 warmup + 3 timed
+
+
+def test_flops_module_is_torch_free() -> None:
+    code = (
+        "import sys, omni_trainer.components.flops, omni_trainer.models.encoders.config;"
+        "sys.exit('torch' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -1,0 +1,125 @@
+"""Encoder modules: shapes at dynamic resolution, batch-composition invariance, gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from omni_trainer.models.encoders.audio import AudioEncoder
+from omni_trainer.models.encoders.config import AudioEncoderConfig, VisionEncoderConfig
+from omni_trainer.models.encoders.layers import (
+    cu_seqlens_from_lengths,
+    sincos_2d,
+    varlen_attention,
+)
+from omni_trainer.models.encoders.projector import Projector
+from omni_trainer.models.encoders.vision import VisionEncoder
+
+VIT = VisionEncoderConfig(preset="vit-tiny")
+CONFORMER = AudioEncoderConfig(preset="conformer-tiny", conv_kernel_size=5)
+
+
+@pytest.fixture
+def gen() -> torch.Generator:
+    return torch.Generator().manual_seed(0)
+
+
+def _vit() -> VisionEncoder:
+    torch.manual_seed(0)
+    return VisionEncoder(VIT).eval()
+
+
+def _conformer() -> AudioEncoder:
+    torch.manual_seed(0)
+    return AudioEncoder(CONFORMER).eval()
+
+
+def test_varlen_attention_is_block_diagonal(gen: torch.Generator) -> None:
+    lengths = [3, 5, 1]
+    q, k, v = (torch.randn(9, 2, 8, generator=gen) for _ in range(3))
+    seg = torch.repeat_interleave(torch.arange(3), torch.tensor(lengths))
+    mask = seg[:, None] == seg[None, :]  # full attention restricted to each sample
+    expected = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask
+    ).transpose(0, 1)
+    out = varlen_attention(q, k, v, cu_seqlens_from_lengths(lengths))
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_sincos_2d_depends_on_grid_position() -> None:
+    pos = sincos_2d(2, 3, 8)
+    assert pos.shape == (6, 8)
+    assert torch.unique(pos, dim=0).shape[0] == 6  # every patch position is distinct
+    # row-major: a 2x3 grid's first row is the 1x3 grid; column codes do not depend on the height
+    torch.testing.assert_close(pos[:3], sincos_2d(1, 3, 8))
+
+
+def test_patch_embedding_equals_conv2d(gen: torch.Generator) -> None:
+    enc = _vit()
+    image = torch.randn(3, 28, 42, generator=gen)
+    conv = enc.patch_embed(image[None])[0]  # [hidden, 2, 3]
+    linear = enc.patchify(image) @ enc.patch_embed.weight.flatten(1).T + enc.patch_embed.bias
+    torch.testing.assert_close(linear, conv.flatten(1).T, rtol=1e-5, atol=1e-5)
+
+
+def test_vision_dynamic_resolution_and_batch_invariance(gen: torch.Generator) -> None:
+    enc = _vit()
+    images = [
+        torch.randn(3, 28, 56, generator=gen),  # 2x4 patches
+        torch.randn(3, 70, 14, generator=gen),  # 5x1 patches
+        torch.randn(3, 42, 42, generator=gen),  # 3x3 patches
+    ]
+    with torch.no_grad():
+        together = enc(images)
+        alone = torch.cat([enc([img]) for img in images])
+        reordered = enc(images[::-1])
+    assert together.shape == (8 + 5 + 9, VIT.hidden_size)
+    torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(reordered[:9], together[-9:], rtol=1e-5, atol=1e-5)
+
+
+def test_vision_rejects_bad_images() -> None:
+    enc = _vit()
+    with pytest.raises(ValueError, match="patch_size"):
+        enc([torch.zeros(3, 30, 28)])
+    with pytest.raises(ValueError, match="channels"):
+        enc([torch.zeros(1, 28, 28)])
+
+
+def test_audio_shapes_and_batch_invariance(gen: torch.Generator) -> None:
+    enc = _conformer()
+    clips = [torch.randn(n, CONFORMER.n_mels, generator=gen) for n in (40, 12, 64)]
+    with torch.no_grad():
+        together = enc(clips)
+        alone = torch.cat([enc([c]) for c in clips])
+    assert together.shape == (10 + 3 + 16, CONFORMER.hidden_size)
+    torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5)
+
+
+def test_audio_rejects_bad_lengths() -> None:
+    with pytest.raises(ValueError, match="subsampling"):
+        _conformer()([torch.zeros(10, CONFORMER.n_mels)])
+
+
+@pytest.mark.parametrize("which", ["vision", "audio"])
+def test_params_match_config_and_all_get_gradients(which: str, gen: torch.Generator) -> None:
+    if which == "vision":
+        enc, cfg = _vit().train(), VIT
+        inputs = [torch.randn(3, 28, 42, generator=gen), torch.randn(3, 14, 14, generator=gen)]
+    else:
+        enc, cfg = _conformer().train(), CONFORMER
+        inputs = [torch.randn(n, CONFORMER.n_mels, generator=gen) for n in (16, 8)]
+    assert sum(p.numel() for p in enc.parameters()) == cfg.params()
+    proj = Projector(cfg.hidden_size, 48)
+    out = proj(enc(inputs))
+    assert out.shape[1] == 48
+    out.square().mean().backward()
+    params = [*enc.named_parameters(), *proj.named_parameters()]
+    no_grad = [n for n, p in params if p.grad is None or not p.grad.abs().sum() > 0]
+    assert no_grad == []
+
+
+def test_init_follows_global_seed() -> None:
+    a, b = _vit(), _vit()
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
+        assert torch.equal(pa, pb), name

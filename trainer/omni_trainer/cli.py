@@ -1,0 +1,103 @@
+"""``omni``: the command line. It takes run-time choices only; job settings live in the manifest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from omni_trainer.config import ManifestError, load_manifest
+
+app = typer.Typer(
+    help="MegaScale-Omni: multimodal LLM training.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+err_console = Console(stderr=True, soft_wrap=True, highlight=False)
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    err_console.print("[bold red]error:[/bold red] ", end="")
+    err_console.print(message, markup=False)
+    return typer.Exit(code)
+
+
+ManifestArg = Annotated[Path, typer.Argument(help="OmniTrainingJob YAML")]
+
+
+def _load(path: Path):
+    try:
+        return load_manifest(path)
+    except ManifestError as err:
+        raise _fail(str(err)) from None
+
+
+@app.command()
+def validate(manifest: ManifestArg) -> None:
+    """Check a manifest without training; every problem is listed with its field path."""
+    job = _load(manifest)
+    cfg = job.spec.trainer
+    typer.echo(
+        f"{manifest}: valid OmniTrainingJob {job.metadata.name!r} "
+        f"(modalities: {', '.join(cfg.model.modalities)}; "
+        f"{len(cfg.data.sources)} sources; {cfg.train.steps} steps)"
+    )
+
+
+@app.command()
+def train(
+    manifest: ManifestArg,
+    steps: Annotated[
+        int | None, typer.Option(min=1, help="override spec.trainer.train.steps")
+    ] = None,
+    nproc: Annotated[int, typer.Option(min=1, help="local processes (one per GPU on GPUs)")] = 1,
+    summary: Annotated[Path | None, typer.Option(help="write a JSON summary here")] = None,
+) -> None:
+    """Train the manifest's job on this machine (torchrun: gloo on CPU, NCCL on GPUs)."""
+    from omni_trainer.launch import inside_torchrun, launch_torchrun, run_worker
+
+    job = _load(manifest)
+    if nproc > 1 and not inside_torchrun():
+        forwarded = [
+            *(["--steps", str(steps)] if steps else []),
+            *(["--summary", str(summary)] if summary else []),
+        ]
+        raise typer.Exit(launch_torchrun(manifest, nproc=nproc, forwarded=forwarded))
+    try:
+        result = run_worker(job, steps=steps, summary_path=summary)
+    except ManifestError as err:
+        raise _fail(str(err)) from None
+    if result and _is_rank0():
+        _print_summary(result)
+
+
+def _is_rank0() -> bool:
+    import os
+
+    return os.environ.get("RANK", "0") == "0"
+
+
+def _print_summary(s: dict) -> None:
+    table = Table(title=f"summary: {s['job']}", show_header=False)
+    rows = [
+        ("steps", str(s["steps"])),
+        ("loss", f"{s['initial_loss']:.4f} -> {s['final_loss']:.4f}"),
+        ("tokens/s", f"{s['tokens_per_second']:,.0f}"),
+        (
+            "MFU",
+            f"{s['mfu']:.2%} of {s['peak_flops'] / 1e9:,.1f} GFLOP/s ({s['peak_flops_source']})",
+        ),
+        ("layout", f"{s['layout']['name']} (world {s['world_size']})"),
+        ("samples", ", ".join(f"{k} {v}" for k, v in s["samples_per_modality"].items())),
+        ("wall time", f"{s['wall_time_s']:.1f} s ({s['mean_step_time_s'] * 1e3:.0f} ms/step)"),
+    ]
+    for k, v in rows:
+        table.add_row(k, v)
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,71 @@
+"""Training progress for people: a rich progress bar on a terminal, plain lines in pod logs."""
+
+from __future__ import annotations
+
+import sys
+from typing import Protocol
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+
+class StepReporter(Protocol):
+    def start(self, total_steps: int, description: str) -> None: ...
+    def update(self, step: int, *, loss: float, tokens_per_s: float, mfu: float) -> None: ...
+    def close(self) -> None: ...
+
+
+class NullReporter:
+    """For ranks other than 0."""
+
+    def start(self, total_steps: int, description: str) -> None:
+        pass
+
+    def update(self, step: int, *, loss: float, tokens_per_s: float, mfu: float) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class ConsoleReporter:
+    """Rank 0: a live bar when stdout is a terminal, one log line per ``log_every`` steps if not."""
+
+    def __init__(self, *, log_every: int = 10, console: Console | None = None) -> None:
+        self.console = console or Console(file=sys.stdout)
+        self.log_every = log_every
+        self.progress: Progress | None = None
+        self.task = None
+        self.total = 0
+
+    def start(self, total_steps: int, description: str) -> None:
+        self.total = total_steps
+        self.console.print(f"[bold]training[/bold] {description}")
+        if self.console.is_terminal:
+            self.progress = Progress(
+                TextColumn("step"),
+                MofNCompleteColumn(),
+                BarColumn(),
+                TextColumn("loss {task.fields[loss]:.4f}"),
+                TextColumn("{task.fields[tps]:,.0f} tok/s"),
+                TextColumn("MFU {task.fields[mfu]:.2%}"),
+                TimeElapsedColumn(),
+                console=self.console,
+            )
+            self.task = self.progress.add_task(
+                "train", total=total_steps, loss=0.0, tps=0.0, mfu=0.0
+            )
+            self.progress.start()
+
+    def update(self, step: int, *, loss: float, tokens_per_s: float, mfu: float) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, completed=step, loss=loss, tps=tokens_per_s, mfu=mfu)
+        elif step == 1 or step % self.log_every == 0 or step == self.total:
+            self.console.print(
+                f"step {step}/{self.total}  loss {loss:.4f}  {tokens_per_s:,.0f} tok/s  "
+                f"MFU {mfu:.2%}"
+            )
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()

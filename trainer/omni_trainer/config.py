@@ -1,0 +1,151 @@
+"""The job manifest: an ``OmniTrainingJob`` whose ``spec.trainer`` configures the trainer.
+
+The same YAML is what users ``kubectl apply`` and what ``omni train`` reads locally. Only
+``spec.trainer`` belongs to the trainer; the rest of ``spec`` (image, nodes, resources...) is
+cluster settings validated by the operator's CRD schema and ignored by a local run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError, model_validator
+
+from omni_trainer.config_base import Spec
+from omni_trainer.data.config import DataConfig
+from omni_trainer.distributed.config import ParallelismConfig
+from omni_trainer.models.config import ModelConfig
+
+API_VERSION = "omni.megascale.io/v1alpha1"
+KIND = "OmniTrainingJob"
+
+
+class OptimizerConfig(Spec):
+    name: Literal["adamw"] = "adamw"
+    lr: float = Field(3e-4, gt=0)
+    min_lr: float = Field(0.0, ge=0, description="floor of the LR decay")
+    weight_decay: float = Field(0.01, ge=0)
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.95, ge=0, lt=1)
+    eps: float = Field(1e-8, gt=0)
+    clip_grad: float = Field(1.0, ge=0, description="max global grad norm; 0 disables clipping")
+
+    @model_validator(mode="after")
+    def _min_below_peak(self) -> OptimizerConfig:
+        if self.min_lr > self.lr:
+            raise ValueError(f"minLr ({self.min_lr}) must not exceed lr ({self.lr})")
+        return self
+
+
+class LRScheduleConfig(Spec):
+    warmup_steps: int = Field(0, ge=0)
+    decay: Literal["cosine", "linear", "constant"] = "cosine"
+    decay_steps: int | None = Field(
+        None, ge=1, description="steps from start to minLr; default: train.steps"
+    )
+
+
+class TrainConfig(Spec):
+    steps: int = Field(100, ge=1, description="optimizer steps (overridable by --steps)")
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="auto: bf16 autocast on GPUs, fp32 on CPU"
+    )
+    peak_flops_per_device: float | None = Field(
+        None, gt=0, description="override the peak FLOP/s used for MFU"
+    )
+
+
+class TrainerConfig(Spec):
+    seed: int = 1234
+    model: ModelConfig
+    data: DataConfig
+    parallelism: ParallelismConfig = ParallelismConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    lr_schedule: LRScheduleConfig = LRScheduleConfig()
+    train: TrainConfig = TrainConfig()
+
+    @model_validator(mode="after")
+    def _data_fits_model(self) -> TrainerConfig:
+        consumable = set(self.model.modalities)
+        for i, source in enumerate(self.data.sources):
+            if source.modality not in consumable:
+                raise ValueError(
+                    f"data.sources[{i}] ({source.name!r}) has modality {source.modality!r} "
+                    f"but model.encoders has no {source.modality!r} encoder; add one "
+                    f"or remove the source (the model consumes: {', '.join(sorted(consumable))})"
+                )
+        return self
+
+
+class Metadata(Spec):
+    model_config = Spec.model_config | {"extra": "allow"}
+    name: str = Field(..., min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    namespace: str | None = None
+
+
+class JobSpecTrainerView(Spec):
+    """``spec`` as the trainer sees it: ``trainer`` is validated, cluster settings pass through."""
+
+    model_config = Spec.model_config | {"extra": "allow"}
+    trainer: TrainerConfig
+
+
+class JobManifest(Spec):
+    api_version: Literal["omni.megascale.io/v1alpha1"] = Field(alias="apiVersion")
+    kind: Literal["OmniTrainingJob"]
+    metadata: Metadata
+    spec: JobSpecTrainerView
+
+
+class ManifestError(ValueError):
+    """A manifest that cannot be used; the message lists every bad field by its YAML path."""
+
+
+def format_errors(err: ValidationError) -> str:
+    """One line per problem: ``spec.trainer.data.microBatchSize: <what is wrong and allowed>``."""
+    lines = []
+    for e in err.errors():
+        path = ""
+        for part in e["loc"]:
+            if isinstance(part, int):
+                path += f"[{part}]"
+            elif not _is_union_tag(part):
+                path += f".{part}" if path else str(part)
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field (check the spelling; fields are camelCase)"
+        elif e["type"] == "literal_error" and "expected" in e.get("ctx", {}):
+            msg = f"must be one of {e['ctx']['expected']}"
+        lines.append(f"{path or '<root>'}: {msg}")
+    return "\n".join(lines)
+
+
+def _is_union_tag(part: object) -> bool:
+    # pydantic puts the chosen member of a tagged union into the location ("synthetic").
+    return isinstance(part, str) and part in {"synthetic", "shards"}
+
+
+def parse_manifest(doc: Any) -> JobManifest:
+    if not isinstance(doc, dict):
+        raise ManifestError("the manifest must be a YAML mapping with apiVersion, kind, spec")
+    try:
+        return JobManifest.model_validate(doc)
+    except ValidationError as err:
+        raise ManifestError(format_errors(err)) from None
+
+
+def load_manifest(path: str | Path) -> JobManifest:
+    """Read and validate a manifest file; errors name the file and every bad field."""
+    path = Path(path)
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ManifestError(f"{path}: no such file") from None
+    except yaml.YAMLError as err:
+        raise ManifestError(f"{path}: not valid YAML: {err}") from None
+    try:
+        return parse_manifest(doc)
+    except ManifestError as err:
+        raise ManifestError(f"{path}: invalid OmniTrainingJob\n{err}") from None

@@ -1,0 +1,195 @@
+"""The global multimodal stream: sources -> mixture -> chunking -> best-fit packing -> batches.
+
+Every rank builds the same stream and takes its slice (``dp_slice``), so the global batch does not
+depend on the world size. The state (cursors, mixture counters, pending chunks, packing buffer as
+sample keys, counters) is small and JSON-safe; restoring it continues with the very same batches.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import Any
+
+from omni_trainer.data.config import DataConfig, ShardSourceConfig, SyntheticSourceConfig
+from omni_trainer.data.mixture import DeficitMixer, MixtureSchedule
+from omni_trainer.data.packing import (
+    MicroBatch,
+    PackedSequence,
+    Packer,
+    collate,
+    dp_slice,
+    split_micro_batches,
+)
+from omni_trainer.data.sample import MediaGeometry, Sample, chunk_of, split_text
+from omni_trainer.data.shards import ShardSource
+from omni_trainer.data.synthetic import SyntheticSource
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+
+
+def build_source(
+    config: SyntheticSourceConfig | ShardSourceConfig,
+    *,
+    source_index: int,
+    seed: int,
+    vocab_size: int,
+    geometry: MediaGeometry,
+    seq_length: int,
+) -> SyntheticSource | ShardSource:
+    """The reader for one configured source."""
+    if isinstance(config, SyntheticSourceConfig):
+        return SyntheticSource(
+            config,
+            source_index=source_index,
+            seed=seed,
+            vocab_size=vocab_size,
+            geometry=geometry,
+            seq_length=seq_length,
+        )
+    return ShardSource(config, source_index=source_index, geometry=geometry, seq_length=seq_length)
+
+
+class MultimodalStream:
+    """Deterministic global stream of packed sequences for a :class:`DataConfig` and a seed."""
+
+    def __init__(
+        self, config: DataConfig, *, seed: int, vocab_size: int, geometry: MediaGeometry
+    ) -> None:
+        self.config = config
+        self.seed = seed
+        self.seq_length = config.seq_length
+        self.sources = [
+            build_source(
+                c,
+                source_index=i,
+                seed=seed,
+                vocab_size=vocab_size,
+                geometry=geometry,
+                seq_length=config.seq_length,
+            )
+            for i, c in enumerate(config.sources)
+        ]
+        self.mixer = DeficitMixer(
+            MixtureSchedule(config.mixture), [(c.modality, c.weight) for c in config.sources]
+        )
+        self.packer = Packer(config.seq_length, config.pack_buffer)
+        self.cursors = [0] * len(self.sources)
+        self.pending: deque[Sample] = deque()
+        self._skip_run = [0] * len(self.sources)
+        self.steps = 0
+        self.tokens_per_modality: dict[str, int] = {}
+        self.samples_per_modality: dict[str, int] = {}
+        self.skipped: dict[str, int] = {}
+        self.padding_tokens = 0
+
+    # -- drawing --------------------------------------------------------------------------------
+
+    def _draw(self) -> Sample:
+        """Next sample for the packing buffer: pending chunks first, then the mixture's choice."""
+        if self.pending:
+            return self.pending.popleft()
+        while True:
+            i = self.mixer.choose()
+            src = self.sources[i]
+            index = self.cursors[i]
+            self.cursors[i] += 1
+            sample = src.get(index)
+            if sample is None:
+                self.skipped[src.name] = self.skipped.get(src.name, 0) + 1
+                self._skip_run[i] += 1
+                if src.num_samples is not None and self._skip_run[i] >= src.num_samples:
+                    raise RuntimeError(
+                        f"source {src.name!r}: every sample was skipped (seqLength "
+                        f"{self.seq_length} too short for its media?)"
+                    )
+                continue
+            self._skip_run[i] = 0
+            self.mixer.record(i, sample.num_tokens)
+            if sample.modality == "text" and sample.num_tokens > self.seq_length:
+                chunks = split_text(sample, self.seq_length)
+                self.pending.extend(chunks[1:])
+                return chunks[0]
+            return sample
+
+    def next_global_batch(self) -> list[PackedSequence]:
+        """The next ``globalBatchSize`` packed sequences (identical on every rank)."""
+        batch = [self.packer.pack(self._draw) for _ in range(self.config.global_batch_size)]
+        for seq in batch:
+            self.padding_tokens += seq.seq_length - seq.used
+            for seg, s in zip(seq.segments, seq.samples, strict=True):
+                m = seg.modality
+                self.tokens_per_modality[m] = self.tokens_per_modality.get(m, 0) + seg.length
+                if s.chunk <= 0:
+                    self.samples_per_modality[m] = self.samples_per_modality.get(m, 0) + 1
+        self.steps += 1
+        return batch
+
+    def next_micro_batches(self, dp_rank: int = 0, dp_size: int = 1) -> list[MicroBatch]:
+        """This rank's micro-batches of the next global batch."""
+        mine = dp_slice(self.next_global_batch(), dp_rank, dp_size)
+        return [
+            collate(mb, self.seq_length)
+            for mb in split_micro_batches(mine, self.config.micro_batch_size)
+        ]
+
+    @property
+    def counters(self) -> dict[str, Any]:
+        """Emitted tokens/samples per modality, skipped samples per source, padding, steps."""
+        return {
+            "steps": self.steps,
+            "tokens_per_modality": dict(self.tokens_per_modality),
+            "samples_per_modality": dict(self.samples_per_modality),
+            "skipped": dict(self.skipped),
+            "padding_tokens": self.padding_tokens,
+            "drawn_tokens_per_modality": dict(self.mixer.tokens),
+        }
+
+    # -- checkpointing --------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-safe state; samples are stored as (source, index, chunk) keys, never as data."""
+        return {
+            "version": STATE_VERSION,
+            "seed": self.seed,
+            "sources": [s.name for s in self.sources],
+            "cursors": list(self.cursors),
+            "skip_run": list(self._skip_run),
+            "mixer": self.mixer.state_dict(),
+            "pending": [list(s.state_key) for s in self.pending],
+            "buffer": [list(s.state_key) for s in self.packer.buffer],
+            "counters": self.counters,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue exactly where the stream that saved ``state`` was."""
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"loader state version {state.get('version')} != {STATE_VERSION}")
+        names = [s.name for s in self.sources]
+        if state["sources"] != names:
+            raise ValueError(f"loader state is for sources {state['sources']}, config has {names}")
+        if state["seed"] != self.seed:
+            raise ValueError(f"loader state is for seed {state['seed']}, not {self.seed}")
+        self.cursors = [int(c) for c in state["cursors"]]
+        self._skip_run = [int(c) for c in state["skip_run"]]
+        self.mixer.load_state_dict(state["mixer"])
+        self.pending = deque(self._regenerate(k) for k in state["pending"])
+        self.packer.buffer = [self._regenerate(k) for k in state["buffer"]]
+        c = state["counters"]
+        self.steps = int(c["steps"])
+        self.tokens_per_modality = dict(c["tokens_per_modality"])
+        self.samples_per_modality = dict(c["samples_per_modality"])
+        self.skipped = dict(c["skipped"])
+        self.padding_tokens = int(c["padding_tokens"])
+
+    def _regenerate(self, key: list[int]) -> Sample:
+        source, index, chunk = (int(x) for x in key)
+        sample = self.sources[source].get(index)
+        if sample is None:
+            raise ValueError(f"loader state names sample {key}, which its source now skips")
+        return chunk_of(sample, chunk, self.seq_length)
+
+
+DataLoader = MultimodalStream

@@ -1,0 +1,93 @@
+"""One training sample (media before its text) and the media geometry the encoders impose."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from omni_trainer.data.config import Modality
+
+
+@dataclass(frozen=True)
+class MediaGeometry:
+    """How media maps to LLM positions; the trainer fills it from the encoder configs."""
+
+    patch_size: int = 14
+    """Image/video pixels per patch side: one patch = one LLM position."""
+    audio_subsampling: int = 4
+    """Audio frames per LLM position."""
+    n_mels: int = 80
+    """Mel bins per audio frame."""
+    image_channels: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("patch_size", "audio_subsampling", "n_mels", "image_channels"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"MediaGeometry.{name} must be >= 1, got {getattr(self, name)}")
+
+    def media_tokens(self, modality: Modality, media: np.ndarray | None) -> int:
+        """LLM positions ``media`` takes (its dims must already be multiples of the geometry)."""
+        if media is None:
+            return 0
+        p = self.patch_size
+        if modality == "image":
+            return (media.shape[1] // p) * (media.shape[2] // p)
+        if modality == "video":
+            return media.shape[0] * (media.shape[2] // p) * (media.shape[3] // p)
+        if modality == "audio":
+            return media.shape[0] // self.audio_subsampling
+        raise ValueError(f"modality {modality!r} carries no media")
+
+
+@dataclass(frozen=True, eq=False)
+class Sample:
+    """A sample as the packer sees it; ``key`` (+ ``chunk``) is enough to regenerate/re-read it.
+
+    Layout in a sequence: ``media_tokens`` media positions, then ``text``.
+    """
+
+    key: tuple[int, int]
+    """(source index, sample index) inside the stream."""
+    sample_id: str
+    """Stable id, e.g. ``openimages/000123`` (``#k`` suffix for chunk k of an over-long text)."""
+    modality: Modality
+    text: np.ndarray
+    """int64 token ids (caption, transcript or document)."""
+    media: np.ndarray | None = None
+    """image [C,H,W], audio [frames, n_mels], video [T,C,H,W]; float32."""
+    media_tokens: int = 0
+    chunk: int = -1
+    """-1 for a whole sample, k >= 0 for chunk k of an over-long text sample."""
+
+    @property
+    def num_tokens(self) -> int:
+        """LLM positions the sample takes."""
+        return self.media_tokens + len(self.text)
+
+    @property
+    def state_key(self) -> tuple[int, int, int]:
+        """(source, index, chunk): what a loader checkpoint stores for this sample."""
+        return (self.key[0], self.key[1], self.chunk)
+
+
+def split_text(sample: Sample, seq_length: int) -> list[Sample]:
+    """Split a text-only sample longer than ``seq_length`` into ``sample_id#k`` chunks (no loss)."""
+    if sample.media is not None or sample.modality != "text":
+        raise ValueError(f"only text samples are chunked; {sample.sample_id} is {sample.modality}")
+    if len(sample.text) <= seq_length:
+        return [sample]
+    return [chunk_of(sample, k, seq_length) for k in range(-(-len(sample.text) // seq_length))]
+
+
+def chunk_of(sample: Sample, k: int, seq_length: int) -> Sample:
+    """Chunk ``k`` of an over-long text sample (``k = -1``: the sample itself)."""
+    if k < 0:
+        return sample
+    return Sample(
+        key=sample.key,
+        sample_id=f"{sample.sample_id}#{k}",
+        modality=sample.modality,
+        text=sample.text[k * seq_length : (k + 1) * seq_length],
+        chunk=k,
+    )

@@ -1,0 +1,1 @@
+"""Parallel layout: pure dimension math here, process groups in ``omni_trainer.mcore``."""

@@ -1,0 +1,66 @@
+"""Parallelism section of the manifest (torch-free)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import Field
+
+from omni_trainer.config_base import Spec
+
+
+class ParallelismConfig(Spec):
+    """LLM parallel sizes; data parallel is whatever the world size leaves."""
+
+    tensor: int = Field(1, ge=1, description="tensor-parallel size of the LLM (inside a node)")
+    pipeline: int = Field(1, ge=1, description="pipeline stages of the LLM")
+    virtual_pipeline: int = Field(1, ge=1, description="model chunks per pipeline stage")
+    context: int = Field(1, ge=1, description="context-parallel size of the LLM")
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """The layout of one run, computed once from the manifest and the world size."""
+
+    world_size: int
+    tp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    cp: int = 1
+
+    def __post_init__(self) -> None:
+        model = self.tp * self.pp * self.cp
+        if self.world_size % model:
+            raise ValueError(
+                f"world size {self.world_size} is not a multiple of parallelism.tensor x "
+                f"pipeline x context = {self.tp} x {self.pp} x {self.cp} = {model}; "
+                "change --nproc or the parallel sizes"
+            )
+
+    @property
+    def dp(self) -> int:
+        return self.world_size // (self.tp * self.pp * self.cp)
+
+    @classmethod
+    def from_config(cls, cfg: ParallelismConfig, world_size: int) -> ParallelDims:
+        return cls(
+            world_size=world_size,
+            tp=cfg.tensor,
+            pp=cfg.pipeline,
+            vpp=cfg.virtual_pipeline,
+            cp=cfg.context,
+        )
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "world_size": self.world_size,
+            "tp": self.tp,
+            "pp": self.pp,
+            "vpp": self.vpp,
+            "cp": self.cp,
+            "dp": self.dp,
+        }
+
+    def describe(self) -> str:
+        parts = [f"{k}{v}" for k, v in self.as_dict().items() if k != "world_size" and v > 1]
+        return "x".join(parts) or "single"

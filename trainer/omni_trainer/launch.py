@@ -1,0 +1,68 @@
+"""Run a training job on this machine: in-process for one rank, under torchrun for several."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from omni_trainer.config import JobManifest, ManifestError
+
+
+def inside_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def launch_torchrun(manifest_path: Path, *, nproc: int, forwarded: list[str]) -> int:
+    """Start ``nproc`` local workers; each re-enters ``omni train`` and sees the torchrun env."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "omni_trainer.cli",
+        "train",
+        str(manifest_path),
+        *forwarded,
+    ]
+    return subprocess.call(cmd)
+
+
+def run_worker(manifest: JobManifest, *, steps: int | None, summary_path: Path | None) -> dict:
+    """Train on this rank; rank 0 writes the summary. Returns the summary (all ranks)."""
+    import torch
+
+    from omni_trainer.components.progress import ConsoleReporter, NullReporter
+    from omni_trainer.distributed.config import ParallelDims
+    from omni_trainer.mcore.parallel import (
+        build_process_groups,
+        destroy_distributed,
+        init_distributed,
+    )
+    from omni_trainer.trainer import Trainer
+
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    cfg = manifest.spec.trainer
+    rank, world_size, device = init_distributed()
+    try:
+        try:
+            dims = ParallelDims.from_config(cfg.parallelism, world_size)
+        except ValueError as err:
+            raise ManifestError(f"spec.trainer.parallelism: {err}") from None
+        groups = build_process_groups(dims, device)
+        reporter = ConsoleReporter() if rank == 0 else NullReporter()
+        trainer = Trainer(cfg, groups=groups, steps=steps or cfg.train.steps, reporter=reporter)
+        summary = asdict(trainer.train())
+        summary["job"] = manifest.metadata.name
+        if rank == 0 and summary_path is not None:
+            summary_path.parent.mkdir(parents=True, exist_ok=True)
+            summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+        return summary
+    finally:
+        destroy_distributed()

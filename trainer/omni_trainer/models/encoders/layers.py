@@ -1,0 +1,172 @@
+"""Blocks shared by the modality encoders, over packed variable-length batches.
+
+The samples of a micro-batch are packed along the token axis (``x``: [total_tokens, hidden]) and
+delimited by ``cu_seqlens`` (int64 cumulative lengths starting at 0, as FlashAttention's varlen
+kernels take them): no padding is computed, and a sample's output never depends on which samples
+share its batch. All cross-token mixing of attention happens in :func:`varlen_attention`, which
+:class:`MultiHeadSelfAttention` calls through its ``attention_fn`` attribute, so Ulysses sequence
+parallelism (all-to-all sequence <-> heads around the core) wraps one function and no block changes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+AttentionFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+"""``(q, k, v, cu_seqlens) -> out``, each of q, k, v, out [total_tokens, heads, head_dim]."""
+
+
+def cu_seqlens_from_lengths(
+    lengths: Sequence[int], *, device: torch.device | str | None = None
+) -> Tensor:
+    """Cumulative sample boundaries ``[0, l0, l0+l1, ...]`` (int64), the varlen attention format."""
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int64, device=device)
+    if lengths:
+        cu[1:] = torch.cumsum(torch.as_tensor(lengths, dtype=torch.int64, device=device), 0)
+    return cu
+
+
+def seq_lengths(cu_seqlens: Tensor) -> list[int]:
+    """Per-sample lengths back from ``cu_seqlens`` (one host sync)."""
+    return torch.diff(cu_seqlens).tolist()
+
+
+def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor) -> Tensor:
+    """Bidirectional softmax attention inside each packed sample (a block-diagonal mask).
+
+    One ``scaled_dot_product_attention`` call per sample: for ~1-2K tokens on CPU this does only the
+    sum of s^2 work (a block mask over the whole pack does total^2) and each sample sees exactly
+    the same kernel shapes whatever its batch-mates. On GPU, ``flash_attn_varlen_func`` is the
+    drop-in replacement with the same arguments.
+
+    Args:
+        q, k, v: [total_tokens, heads, head_dim].
+        cu_seqlens: [num_samples + 1] int64 sample boundaries.
+
+    Returns:
+        [total_tokens, heads, head_dim], samples in the input order.
+    """
+    outs = []
+    for qs, ks, vs in zip(
+        *(torch.split(t, seq_lengths(cu_seqlens)) for t in (q, k, v)), strict=True
+    ):
+        # [len, heads, dim] -> [heads, len, dim] for SDPA, and back.
+        out = F.scaled_dot_product_attention(
+            qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1)
+        )
+        outs.append(out.transpose(0, 1))
+    if not outs:
+        return q.new_empty(q.shape)
+    return torch.cat(outs)
+
+
+def pad_packed(x: Tensor, cu_seqlens: Tensor) -> Tensor:
+    """[total, ...] packed samples -> [batch, max_len, ...], zero-padded at the end of each sample.
+
+    For per-sample convolutions: zero padding past a sample's end is exactly what a 'same'-padded
+    convolution of that sample alone sees, so outputs stay batch-composition invariant.
+    """
+    return nn.utils.rnn.pad_sequence(
+        list(torch.split(x, seq_lengths(cu_seqlens))), batch_first=True
+    )
+
+
+def unpad(x: Tensor, cu_seqlens: Tensor) -> Tensor:
+    """Inverse of :func:`pad_packed`: [batch, max_len, ...] -> [total, ...]."""
+    return torch.cat([x[i, :n] for i, n in enumerate(seq_lengths(cu_seqlens))])
+
+
+def sincos_1d(positions: Tensor, dim: int) -> Tensor:
+    """Sinusoidal embeddings (Vaswani et al. 2017) of float positions: [n] -> [n, dim], fp32.
+
+    First half sin, second half cos, frequencies ``1 / 10000^(i / (dim/2))``; computed on the fly,
+    so there is no maximum length or resolution.
+    """
+    if dim % 2:
+        raise ValueError(f"sin-cos embedding width must be even, got {dim}")
+    half = dim // 2
+    freqs = torch.exp(
+        -math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=positions.device) / half
+    )
+    angles = positions.to(torch.float32)[:, None] * freqs[None, :]
+    return torch.cat([angles.sin(), angles.cos()], dim=1)
+
+
+def sincos_2d(height: int, width: int, dim: int, *, device: torch.device | None = None) -> Tensor:
+    """2D sin-cos positions of a ``height x width`` patch grid, row-major: [height*width, dim].
+
+    As in MAE: half of the channels encode the row, half the column.
+    """
+    if dim % 4:
+        raise ValueError(f"2D sin-cos embedding width must be a multiple of 4, got {dim}")
+    rows = torch.arange(height, device=device).repeat_interleave(width)
+    cols = torch.arange(width, device=device).repeat(height)
+    return torch.cat([sincos_1d(rows, dim // 2), sincos_1d(cols, dim // 2)], dim=1)
+
+
+class MultiHeadSelfAttention(nn.Module):
+    """QKV projection, :func:`varlen_attention` (or a replacement), output projection."""
+
+    def __init__(
+        self, hidden_size: int, num_heads: int, *, attention_fn: AttentionFn = varlen_attention
+    ) -> None:
+        super().__init__()
+        if hidden_size % num_heads:
+            raise ValueError(f"hidden_size {hidden_size} not divisible by num_heads {num_heads}")
+        self.num_heads = num_heads
+        self.head_dim = hidden_size // num_heads
+        self.qkv = nn.Linear(hidden_size, 3 * hidden_size)
+        self.proj = nn.Linear(hidden_size, hidden_size)
+        self.attention_fn = attention_fn
+        """The only cross-token op: swap it (e.g. a Ulysses all-to-all wrapper) to parallelize."""
+
+    def forward(self, x: Tensor, cu_seqlens: Tensor) -> Tensor:
+        """[total, hidden] -> [total, hidden], attending within each sample."""
+        total = x.shape[0]
+        q, k, v = self.qkv(x).view(total, 3, self.num_heads, self.head_dim).unbind(1)
+        out = self.attention_fn(q, k, v, cu_seqlens)
+        return self.proj(out.reshape(total, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    """Linear, activation, Linear (GELU in the ViT, SiLU/Swish in Conformer feed-forwards)."""
+
+    def __init__(
+        self, hidden_size: int, ffn_hidden_size: int, *, activation: type[nn.Module] = nn.GELU
+    ) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(hidden_size, ffn_hidden_size)
+        self.act = activation()
+        self.fc2 = nn.Linear(ffn_hidden_size, hidden_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Per-token: no mixing across tokens."""
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-LN transformer block: ``x + attn(ln(x))``, then ``x + mlp(ln(x))``."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        ffn_hidden_size: int,
+        *,
+        attention_fn: AttentionFn = varlen_attention,
+    ) -> None:
+        super().__init__()
+        self.attn_norm = nn.LayerNorm(hidden_size)
+        self.attn = MultiHeadSelfAttention(hidden_size, num_heads, attention_fn=attention_fn)
+        self.mlp_norm = nn.LayerNorm(hidden_size)
+        self.mlp = MLP(hidden_size, ffn_hidden_size)
+
+    def forward(self, x: Tensor, cu_seqlens: Tensor) -> Tensor:
+        """[total, hidden] -> [total, hidden]."""
+        x = x + self.attn(self.attn_norm(x), cu_seqlens)
+        return x + self.mlp(self.mlp_norm(x))

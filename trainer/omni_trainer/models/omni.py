@@ -1,0 +1,125 @@
+"""The multimodal model: one encoder + projector per modality feeding megatron's GPTModel."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from omni_trainer.models.config import ModelConfig
+from omni_trainer.models.llm import build_gpt
+
+
+@dataclass
+class MediaBatch:
+    """All items of one modality in a micro-batch, in order, and where their tokens go."""
+
+    arrays: list[torch.Tensor]
+    flat_positions: torch.Tensor  # [sum(tokens)] index into the [s*b] flattened LLM input
+
+
+@dataclass
+class DeviceBatch:
+    """A micro-batch on the device, in the shapes megatron expects."""
+
+    tokens: torch.Tensor  # [b, s]
+    labels: torch.Tensor  # [b, s]
+    loss_mask: torch.Tensor  # [b, s] float
+    position_ids: torch.Tensor  # [b, s]
+    attention_mask: torch.Tensor  # [b, 1, s, s] bool, True = may NOT attend
+    media: dict[str, MediaBatch]
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return int(self.loss_mask.sum().item())
+
+
+def segment_attention_mask(segment_ids: torch.Tensor) -> torch.Tensor:
+    """Causal attention that never crosses a packed sample's boundary ([b,1,s,s], True = masked)."""
+    s = segment_ids.shape[1]
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    causal = torch.ones(s, s, dtype=torch.bool, device=segment_ids.device).tril()
+    return ~(same & causal)[:, None]
+
+
+def build_encoder(modality: str, cfg) -> nn.Module:
+    if modality == "image":
+        from omni_trainer.models.encoders.vision import VisionEncoder
+
+        return VisionEncoder(cfg)
+    if modality == "audio":
+        from omni_trainer.models.encoders.audio import AudioEncoder
+
+        return AudioEncoder(cfg)
+    raise ValueError(f"no encoder for modality {modality!r}")
+
+
+class OmniModel(nn.Module):
+    """Encoders, projectors and the LLM of one rank.
+
+    Construction order is fixed (LLM first, then encoders by modality name) so that every layout
+    draws the same initial weights from the same seed.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, max_sequence_length: int) -> None:
+        super().__init__()
+        from omni_trainer.models.encoders.projector import Projector
+
+        self.cfg = cfg
+        self.llm = build_gpt(cfg.llm, max_sequence_length=max_sequence_length)
+        self.encoders = nn.ModuleDict()
+        self.projectors = nn.ModuleDict()
+        for modality in ("image", "audio"):
+            enc_cfg = getattr(cfg.encoders, modality)
+            if enc_cfg is None:
+                continue
+            self.encoders[modality] = build_encoder(modality, enc_cfg)
+            self.projectors[modality] = Projector(enc_cfg.hidden_size, cfg.llm.hidden_size)
+
+    def encoder_parameters(self) -> list[nn.Parameter]:
+        return [*self.encoders.parameters(), *self.projectors.parameters()]
+
+    def embed(self, batch: DeviceBatch) -> torch.Tensor:
+        """Text embeddings with every media span replaced by its projected encoder output."""
+        emb = self.llm.embedding(input_ids=batch.tokens, position_ids=batch.position_ids)
+        s, b, h = emb.shape
+        flat = emb.reshape(s * b, h)
+        for modality, media in batch.media.items():
+            encoded = self.projectors[modality](self.encoders[modality](media.arrays))
+            flat = flat.index_copy(0, media.flat_positions, encoded.to(flat.dtype))
+        return flat.reshape(s, b, h)
+
+    def forward(self, batch: DeviceBatch) -> torch.Tensor:
+        """Sum of the next-token losses over text targets (normalised by the caller)."""
+        losses = self.llm(
+            input_ids=batch.tokens,
+            position_ids=batch.position_ids,
+            attention_mask=batch.attention_mask,
+            decoder_input=self.embed(batch),
+            labels=batch.labels,
+        )
+        return (losses.float() * batch.loss_mask).sum()
+
+
+def to_device_batch(mb, device: torch.device) -> DeviceBatch:
+    """Move a collated numpy micro-batch (``omni_trainer.data``) to ``device``."""
+    b = mb.tokens.shape[0]
+    segment_ids = torch.as_tensor(mb.segment_ids, device=device)
+    per_modality: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+    for item in mb.media:
+        arrays, positions = per_modality.setdefault(item.modality, ([], []))
+        arrays.append(torch.as_tensor(item.array, device=device))
+        seq_pos = torch.arange(item.offset, item.offset + item.num_tokens, device=device)
+        positions.append(seq_pos * b + item.row)  # [s, b] flattened row-major
+    return DeviceBatch(
+        tokens=torch.as_tensor(mb.tokens, device=device),
+        labels=torch.as_tensor(mb.labels, device=device),
+        loss_mask=torch.as_tensor(mb.loss_mask, device=device),
+        position_ids=torch.as_tensor(mb.position_ids, device=device),
+        attention_mask=segment_attention_mask(segment_ids),
+        media={
+            m: MediaBatch(arrays=arrays, flat_positions=torch.cat(positions))
+            for m, (arrays, positions) in sorted(per_modality.items())
+        },
+    )
