@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 
@@ -33,6 +34,14 @@ def launch_torchrun(manifest_path: Path, *, nproc: int, forwarded: list[str]) ->
     return subprocess.call(cmd)
 
 
+# megatron-core warns on every start about optional kernels that CPU runs never have.
+_KNOWN_NOISE = (
+    "Apex is not installed",
+    "Transformer Engine and Apex are not installed",
+    "full scope is deprecated",
+)
+
+
 def run_worker(manifest: JobManifest, *, steps: int | None, summary_path: Path | None) -> dict:
     """Train on this rank; rank 0 writes the summary. Returns the summary (all ranks)."""
     import torch
@@ -46,6 +55,8 @@ def run_worker(manifest: JobManifest, *, steps: int | None, summary_path: Path |
     )
     from omni_trainer.trainer import Trainer
 
+    for message in _KNOWN_NOISE:
+        warnings.filterwarnings("ignore", message=f".*{message}.*", category=UserWarning)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     cfg = manifest.spec.trainer
