@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+
 from omni_trainer.components.flops import (
     DEVICE_PEAK_FLOPS,
     attention_flops,

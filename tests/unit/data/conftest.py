@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+
 from omni_trainer.data import DataConfig, MediaGeometry
 
 VOCAB = 256

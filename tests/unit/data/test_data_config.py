@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
+
 from omni_trainer.data import DataConfig, SyntheticSourceConfig
 from omni_trainer.data.config import PRESETS
-from pydantic import ValidationError
 
 
 def base(**overrides: Any) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+
 from omni_trainer.data import (
     DataConfig,
     MediaGeometry,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from omni_trainer.data import FIRST_TEXT_ID, MediaGeometry, SyntheticSource, SyntheticSourceConfig
 from omni_trainer.data.config import PRESETS
 from omni_trainer.data.synthetic import bigram_table, class_token, draw_length

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+
 from omni_trainer.models.encoders.audio import AudioEncoder
 from omni_trainer.models.encoders.config import AudioEncoderConfig, VisionEncoderConfig
 from omni_trainer.models.encoders.layers import (

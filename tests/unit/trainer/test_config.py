@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import yaml
+
 from omni_trainer.config import ManifestError, load_manifest, parse_manifest
 
 from ...conftest import EXAMPLES

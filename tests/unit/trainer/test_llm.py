@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from omni_trainer.models.config import LLMConfig
 from omni_trainer.models.llm import build_gpt
 from omni_trainer.models.omni import segment_attention_mask
