@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 import torch.distributed as dist
 
+from omni_trainer.components.model_flops import StepFlops, step_flops
 from omni_trainer.components.optim import (
     all_reduce_grads,
     build_optimizer,
@@ -15,13 +17,16 @@ from omni_trainer.components.optim import (
     lr_at,
 )
 from omni_trainer.components.progress import NullReporter, StepReporter
-from omni_trainer.components.throughput import StepFlops, resolve_peak_flops, step_flops
+from omni_trainer.components.throughput import resolve_peak_flops
 from omni_trainer.config import ManifestError, TrainerConfig
 from omni_trainer.data.loader import MultimodalStream
 from omni_trainer.data.packing import collate, dp_slice, split_micro_batches
 from omni_trainer.data.sample import MediaGeometry
 from omni_trainer.mcore.parallel import ProcessGroups, seed_everything
-from omni_trainer.models.omni import OmniModel, to_device_batch
+from omni_trainer.models.omni import DeviceBatch, OmniModel, first_stage_input, to_device_batch
+from omni_trainer.multiplex.anchor import EncoderAnchor, build_works
+from omni_trainer.multiplex.dataflow import PRE, DataflowTable, EncoderMicroBatch, plan_dataflow
+from omni_trainer.multiplex.workload import encoder_micro_batches
 
 
 @dataclass
@@ -78,8 +83,43 @@ def autocast_context(cfg: TrainerConfig, device: torch.device):
     return torch.autocast(device_type=device.type, enabled=False)
 
 
+def check_layout(cfg: TrainerConfig, dims) -> None:
+    """Reject layouts this trainer cannot run, naming the manifest field and the fix."""
+    if dims.cp > 1:
+        raise ManifestError(
+            f"spec.trainer.parallelism.context={dims.cp}: context parallelism needs "
+            "TransformerEngine attention (GPU images); use context: 1 here"
+        )
+    per_step = cfg.data.micro_batch_size * dims.dp
+    if cfg.data.global_batch_size % per_step:
+        raise ManifestError(
+            f"spec.trainer.data.globalBatchSize ({cfg.data.global_batch_size}) must be a "
+            f"multiple of microBatchSize x data-parallel size "
+            f"({cfg.data.micro_batch_size} x {dims.dp} = {per_step}); "
+            "change the batch sizes or --nproc"
+        )
+    num_micro = cfg.data.global_batch_size // per_step
+    layers, stages = cfg.model.llm.num_layers, dims.pp * dims.vpp
+    if layers % stages:
+        raise ManifestError(
+            f"spec.trainer.model.llm.numLayers ({layers}) must be a multiple of "
+            f"parallelism.pipeline x virtualPipeline ({dims.pp} x {dims.vpp} = {stages})"
+        )
+    if dims.vpp > 1 and num_micro % dims.pp:
+        raise ManifestError(
+            f"interleaved pipelining needs micro-batches per step ({num_micro} = "
+            f"globalBatchSize / (microBatchSize x data parallel)) to be a multiple of "
+            f"spec.trainer.parallelism.pipeline ({dims.pp})"
+        )
+
+
 class Trainer:
-    """Data-parallel x tensor-parallel training of the encoder + LLM model on one rank."""
+    """Multiplexed training of the encoder + LLM model on one rank.
+
+    The LLM runs under megatron-core's own pipeline schedule (1F1B, interleaved, or none when
+    PP is 1); the :class:`EncoderAnchor` runs the encoders on every stage at the slots of the
+    step's :class:`DataflowTable`. One path serves every layout, a single process included.
+    """
 
     def __init__(
         self,
@@ -89,35 +129,38 @@ class Trainer:
         steps: int,
         reporter: StepReporter | None = None,
     ) -> None:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
         dims = groups.dims
-        if dims.pp > 1 or dims.cp > 1:
-            raise ManifestError(
-                f"spec.trainer.parallelism.pipeline={dims.pp}, context={dims.cp}: pipeline "
-                "and context parallel training run on the multiplexed (EncoderAnchor) path, "
-                "which this trainer does not have yet; use tensor and data parallelism"
-            )
-        per_step = cfg.data.micro_batch_size * dims.dp
-        if cfg.data.global_batch_size % per_step:
-            raise ManifestError(
-                f"spec.trainer.data.globalBatchSize ({cfg.data.global_batch_size}) must be a "
-                f"multiple of microBatchSize x data-parallel size "
-                f"({cfg.data.micro_batch_size} x {dims.dp} = {per_step}); "
-                "change the batch sizes or --nproc"
-            )
+        check_layout(cfg, dims)
         self.cfg = cfg
         self.groups = groups
         self.steps = steps
         self.reporter = reporter or NullReporter()
         self.device = groups.device
         seed_everything(cfg.seed)
-        self.model = OmniModel(cfg.model, max_sequence_length=cfg.data.seq_length).to(self.device)
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.model = OmniModel(
+            cfg.model, max_sequence_length=cfg.data.seq_length, seed=cfg.seed
+        ).to(self.device)
+        self.chunks = list(self.model.llm_chunks)
+        self.llm_params = self.model.llm_parameters()
+        self.encoder_params = self.model.encoder_parameters()
         # Gradients always exist (zeros when a modality is absent from a batch), as in megatron's
         # DDP buffers: every rank all-reduces the same tensors, and the optimizer treats a
         # parameter the same whether its modality showed up on this rank, another, or nowhere.
-        for p in self.params:
+        for p in (*self.llm_params, *self.encoder_params):
             p.grad = torch.zeros_like(p)
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
+        self.anchor = EncoderAnchor(
+            encoders=self.model.encoders,
+            projectors=self.model.projectors,
+            groups=groups.anchor,
+            hidden_size=cfg.model.llm.hidden_size,
+            device=self.device,
+        )
+        self.forward_backward = get_forward_backward_func()
+        self.chunks[0].config.finalize_model_grads_func = self._finalize_grads
+        self._chunk_index = {id(c): i for i, c in enumerate(self.chunks)}
         self.stream = MultimodalStream(
             cfg.data,
             seed=cfg.seed,
@@ -129,12 +172,15 @@ class Trainer:
             world_size=dims.world_size,
             override_per_device=cfg.train.peak_flops_per_device,
         )
+        self.last_table: DataflowTable | None = None
 
     # -- the loop ---------------------------------------------------------------------------
     def train(self) -> RunSummary:
         dims = self.groups.dims
         self.reporter.start(
-            self.steps, f"{self.steps} steps, layout {dims.describe()} (world {dims.world_size})"
+            self.steps,
+            f"{self.steps} steps, layout {dims.describe()} (world {dims.world_size}), "
+            f"encoder policy {self.cfg.parallelism.encoder.policy}",
         )
         results: list[StepResult] = []
         t0 = time.perf_counter()
@@ -159,13 +205,16 @@ class Trainer:
         lr = lr_at(step, opt=self.cfg.optimizer, sched=self.cfg.lr_schedule, total_steps=self.steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        loss = self.forward_backward(global_batch)
-        all_reduce_grads(self.params, self.groups.dp)
+        self.optimizer.zero_grad(set_to_none=False)  # at the start: grads stay inspectable
+        loss = self.forward_backward_step(global_batch)
         grad_norm = clip_grad_norm(
-            self.params, self.cfg.optimizer.clip_grad, tp_group=self.groups.tp
+            self.llm_params,
+            self.encoder_params,
+            self.cfg.optimizer.clip_grad,
+            tp_rank=self.groups.tp_rank,
+            model_parallel_group=self.groups.model_parallel,
         )
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=False)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         return StepResult(
@@ -178,33 +227,106 @@ class Trainer:
             flops=flops.training,
         )
 
-    def forward_backward(self, global_batch) -> float:
-        """Accumulate gradients of this rank's micro-batches; returns the global mean loss.
+    def forward_backward_step(self, global_batch) -> float:
+        """Forward and backward of this replica's micro-batches; returns the global mean loss.
 
         Every micro-batch loss is a sum over text targets divided by the number of text targets in
         the WHOLE global batch, so summing gradients over micro-batches and data-parallel ranks
         gives exactly the gradient of the global-batch mean, whatever the layout.
         """
-        local = dp_slice(global_batch, self.groups.dp_rank, self.groups.dims.dp)
-        micro_batches = [
-            collate(mbs, self.cfg.data.seq_length)
-            for mbs in split_micro_batches(local, self.cfg.data.micro_batch_size)
-        ]
-        counts = torch.tensor(
-            [float(sum(int(mb.loss_mask.sum()) for mb in micro_batches))], dtype=torch.float64
+        dims = self.groups.dims
+        local = dp_slice(global_batch, self.groups.dp_rank, dims.dp)
+        groups_of_seqs = split_micro_batches(local, self.cfg.data.micro_batch_size)
+        micro = [collate(seqs, self.cfg.data.seq_length) for seqs in groups_of_seqs]
+        self._batches = [to_device_batch(mb, self.device) for mb in micro]
+        counts = torch.tensor([float(sum(mb.num_loss_tokens for mb in micro))], dtype=torch.float64)
+        if dims.dp > 1:
+            dist.all_reduce(counts, group=self.groups.dp)
+        self._global_tokens = max(float(counts.item()), 1.0)
+
+        encoder_mbs, works = self._plan_encoders(groups_of_seqs)
+        table = plan_dataflow(
+            self.cfg.parallelism.encoder.policy,
+            pp=dims.pp,
+            vpp=dims.vpp,
+            num_microbatches=len(micro),
+            encoder_mbs=encoder_mbs,
         )
-        dist.all_reduce(counts, group=self.groups.dp) if self.groups.dims.dp > 1 else None
-        global_tokens = max(float(counts.item()), 1.0)
-        loss_sum = torch.zeros((), dtype=torch.float64)
-        for mb in micro_batches:
-            batch = to_device_batch(mb, self.device)
-            with autocast_context(self.cfg, self.device):
-                mb_loss = self.model(batch)
-            (mb_loss / global_tokens).backward()
-            loss_sum += mb_loss.detach().double().cpu()
-        if self.groups.dims.dp > 1:
-            dist.all_reduce(loss_sum, group=self.groups.dp)
-        return float(loss_sum.item()) / global_tokens
+        self.last_table = table
+        self.anchor.begin_step(table, works)
+        self.anchor.run_slot(PRE)
+        self._forward_calls = 0
+        iterators = [iter(range(len(micro))) for _ in self.chunks]
+        outputs = self.forward_backward(
+            forward_step_func=self._forward_step,
+            data_iterator=iterators if len(self.chunks) > 1 else iterators[0],
+            model=self.chunks,
+            num_microbatches=len(micro),
+            seq_length=self.cfg.data.seq_length,
+            micro_batch_size=self.cfg.data.micro_batch_size,
+            forward_only=False,
+        )
+        loss_sum = torch.zeros(1, dtype=torch.float64)
+        if self.chunks[-1].post_process and self.groups.tp_rank == 0:
+            loss_sum += sum(float(o["loss_sum"]) for o in outputs)
+        if dims.world_size > 1:
+            dist.all_reduce(loss_sum)
+        return float(loss_sum.item()) / self._global_tokens
+
+    def _plan_encoders(self, groups_of_seqs) -> tuple[list[EncoderMicroBatch], list]:
+        """Encoder micro-batches of this replica's step, their media and LSSP plans."""
+        dims = self.groups.dims
+        encoders = self.cfg.model.encoders
+        mbs, lengths = encoder_micro_batches(
+            self.cfg.model, groups_of_seqs, stages=dims.pp * dims.vpp
+        )
+        arrays = {mb.id: self._batches[mb.microbatch].media[mb.modality].arrays for mb in mbs}
+        works = build_works(
+            mbs,
+            arrays,
+            lengths,
+            eta=self.cfg.parallelism.encoder.eta,
+            group_size=dims.tp,
+            cost=lambda modality, n: getattr(encoders, modality).flops([n]),
+        )
+        return mbs, works
+
+    def _forward_step(self, data_iterator, model):
+        """megatron's forward-step hook: the anchor's slot, then this chunk's forward."""
+        m = next(data_iterator)
+        self.anchor.run_slot(self._forward_calls)
+        self._forward_calls += 1
+        batch = self._batches[m]
+        labels = batch.labels if model.post_process else None
+        with autocast_context(self.cfg, self.device):
+            if model.pre_process:
+                decoder_input = first_stage_input(model, batch, self.anchor.embeddings(m))
+                output = model(
+                    input_ids=batch.tokens,
+                    position_ids=batch.position_ids,
+                    attention_mask=batch.attention_mask,
+                    decoder_input=decoder_input,
+                    labels=labels,
+                )
+            else:
+                output = model(
+                    input_ids=None,
+                    position_ids=None,
+                    attention_mask=batch.attention_mask,
+                    labels=labels,
+                )
+        return output, partial(self._loss, batch)
+
+    def _loss(self, batch: DeviceBatch, per_token: torch.Tensor):
+        loss_sum = (per_token.float() * batch.loss_mask).sum()
+        num_tokens = torch.tensor(batch.num_loss_tokens, dtype=torch.int)
+        return loss_sum / self._global_tokens, num_tokens, {"loss_sum": loss_sum.detach()}
+
+    def _finalize_grads(self, *_args, **_kwargs) -> None:
+        """Called by megatron after the last backward: the anchor's POST slot, then grad sync."""
+        self.anchor.end_step()
+        all_reduce_grads(self.llm_params, self.groups.dp)
+        all_reduce_grads(self.encoder_params, self.groups.world)
 
     # -- results ----------------------------------------------------------------------------
     def _summary(self, results: list[StepResult], wall: float) -> RunSummary:
@@ -214,10 +336,20 @@ class Trainer:
         achieved = sum(r.flops for r in timed) / seconds
         dims = self.groups.dims
         counters = self.stream.counters
-        llm_params = sum(  # TP shards counted whole, replicated weights once
-            p.numel() * (dims.tp if getattr(p, "tensor_model_parallel", False) else 1)
-            for p in self.model.llm.parameters()
+        llm_params = torch.tensor(
+            [
+                float(
+                    sum(  # each weight once over TP shards and stages
+                        p.numel()
+                        for p in self.llm_params
+                        if getattr(p, "tensor_model_parallel", False) or self.groups.tp_rank == 0
+                    )
+                )
+            ],
+            dtype=torch.float64,
         )
+        if dims.tp * dims.pp > 1:
+            dist.all_reduce(llm_params, group=self.groups.model_parallel)
         enc_params = sum(p.numel() for p in self.model.encoder_parameters())
         return RunSummary(
             steps=len(results),
@@ -233,9 +365,14 @@ class Trainer:
             samples_per_modality=dict(sorted(counters["samples_per_modality"].items())),
             tokens_per_modality=dict(sorted(counters["tokens_per_modality"].items())),
             world_size=dims.world_size,
-            layout={**dims.as_dict(), "name": dims.describe()},
+            layout={
+                **dims.as_dict(),
+                "name": dims.describe(),
+                "encoder_policy": self.cfg.parallelism.encoder.policy,
+                "encoder_eta": self.cfg.parallelism.encoder.eta,
+            },
             seed=self.cfg.seed,
             wall_time_s=wall,
             mean_step_time_s=seconds / len(timed),
-            parameters={"llm": llm_params, "encoders": enc_params},
+            parameters={"llm": int(llm_params.item()), "encoders": enc_params},
         )

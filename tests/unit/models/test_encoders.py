@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from omni_trainer.models.encoders.audio import AudioEncoder
 from omni_trainer.models.encoders.config import AudioEncoderConfig, VisionEncoderConfig
 from omni_trainer.models.encoders.layers import (
+    TokenMixer,
     cu_seqlens_from_lengths,
     sincos_2d,
     varlen_attention,
@@ -124,3 +125,61 @@ def test_init_follows_global_seed() -> None:
     a, b = _vit(), _vit()
     for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
         assert torch.equal(pa, pb), name
+
+
+class RecordingMixer(TokenMixer):
+    """The default mixer, counting its calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def attention(self, q, k, v, cu_seqlens):
+        self.calls.append("attention")
+        return super().attention(q, k, v, cu_seqlens)
+
+    def gather_sequence(self, x, cu_seqlens):
+        self.calls.append("gather")
+        return super().gather_sequence(x, cu_seqlens)
+
+    def scatter_sequence(self, x_full):
+        self.calls.append("scatter")
+        return super().scatter_sequence(x_full)
+
+
+def _inputs(which: str, gen: torch.Generator) -> list[torch.Tensor]:
+    if which == "vision":
+        return [torch.randn(3, 28, 42, generator=gen), torch.randn(3, 14, 70, generator=gen)]
+    return [torch.randn(n, CONFORMER.n_mels, generator=gen) for n in (24, 36)]
+
+
+@pytest.mark.parametrize("which", ["vision", "audio"])
+def test_embed_then_encode_tokens_is_forward(which: str, gen: torch.Generator) -> None:
+    enc = _vit() if which == "vision" else _conformer()
+    inputs = _inputs(which, gen)
+    with torch.no_grad():
+        x, lengths = enc.embed(inputs)
+        staged = enc.encode_tokens(x, cu_seqlens_from_lengths(lengths))
+        whole = enc(inputs)
+    assert lengths == ([6, 5] if which == "vision" else [6, 9])
+    assert x.shape == (sum(lengths), enc.cfg.hidden_size)
+    torch.testing.assert_close(staged, whole, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("which", ["vision", "audio"])
+def test_every_token_mixing_op_goes_through_the_shared_mixer(
+    which: str, gen: torch.Generator
+) -> None:
+    mixer = RecordingMixer()
+    torch.manual_seed(0)
+    if which == "vision":
+        enc, ref = VisionEncoder(VIT, mixer=mixer).eval(), _vit()
+    else:
+        enc, ref = AudioEncoder(CONFORMER, mixer=mixer).eval(), _conformer()
+    assert enc.mixer is mixer
+    assert all(m.mixer is mixer for m in enc.modules() if hasattr(m, "mixer"))
+    inputs = _inputs(which, gen)
+    with torch.no_grad():
+        torch.testing.assert_close(enc(inputs), ref(inputs), rtol=0, atol=0)
+    per_block = ["attention"] if which == "vision" else ["attention", "gather", "scatter"]
+    assert mixer.calls == per_block * enc.cfg.num_layers

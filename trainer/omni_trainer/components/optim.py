@@ -57,29 +57,40 @@ def all_reduce_grads(params: list[nn.Parameter], group: dist.ProcessGroup) -> No
 
 
 def clip_grad_norm(
-    params: list[nn.Parameter], max_norm: float, *, tp_group: dist.ProcessGroup
+    llm_params: list[nn.Parameter],
+    replicated_params: list[nn.Parameter],
+    max_norm: float,
+    *,
+    tp_rank: int,
+    model_parallel_group: dist.ProcessGroup,
 ) -> float:
-    """Global grad norm counting each weight once: TP shards are summed over the TP group,
-    replicated parameters (norms, encoders) are counted on every rank but only once in total."""
-    sharded = torch.zeros((), dtype=torch.float64)
-    replicated = torch.zeros((), dtype=torch.float64)
-    for p in params:
-        if p.grad is None:
-            continue
-        sq = p.grad.detach().double().pow(2).sum().cpu()
-        if getattr(p, "tensor_model_parallel", False):
-            sharded += sq
-        else:
-            replicated += sq
-    if dist.get_world_size(tp_group) > 1:
-        device = params[0].device
-        sharded_dev = sharded.to(device)
-        dist.all_reduce(sharded_dev, group=tp_group)
-        sharded = sharded_dev.cpu()
-    total = math.sqrt(float(sharded + replicated))
+    """Global grad norm counting each weight once, then clip.
+
+    LLM weights are split over the tensor- and pipeline-parallel ranks of a replica: TP shards and
+    stage-local weights are summed over that group, TP-replicated ones (norms) only from TP rank 0.
+    ``replicated_params`` (encoders) are identical on every rank after their all-reduce.
+    """
+    llm_sq = torch.zeros(1, dtype=torch.float64)
+    for p in llm_params:
+        if p.grad is not None and (getattr(p, "tensor_model_parallel", False) or tp_rank == 0):
+            llm_sq += p.grad.detach().double().pow(2).sum().cpu()
+    if dist.get_world_size(model_parallel_group) > 1:
+        device = llm_params[0].device if llm_params else torch.device("cpu")
+        synced = llm_sq.to(device)
+        dist.all_reduce(synced, group=model_parallel_group)
+        llm_sq = synced.cpu()
+    rep_sq = sum(
+        (
+            p.grad.detach().double().pow(2).sum().cpu()
+            for p in replicated_params
+            if p.grad is not None
+        ),
+        torch.zeros((), dtype=torch.float64),
+    )
+    total = math.sqrt(float(llm_sq.item() + rep_sq))
     if max_norm > 0 and total > max_norm:
         scale = max_norm / (total + 1e-6)
-        for p in params:
+        for p in (*llm_params, *replicated_params):
             if p.grad is not None:
                 p.grad.mul_(scale)
     return total

@@ -1,71 +1,13 @@
-"""FLOPs of a training step and the peak they are measured against (MFU)."""
+"""The peak FLOP/s that MFU is measured against: datasheet on GPUs, measured on a CPU."""
 
 from __future__ import annotations
 
 import os
-from collections import defaultdict
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from omni_trainer.components.flops import (
-    detect_peak_flops,
-    matmul_flops,
-    measure_peak_flops,
-    training_flops,
-    transformer_flops,
-)
-from omni_trainer.models.config import ModelConfig
-
-
-@dataclass(frozen=True)
-class StepFlops:
-    tokens: int  # LLM positions holding a sample (padding excluded)
-    llm_forward: float
-    encoder_forward: dict[str, float]
-
-    @property
-    def forward(self) -> float:
-        return self.llm_forward + sum(self.encoder_forward.values())
-
-    @property
-    def training(self) -> float:
-        return training_flops(self.forward)
-
-
-def step_flops(model: ModelConfig, global_batch) -> StepFlops:
-    """Model FLOPs of one global batch (PAPER.md convention: encoders counted, padding not).
-
-    Attention is counted per packed sample because samples never attend to each other.
-    """
-    seg_lengths: list[int] = []
-    media_lengths: dict[str, list[int]] = defaultdict(list)
-    for seq in global_batch:
-        for seg in seq.segments:
-            seg_lengths.append(seg.length)
-            if seg.media_tokens:
-                media_lengths[seg.modality].append(seg.media_tokens)
-    llm = model.llm
-    llm_forward = transformer_flops(
-        num_layers=llm.num_layers,
-        hidden_size=llm.hidden_size,
-        ffn_hidden_size=llm.ffn_hidden_size,
-        num_heads=llm.num_attention_heads,
-        num_query_groups=llm.num_query_groups,
-        gated_mlp=llm.gated_mlp,
-        vocab_size=llm.vocab_size,
-        seq_lengths=seg_lengths,
-    )
-    encoder_forward = {}
-    for modality, lengths in sorted(media_lengths.items()):
-        enc = getattr(model.encoders, modality)
-        # Projector (Linear enc->llm, GELU, Linear llm->llm) runs on every media token.
-        projector = matmul_flops(sum(lengths), llm.hidden_size, enc.hidden_size + llm.hidden_size)
-        encoder_forward[modality] = enc.flops(lengths) + projector
-    return StepFlops(
-        tokens=sum(seg_lengths), llm_forward=llm_forward, encoder_forward=encoder_forward
-    )
+from omni_trainer.components.flops import detect_peak_flops, matmul_flops, measure_peak_flops
 
 
 def measure_cpu_peak_flops(n: int = 2048) -> float:

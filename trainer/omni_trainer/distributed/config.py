@@ -3,10 +3,24 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from pydantic import Field
 
 from omni_trainer.config_base import Spec
+
+
+class EncoderParallelConfig(Spec):
+    """How encoders run next to the LLM (PAPER.md techniques 2, 5, 6)."""
+
+    eta: int = Field(
+        4096, ge=0, description="samples longer than this (tokens) encode sequence-parallel"
+    )
+    policy: Literal["uniform", "front_loaded", "stage0"] = Field(
+        "uniform",
+        description="where encoder micro-batches enter the LLM pipeline: uniform on-demand "
+        "insertion on every stage (the paper's), all before the pipeline, or all on stage 0",
+    )
 
 
 class ParallelismConfig(Spec):
@@ -16,6 +30,7 @@ class ParallelismConfig(Spec):
     pipeline: int = Field(1, ge=1, description="pipeline stages of the LLM")
     virtual_pipeline: int = Field(1, ge=1, description="model chunks per pipeline stage")
     context: int = Field(1, ge=1, description="context-parallel size of the LLM")
+    encoder: EncoderParallelConfig = EncoderParallelConfig()
 
 
 @dataclass(frozen=True)

@@ -4,14 +4,38 @@ megatron-core assumes CUDA in a few spots that are irrelevant to the math. On a 
 CUDA we patch exactly those spots; where CUDA is available nothing is touched, so production GPU
 paths never depend on this module. Measured needs (shared/ENVIRONMENT.md):
 
-- ``torch.cuda.current_device()`` is used to place rotary-embedding buffers: answer the CPU.
+- ``torch.cuda.current_device()`` places rotary buffers and p2p shape tensors: answer the CPU.
+- ``torch.cuda.synchronize()`` after p2p ops: nothing to wait for on the CPU.
+- ``schedules.py`` allocates its token counter with ``torch.zeros(..., device="cuda")``: the
+  module sees a ``torch`` whose ``zeros`` maps that device to the CPU (only inside schedules.py).
+
+Pipeline schedules must also run with ``batch_p2p_comm=False`` on gloo: with virtual pipelining,
+batched p2p gives silently wrong gradients there (ENVIRONMENT.md); see ``mcore/pipeline.py``.
 """
 
 from __future__ import annotations
 
+import types
+
 import torch
 
 _APPLIED = False
+
+
+class _CpuTorch(types.ModuleType):
+    """``torch`` as seen by megatron's schedules: identical except that "cuda" tensors are CPU."""
+
+    def __init__(self) -> None:
+        super().__init__("torch")
+
+    def __getattr__(self, name: str):
+        return getattr(torch, name)
+
+    @staticmethod
+    def zeros(*args, **kwargs):
+        if str(kwargs.get("device", "")).startswith("cuda"):
+            kwargs["device"] = "cpu"
+        return torch.zeros(*args, **kwargs)
 
 
 def apply_cpu_compat() -> bool:
@@ -20,6 +44,10 @@ def apply_cpu_compat() -> bool:
     if torch.cuda.is_available():
         return False
     if not _APPLIED:
+        from megatron.core.pipeline_parallel import schedules
+
         torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment]
+        torch.cuda.synchronize = lambda device=None: None  # type: ignore[assignment]
+        schedules.torch = _CpuTorch()
         _APPLIED = True
     return True

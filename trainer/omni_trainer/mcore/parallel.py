@@ -22,9 +22,11 @@ class ProcessGroups:
     world: dist.ProcessGroup
     tp: dist.ProcessGroup
     dp: dist.ProcessGroup
+    model_parallel: dist.ProcessGroup  # tp x pp ranks of one replica: sums the grad norm
     tp_rank: int
     dp_rank: int
     device: torch.device
+    anchor: object  # multiplex.anchor.AnchorGroups (imported lazily: it needs the groups first)
 
 
 def init_distributed(*, timeout_s: int = 600) -> tuple[int, int, torch.device]:
@@ -70,9 +72,11 @@ def build_process_groups(dims: ParallelDims, device: torch.device) -> ProcessGro
         world=dist.group.WORLD,
         tp=ps.get_tensor_model_parallel_group(),
         dp=ps.get_data_parallel_group(),
+        model_parallel=ps.get_model_parallel_group(),
         tp_rank=ps.get_tensor_model_parallel_rank(),
         dp_rank=ps.get_data_parallel_rank(),
         device=device,
+        anchor=build_anchor_groups(dims),
     )
 
 
@@ -91,3 +95,43 @@ def destroy_distributed() -> None:
         ps.destroy_model_parallel()
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def build_anchor_groups(dims: ParallelDims):
+    """Groups of the encoder anchor: who holds stage k of this replica, the encoder SP group of
+    each (stage, replica) and a process group of its own for encoder traffic.
+
+    megatron orders ranks tp-cp-ep-dp-pp (cp = 1 here): rank = tp + TP * (dp + DP * pp).
+    Every rank creates every group in the same order, as torch.distributed requires.
+    """
+    from megatron.core import parallel_state as ps
+
+    from omni_trainer.multiplex.anchor import AnchorGroups
+
+    tp, dp, pp = dims.tp, dims.dp, dims.pp
+    rank = dist.get_rank()
+    dp_rank = ps.get_data_parallel_rank()
+    stage = ps.get_pipeline_model_parallel_rank()
+    tp_rank = ps.get_tensor_model_parallel_rank()
+
+    def ranks_of(d: int, k: int) -> tuple[int, ...]:
+        return tuple(t + tp * (d + dp * k) for t in range(tp))
+
+    stage_ranks = tuple(ranks_of(dp_rank, k) for k in range(pp))
+    if stage_ranks[stage][tp_rank] != rank:
+        raise RuntimeError(f"rank {rank}: megatron's rank order is not tp-dp-pp as assumed")
+    sp_group = None
+    for k in range(pp):
+        for d in range(dp):
+            group = dist.new_group(list(ranks_of(d, k)))
+            if (d, k) == (dp_rank, stage):
+                sp_group = group
+    p2p_group = dist.new_group(list(range(dims.world_size)))
+    return AnchorGroups(
+        rank=rank,
+        stage=stage,
+        tp_rank=tp_rank,
+        stage_ranks=stage_ranks,
+        sp_group=sp_group,
+        p2p_group=p2p_group,
+    )

@@ -25,8 +25,10 @@ def build_gpt(
     max_sequence_length: int,
     pre_process: bool = True,
     post_process: bool = True,
+    vp_stage: int | None = None,
 ):
-    """Build the GPTModel for this rank (its TP shard; all layers while PP is 1).
+    """Build one GPTModel chunk for this rank: its TP shard of the layers of its pipeline stage
+    (and virtual stage ``vp_stage``), megatron's layer assignment.
 
     Dropout is zero: the trainer's equivalence guarantees (a parallel run equals a single process)
     need every rank to compute the same function of the same data.
@@ -53,7 +55,10 @@ def build_gpt(
         attention_dropout=0.0,
         init_method_std=cfg.init_method_std,
         use_cpu_initialization=not torch.cuda.is_available(),
-        tensor_model_parallel_size=_tp_size(),
+        pipeline_dtype=torch.float32,
+        batch_p2p_comm=False,  # batched p2p + interleaving gives wrong grads on gloo (ENV.md)
+        calculate_per_token_loss=True,  # the trainer pre-normalises by global text targets
+        **_parallel_sizes(),
         bias_dropout_fusion=False,
         masked_softmax_fusion=False,
         apply_rope_fusion=False,
@@ -73,10 +78,47 @@ def build_gpt(
         post_process=post_process,
         share_embeddings_and_output_weights=False,
         position_embedding_type="rope",
+        vp_stage=vp_stage,
     )
 
 
-def _tp_size() -> int:
+def build_gpt_chunks(cfg: LLMConfig, *, max_sequence_length: int, seed: int) -> list:
+    """All model chunks of this rank (one per virtual stage), initialised layout-independently."""
     from megatron.core import parallel_state as ps
 
-    return ps.get_tensor_model_parallel_world_size() if ps.model_parallel_is_initialized() else 1
+    from omni_trainer.models.init import init_llm_chunk
+
+    vpp = ps.get_virtual_pipeline_model_parallel_world_size() or 1
+    chunks = []
+    for c in range(vpp):
+        vp_stage = c if vpp > 1 else None
+        chunk = build_gpt(
+            cfg,
+            max_sequence_length=max_sequence_length,
+            pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+            post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+            vp_stage=vp_stage,
+        )
+        init_llm_chunk(
+            chunk,
+            seed=seed,
+            std=cfg.init_method_std,
+            num_layers=cfg.num_layers,
+            tp_rank=ps.get_tensor_model_parallel_rank(),
+            tp_size=ps.get_tensor_model_parallel_world_size(),
+        )
+        chunks.append(chunk)
+    return chunks
+
+
+def _parallel_sizes() -> dict[str, int | None]:
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        return {}
+    vpp = ps.get_virtual_pipeline_model_parallel_world_size()
+    return {
+        "tensor_model_parallel_size": ps.get_tensor_model_parallel_world_size(),
+        "pipeline_model_parallel_size": ps.get_pipeline_model_parallel_world_size(),
+        "virtual_pipeline_model_parallel_size": vpp if vpp and vpp > 1 else None,
+    }

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from omni_trainer.models.config import ModelConfig
-from omni_trainer.models.llm import build_gpt
+from omni_trainer.models.llm import build_gpt_chunks
 
 
 @dataclass
@@ -44,30 +44,37 @@ def segment_attention_mask(segment_ids: torch.Tensor) -> torch.Tensor:
 
 
 def build_encoder(modality: str, cfg) -> nn.Module:
+    """An encoder whose token mixing can switch to Ulysses sequence parallelism per sample."""
+    from omni_trainer.multiplex.ulysses import UlyssesMixer
+
     if modality == "image":
         from omni_trainer.models.encoders.vision import VisionEncoder
 
-        return VisionEncoder(cfg)
+        return VisionEncoder(cfg, mixer=UlyssesMixer())
     if modality == "audio":
         from omni_trainer.models.encoders.audio import AudioEncoder
 
-        return AudioEncoder(cfg)
+        return AudioEncoder(cfg, mixer=UlyssesMixer())
     raise ValueError(f"no encoder for modality {modality!r}")
 
 
 class OmniModel(nn.Module):
-    """Encoders, projectors and the LLM of one rank.
+    """This rank's parts of the multimodal model: its LLM chunks, and every encoder + projector.
 
-    Construction order is fixed (LLM first, then encoders by modality name) so that every layout
-    draws the same initial weights from the same seed.
+    Encoders sit on every pipeline stage (the paper's colocated layout), so every rank holds a
+    full replica of each. All weights are layout-independent functions of the seed.
     """
 
-    def __init__(self, cfg: ModelConfig, *, max_sequence_length: int) -> None:
+    def __init__(self, cfg: ModelConfig, *, max_sequence_length: int, seed: int) -> None:
         super().__init__()
         from omni_trainer.models.encoders.projector import Projector
+        from omni_trainer.models.init import name_seed
 
         self.cfg = cfg
-        self.llm = build_gpt(cfg.llm, max_sequence_length=max_sequence_length)
+        self.llm_chunks = nn.ModuleList(
+            build_gpt_chunks(cfg.llm, max_sequence_length=max_sequence_length, seed=seed)
+        )
+        torch.manual_seed(name_seed(seed, "encoders"))
         self.encoders = nn.ModuleDict()
         self.projectors = nn.ModuleDict()
         for modality in ("image", "audio"):
@@ -77,29 +84,23 @@ class OmniModel(nn.Module):
             self.encoders[modality] = build_encoder(modality, enc_cfg)
             self.projectors[modality] = Projector(enc_cfg.hidden_size, cfg.llm.hidden_size)
 
+    def llm_parameters(self) -> list[nn.Parameter]:
+        return list(self.llm_chunks.parameters())
+
     def encoder_parameters(self) -> list[nn.Parameter]:
         return [*self.encoders.parameters(), *self.projectors.parameters()]
 
-    def embed(self, batch: DeviceBatch) -> torch.Tensor:
-        """Text embeddings with every media span replaced by its projected encoder output."""
-        emb = self.llm.embedding(input_ids=batch.tokens, position_ids=batch.position_ids)
-        s, b, h = emb.shape
-        flat = emb.reshape(s * b, h)
-        for modality, media in batch.media.items():
-            encoded = self.projectors[modality](self.encoders[modality](media.arrays))
-            flat = flat.index_copy(0, media.flat_positions, encoded.to(flat.dtype))
-        return flat.reshape(s, b, h)
 
-    def forward(self, batch: DeviceBatch) -> torch.Tensor:
-        """Sum of the next-token losses over text targets (normalised by the caller)."""
-        losses = self.llm(
-            input_ids=batch.tokens,
-            position_ids=batch.position_ids,
-            attention_mask=batch.attention_mask,
-            decoder_input=self.embed(batch),
-            labels=batch.labels,
-        )
-        return (losses.float() * batch.loss_mask).sum()
+def first_stage_input(
+    chunk: nn.Module, batch: DeviceBatch, media: dict[str, torch.Tensor]
+) -> torch.Tensor:
+    """Text embeddings with every media span replaced by its projected encoder output."""
+    emb = chunk.embedding(input_ids=batch.tokens, position_ids=batch.position_ids)
+    s, b, h = emb.shape
+    flat = emb.reshape(s * b, h)
+    for modality, encoded in sorted(media.items()):
+        flat = flat.index_copy(0, batch.media[modality].flat_positions, encoded.to(flat.dtype))
+    return flat.reshape(s, b, h)
 
 
 def to_device_batch(mb, device: torch.device) -> DeviceBatch:

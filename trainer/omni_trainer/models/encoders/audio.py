@@ -5,7 +5,11 @@ BatchNorm in the convolution module is a LayerNorm over channels; the time convo
 per-sample zero-padded view (:func:`pad_packed`), which equals convolving each clip alone. Positions
 are absolute sinusoids added once after subsampling, restarting at 0 in every clip, instead of
 Transformer-XL relative attention: attention stays plain softmax, so the one ``varlen_attention``
-core (and FlashAttention / Ulysses around it) serves the audio encoder as it does the ViT.
+core (and FlashAttention / Ulysses around it) serves the audio encoder as it does the ViT. The
+blocks' cross-token ops (attention, the depthwise convolution) go through one shared
+:class:`~omni_trainer.models.encoders.layers.TokenMixer`; ``forward`` is
+:meth:`AudioEncoder.embed` (subsampling and positions, on whole clips) then
+:meth:`AudioEncoder.encode_tokens` (the blocks), so a long clip can be sharded between the two.
 """
 
 from __future__ import annotations
@@ -18,13 +22,12 @@ from torch import Tensor, nn
 from omni_trainer.models.encoders.config import AudioEncoderConfig
 from omni_trainer.models.encoders.layers import (
     MLP,
-    AttentionFn,
     MultiHeadSelfAttention,
+    TokenMixer,
     cu_seqlens_from_lengths,
     pad_packed,
     sincos_1d,
     unpad,
-    varlen_attention,
 )
 
 
@@ -50,8 +53,12 @@ class ConvSubsampling(nn.Module):
 class ConvModule(nn.Module):
     """LN, pointwise h->2h, GLU, depthwise conv, LN (for BatchNorm), SiLU, pointwise h->h."""
 
-    def __init__(self, hidden_size: int, kernel_size: int) -> None:
+    def __init__(
+        self, hidden_size: int, kernel_size: int, *, mixer: TokenMixer | None = None
+    ) -> None:
         super().__init__()
+        self.mixer = mixer if mixer is not None else TokenMixer()
+        """Gathers whole clips around the depthwise conv (a no-op unless sequence-sharded)."""
         self.norm = nn.LayerNorm(hidden_size)
         self.pointwise_in = nn.Linear(hidden_size, 2 * hidden_size)  # == Conv1d(kernel 1)
         self.glu = nn.GLU(dim=-1)
@@ -65,8 +72,9 @@ class ConvModule(nn.Module):
     def forward(self, x: Tensor, cu_seqlens: Tensor) -> Tensor:
         """[total, hidden] -> [total, hidden]; the depthwise conv never crosses a clip boundary."""
         x = self.glu(self.pointwise_in(self.norm(x)))
-        padded = pad_packed(x, cu_seqlens).transpose(1, 2)  # [batch, hidden, max_len]
-        x = unpad(self.depthwise(padded).transpose(1, 2), cu_seqlens)
+        x_full, cu_full = self.mixer.gather_sequence(x, cu_seqlens)
+        padded = pad_packed(x_full, cu_full).transpose(1, 2)  # [batch, hidden, max_len]
+        x = self.mixer.scatter_sequence(unpad(self.depthwise(padded).transpose(1, 2), cu_full))
         return self.pointwise_out(self.act(self.conv_norm(x)))
 
 
@@ -86,16 +94,13 @@ class FeedForward(nn.Module):
 class ConformerBlock(nn.Module):
     """``x + FFN/2``, ``x + MHSA``, ``x + Conv``, ``x + FFN/2``, LayerNorm (the macaron layout)."""
 
-    def __init__(
-        self, cfg: AudioEncoderConfig, *, attention_fn: AttentionFn = varlen_attention
-    ) -> None:
+    def __init__(self, cfg: AudioEncoderConfig, *, mixer: TokenMixer | None = None) -> None:
         super().__init__()
+        mixer = mixer if mixer is not None else TokenMixer()
         self.ffn1 = FeedForward(cfg.hidden_size, cfg.ffn_hidden_size)
         self.attn_norm = nn.LayerNorm(cfg.hidden_size)
-        self.attn = MultiHeadSelfAttention(
-            cfg.hidden_size, cfg.num_heads, attention_fn=attention_fn
-        )
-        self.conv = ConvModule(cfg.hidden_size, cfg.conv_kernel_size)
+        self.attn = MultiHeadSelfAttention(cfg.hidden_size, cfg.num_heads, mixer=mixer)
+        self.conv = ConvModule(cfg.hidden_size, cfg.conv_kernel_size, mixer=mixer)
         self.ffn2 = FeedForward(cfg.hidden_size, cfg.ffn_hidden_size)
         self.norm = nn.LayerNorm(cfg.hidden_size)
 
@@ -111,24 +116,25 @@ class ConformerBlock(nn.Module):
 class AudioEncoder(nn.Module):
     """Conv subsampling x4, sinusoidal positions, Conformer blocks."""
 
-    def __init__(
-        self, cfg: AudioEncoderConfig, *, attention_fn: AttentionFn = varlen_attention
-    ) -> None:
+    def __init__(self, cfg: AudioEncoderConfig, *, mixer: TokenMixer | None = None) -> None:
         super().__init__()
         self.cfg = cfg
+        self.mixer = mixer if mixer is not None else TokenMixer()
+        """Cross-token ops of every block (one shared instance); not a module, holds no weights."""
         self.subsample = ConvSubsampling(cfg.n_mels, cfg.hidden_size)
         self.blocks = nn.ModuleList(
-            ConformerBlock(cfg, attention_fn=attention_fn) for _ in range(cfg.num_layers)
+            ConformerBlock(cfg, mixer=self.mixer) for _ in range(cfg.num_layers)
         )
 
-    def forward(self, features: Sequence[Tensor]) -> Tensor:
-        """Encode clips of any lengths (multiples of 4 frames) together.
+    def embed(self, features: Sequence[Tensor]) -> tuple[Tensor, list[int]]:
+        """Subsampled frames plus sinusoidal positions of each whole clip, packed.
 
         Args:
-            features: each [frames, n_mels] log-mel features.
+            features: each [frames, n_mels] log-mel features, frames a multiple of 4.
 
         Returns:
-            [sum of frames / 4, hidden], clips in the given order.
+            ``(x, lengths)``: x [sum of frames / 4, hidden], clips in the given order; lengths:
+            tokens per clip.
         """
         if not features:
             raise ValueError("AudioEncoder needs at least one clip")
@@ -139,10 +145,30 @@ class AudioEncoder(nn.Module):
                 )
         lengths = [self.cfg.num_tokens(f.shape[0]) for f in features]
         padded = nn.utils.rnn.pad_sequence(list(features), batch_first=True)
-        cu_seqlens = cu_seqlens_from_lengths(lengths, device=padded.device)
-        x = unpad(self.subsample(padded), cu_seqlens)
+        x = unpad(self.subsample(padded), cu_seqlens_from_lengths(lengths, device=padded.device))
         positions = torch.cat([torch.arange(n, device=x.device) for n in lengths])
-        x = x + sincos_1d(positions, self.cfg.hidden_size).to(x.dtype)
+        return x + sincos_1d(positions, self.cfg.hidden_size).to(x.dtype), lengths
+
+    def encode_tokens(self, x: Tensor, cu_seqlens: Tensor) -> Tensor:
+        """The Conformer blocks (each ends in its LayerNorm): [tokens, hidden] -> [tokens, hidden].
+
+        Args:
+            x: packed token embeddings (from :meth:`embed`, or this rank's shard of one clip when
+                the mixer is sharded).
+            cu_seqlens: sample boundaries of ``x``.
+        """
         for block in self.blocks:
             x = block(x, cu_seqlens)
         return x
+
+    def forward(self, features: Sequence[Tensor]) -> Tensor:
+        """Encode clips of any lengths (multiples of 4 frames) together.
+
+        Args:
+            features: each [frames, n_mels] log-mel features.
+
+        Returns:
+            [sum of frames / 4, hidden], clips in the given order.
+        """
+        x, lengths = self.embed(features)
+        return self.encode_tokens(x, cu_seqlens_from_lengths(lengths, device=x.device))

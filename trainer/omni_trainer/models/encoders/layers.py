@@ -3,9 +3,11 @@
 The samples of a micro-batch are packed along the token axis (``x``: [total_tokens, hidden]) and
 delimited by ``cu_seqlens`` (int64 cumulative lengths starting at 0, as FlashAttention's varlen
 kernels take them): no padding is computed, and a sample's output never depends on which samples
-share its batch. All cross-token mixing of attention happens in :func:`varlen_attention`, which
-:class:`MultiHeadSelfAttention` calls through its ``attention_fn`` attribute, so Ulysses sequence
-parallelism (all-to-all sequence <-> heads around the core) wraps one function and no block changes.
+share its batch. Every op through which the tokens of one sample mix goes through one
+:class:`TokenMixer`, shared by all layers of an encoder: attention (:meth:`TokenMixer.attention`)
+and the Conformer's depthwise convolution (:meth:`TokenMixer.gather_sequence` /
+:meth:`TokenMixer.scatter_sequence` around it). Everything else is per token, so sequence
+parallelism (``multiplex/ulysses.py``) replaces the mixer and no block changes.
 """
 
 from __future__ import annotations
@@ -109,11 +111,47 @@ def sincos_2d(height: int, width: int, dim: int, *, device: torch.device | None 
     return torch.cat([sincos_1d(rows, dim // 2), sincos_1d(cols, dim // 2)], dim=1)
 
 
+class TokenMixer:
+    """The ops through which the tokens of one sample mix, for tokens held whole on this rank.
+
+    An encoder builds (or is given) one mixer and hands it to all its layers. This default computes
+    locally; :class:`~omni_trainer.multiplex.ulysses.UlyssesMixer` overrides the three methods to
+    run one sample sharded along the sequence across ranks.
+
+    Args:
+        core: the attention kernel over full samples (:func:`varlen_attention`, or e.g.
+            ``flash_attn_varlen_func`` on GPU).
+    """
+
+    def __init__(self, core: AttentionFn = varlen_attention) -> None:
+        self.core = core
+
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor) -> Tensor:
+        """Attention within each sample: q, k, v [tokens, heads, head_dim] -> same shape."""
+        return self.core(q, k, v, cu_seqlens)
+
+    def gather_sequence(self, x: Tensor, cu_seqlens: Tensor) -> tuple[Tensor, Tensor]:
+        """The whole samples that ``x`` holds tokens of, for an op that needs neighbours.
+
+        Args:
+            x: [tokens, ...] this rank's tokens.
+            cu_seqlens: their sample boundaries.
+
+        Returns:
+            ``(x_full, cu_full)``: the full samples and their boundaries (here: unchanged).
+        """
+        return x, cu_seqlens
+
+    def scatter_sequence(self, x_full: Tensor) -> Tensor:
+        """Inverse of :meth:`gather_sequence` on its result's layout: back to this rank's tokens."""
+        return x_full
+
+
 class MultiHeadSelfAttention(nn.Module):
-    """QKV projection, :func:`varlen_attention` (or a replacement), output projection."""
+    """QKV projection, the mixer's attention, output projection."""
 
     def __init__(
-        self, hidden_size: int, num_heads: int, *, attention_fn: AttentionFn = varlen_attention
+        self, hidden_size: int, num_heads: int, *, mixer: TokenMixer | None = None
     ) -> None:
         super().__init__()
         if hidden_size % num_heads:
@@ -122,14 +160,14 @@ class MultiHeadSelfAttention(nn.Module):
         self.head_dim = hidden_size // num_heads
         self.qkv = nn.Linear(hidden_size, 3 * hidden_size)
         self.proj = nn.Linear(hidden_size, hidden_size)
-        self.attention_fn = attention_fn
-        """The only cross-token op: swap it (e.g. a Ulysses all-to-all wrapper) to parallelize."""
+        self.mixer = mixer if mixer is not None else TokenMixer()
+        """The only cross-token op here; shared with the encoder's other layers."""
 
     def forward(self, x: Tensor, cu_seqlens: Tensor) -> Tensor:
         """[total, hidden] -> [total, hidden], attending within each sample."""
         total = x.shape[0]
         q, k, v = self.qkv(x).view(total, 3, self.num_heads, self.head_dim).unbind(1)
-        out = self.attention_fn(q, k, v, cu_seqlens)
+        out = self.mixer.attention(q, k, v, cu_seqlens)
         return self.proj(out.reshape(total, self.num_heads * self.head_dim))
 
 
@@ -158,11 +196,11 @@ class TransformerBlock(nn.Module):
         num_heads: int,
         ffn_hidden_size: int,
         *,
-        attention_fn: AttentionFn = varlen_attention,
+        mixer: TokenMixer | None = None,
     ) -> None:
         super().__init__()
         self.attn_norm = nn.LayerNorm(hidden_size)
-        self.attn = MultiHeadSelfAttention(hidden_size, num_heads, attention_fn=attention_fn)
+        self.attn = MultiHeadSelfAttention(hidden_size, num_heads, mixer=mixer)
         self.mlp_norm = nn.LayerNorm(hidden_size)
         self.mlp = MLP(hidden_size, ffn_hidden_size)
 

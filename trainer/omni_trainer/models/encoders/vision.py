@@ -2,6 +2,9 @@
 
 Each image becomes its own ``h x w`` grid of patches with 2D sin-cos positions computed for that
 grid, so there is no maximum resolution and no resizing or padding; each image attends to itself.
+``forward`` is :meth:`VisionEncoder.embed` (per image, on whole images) then
+:meth:`VisionEncoder.encode_tokens` (the blocks, whose only cross-token op is the mixer's
+attention), so a long image's tokens can be sharded across ranks between the two.
 """
 
 from __future__ import annotations
@@ -14,30 +17,27 @@ from torch import Tensor, nn
 
 from omni_trainer.models.encoders.config import VisionEncoderConfig
 from omni_trainer.models.encoders.layers import (
-    AttentionFn,
+    TokenMixer,
     TransformerBlock,
     cu_seqlens_from_lengths,
     sincos_2d,
-    varlen_attention,
 )
 
 
 class VisionEncoder(nn.Module):
     """Patch embedding, 2D sin-cos positions, pre-LN blocks, final LayerNorm."""
 
-    def __init__(
-        self, cfg: VisionEncoderConfig, *, attention_fn: AttentionFn = varlen_attention
-    ) -> None:
+    def __init__(self, cfg: VisionEncoderConfig, *, mixer: TokenMixer | None = None) -> None:
         super().__init__()
         self.cfg = cfg
+        self.mixer = mixer if mixer is not None else TokenMixer()
+        """Cross-token ops of every block (one shared instance); not a module, holds no weights."""
         p = cfg.patch_size
         # Kept as a Conv2d (kernel = stride = patch) for checkpoint layout; applied as one matmul
         # over the patches of all images, which is the same operation.
         self.patch_embed = nn.Conv2d(cfg.in_channels, cfg.hidden_size, kernel_size=p, stride=p)
         self.blocks = nn.ModuleList(
-            TransformerBlock(
-                cfg.hidden_size, cfg.num_heads, cfg.ffn_hidden_size, attention_fn=attention_fn
-            )
+            TransformerBlock(cfg.hidden_size, cfg.num_heads, cfg.ffn_hidden_size, mixer=self.mixer)
             for _ in range(cfg.num_layers)
         )
         self.norm = nn.LayerNorm(cfg.hidden_size)
@@ -52,14 +52,15 @@ class VisionEncoder(nn.Module):
         h, w = height // p, width // p
         return image.reshape(c, h, p, w, p).permute(1, 3, 0, 2, 4).reshape(h * w, c * p * p)
 
-    def forward(self, images: Sequence[Tensor]) -> Tensor:
-        """Encode images of any sizes (multiples of the patch) together.
+    def embed(self, images: Sequence[Tensor]) -> tuple[Tensor, list[int]]:
+        """Patch embeddings plus 2D positions of each whole image, packed.
 
         Args:
-            images: each [C, H, W].
+            images: each [C, H, W], sides multiples of the patch.
 
         Returns:
-            [sum of (H/p)*(W/p), hidden]: each image's patches row-major, images in the given order.
+            ``(x, lengths)``: x [sum of (H/p)*(W/p), hidden], each image's patches row-major, images
+            in the given order; lengths: patches per image.
         """
         if not images:
             raise ValueError("VisionEncoder needs at least one image")
@@ -69,8 +70,28 @@ class VisionEncoder(nn.Module):
         weight = self.patch_embed.weight.flatten(1)  # [hidden, C*p*p]
         x = F.linear(patches, weight, self.patch_embed.bias)
         pos = torch.cat([sincos_2d(h, w, self.cfg.hidden_size, device=x.device) for h, w in grids])
-        x = x + pos.to(x.dtype)
-        cu_seqlens = cu_seqlens_from_lengths([h * w for h, w in grids], device=x.device)
+        return x + pos.to(x.dtype), [h * w for h, w in grids]
+
+    def encode_tokens(self, x: Tensor, cu_seqlens: Tensor) -> Tensor:
+        """The blocks and the final LayerNorm: [tokens, hidden] -> [tokens, hidden].
+
+        Args:
+            x: packed token embeddings (from :meth:`embed`, or this rank's shard of one image when
+                the mixer is sharded).
+            cu_seqlens: sample boundaries of ``x``.
+        """
         for block in self.blocks:
             x = block(x, cu_seqlens)
         return self.norm(x)
+
+    def forward(self, images: Sequence[Tensor]) -> Tensor:
+        """Encode images of any sizes (multiples of the patch) together.
+
+        Args:
+            images: each [C, H, W].
+
+        Returns:
+            [sum of (H/p)*(W/p), hidden]: each image's patches row-major, images in the given order.
+        """
+        x, lengths = self.embed(images)
+        return self.encode_tokens(x, cu_seqlens_from_lengths(lengths, device=x.device))

@@ -1,0 +1,280 @@
+"""The dataflow table: megatron's op order, validation of the joint schedule, the planners."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+
+import pytest
+
+from omni_trainer.multiplex.dataflow import (
+    POLICIES,
+    POST,
+    PRE,
+    DataflowError,
+    DataflowTable,
+    EncoderMicroBatch,
+    LLMOp,
+    Slot,
+    format_dataflow,
+    from_paper_notation,
+    plan_dataflow,
+    simulate,
+    stage_ops,
+    validate_dataflow,
+)
+
+
+def ops(text: str) -> list[LLMOp]:
+    """``"F0 B0 F1.1"`` -> ops (``.c`` = model chunk)."""
+    out = []
+    for tok in text.split():
+        m, _, c = tok[1:].partition(".")
+        out.append(LLMOp(tok[0], int(m), int(c or 0)))  # type: ignore[arg-type]
+    return out
+
+
+def mbs_for(num_microbatches: int, modalities: tuple[str, ...] = ("image", "audio"), cost=1.0):
+    """One encoder mb per modality per LLM micro-batch, ids in (micro-batch, modality) order."""
+    return [
+        EncoderMicroBatch(i, m, mod, cost)
+        for i, (m, mod) in enumerate(itertools.product(range(num_microbatches), modalities))
+    ]
+
+
+# ------------------------------------------------------------------ stage_ops
+
+
+@pytest.mark.parametrize(
+    ("pp", "vpp", "m", "stage", "expected"),
+    [
+        (1, 1, 3, 0, "F0 B0 F1 B1 F2 B2"),
+        (2, 1, 4, 0, "F0 F1 B0 F2 B1 F3 B2 B3"),
+        (2, 1, 4, 1, "F0 B0 F1 B1 F2 B2 F3 B3"),
+        (4, 1, 4, 0, "F0 F1 F2 F3 B0 B1 B2 B3"),
+        (4, 1, 4, 1, "F0 F1 F2 B0 F3 B1 B2 B3"),
+        (4, 1, 4, 3, "F0 B0 F1 B1 F2 B2 F3 B3"),
+        (4, 1, 2, 0, "F0 F1 B0 B1"),  # fewer micro-batches than warmup
+        (
+            2,
+            2,
+            4,
+            0,
+            "F0.0 F1.0 F0.1 F1.1 F2.0 B0.1 F3.0 B1.1 F2.1 B0.0 F3.1 B1.0 B2.1 B3.1 B2.0 B3.0",
+        ),
+        (
+            2,
+            2,
+            4,
+            1,
+            "F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 F2.0 B0.0 F3.0 B1.0 F2.1 B2.1 F3.1 B3.1 B2.0 B3.0",
+        ),
+    ],
+)
+def test_stage_ops_match_hand_written_megatron_order(pp, vpp, m, stage, expected) -> None:
+    assert stage_ops(stage=stage, pp=pp, vpp=vpp, num_microbatches=m) == ops(expected)
+
+
+@pytest.mark.parametrize(
+    ("pp", "vpp", "m"), [(2, 1, 3), (4, 1, 8), (2, 2, 6), (4, 2, 8), (3, 3, 6)]
+)
+def test_every_op_once_and_forward_before_backward(pp, vpp, m) -> None:
+    for stage in range(pp):
+        seq = stage_ops(stage=stage, pp=pp, vpp=vpp, num_microbatches=m)
+        assert sorted(seq, key=lambda o: (o.kind, o.microbatch, o.chunk)) == [
+            LLMOp(k, i, c) for k in "BF" for i in range(m) for c in range(vpp)
+        ]
+        for i, c in itertools.product(range(m), range(vpp)):
+            assert seq.index(LLMOp("F", i, c)) < seq.index(LLMOp("B", i, c))
+
+
+@pytest.mark.parametrize(
+    ("pp", "vpp", "m", "match"),
+    [
+        (2, 2, 3, "multiple of pp=2"),
+        (4, 2, 2, "multiple of pp=4"),
+        (1, 2, 4, "needs pp > 1"),
+        (0, 1, 4, ">= 1"),
+        (2, 1, 0, ">= 1"),
+    ],
+)
+def test_stage_ops_rejects_layouts_megatron_refuses(pp, vpp, m, match) -> None:
+    with pytest.raises(DataflowError, match=match):
+        stage_ops(stage=0, pp=pp, vpp=vpp, num_microbatches=m)
+    with pytest.raises(DataflowError, match="outside"):
+        stage_ops(stage=2, pp=2, vpp=1, num_microbatches=4)
+
+
+# ------------------------------------------------------------------ planners
+
+GRID = [(1, 1, 3), (2, 1, 1), (2, 1, 4), (2, 1, 5), (4, 1, 4), (4, 1, 8), (2, 2, 4), (4, 2, 8)]
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize(("pp", "vpp", "m"), GRID)
+def test_every_policy_validates(policy, pp, vpp, m) -> None:
+    mbs = [
+        EncoderMicroBatch(i, e.microbatch, e.modality, 0.3 + (i * 7919 % 13) / 5)
+        for i, e in enumerate(mbs_for(m, ("image", "audio", "video")))
+    ]
+    table = plan_dataflow(policy, pp=pp, vpp=vpp, num_microbatches=m, encoder_mbs=mbs)
+    validate_dataflow(table)
+    for e in mbs:
+        assert table.forward[e.id].stage == table.backward[e.id].stage
+    assert simulate(table)["makespan"] > 0
+
+
+def test_stage0_puts_everything_on_stage_0_just_in_time() -> None:
+    table = plan_dataflow("stage0", pp=2, vpp=1, num_microbatches=4, encoder_mbs=mbs_for(4))
+    assert {s.stage for s in [*table.forward.values(), *table.backward.values()]} == {0}
+    # stage 0 runs F0 F1 B0 F2 B1 F3 B2 B3: forward slot i is just before F(i)
+    assert [table.forward[i].index for i in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
+    # backward: first forward slot after B(m): B0 -> F2 (slot 2), B1 -> F3, B2 and B3 -> POST
+    assert [table.backward[i].index for i in range(8)] == [2, 2, 3, 3, POST, POST, POST, POST]
+
+
+def test_front_loaded_is_pre_and_post_balanced() -> None:
+    table = plan_dataflow("front_loaded", pp=4, vpp=1, num_microbatches=8, encoder_mbs=mbs_for(8))
+    assert {s.index for s in table.forward.values()} == {PRE}
+    assert {s.index for s in table.backward.values()} == {POST}
+    assert [table.stage_cost(k) for k in range(4)] == [4.0] * 4
+
+
+@pytest.mark.parametrize(("pp", "vpp", "m"), [(2, 1, 4), (4, 1, 8), (4, 2, 8)])
+def test_uniform_balances_and_inserts_on_demand(pp, vpp, m) -> None:
+    mbs = mbs_for(m)
+    table = plan_dataflow("uniform", pp=pp, vpp=vpp, num_microbatches=m, encoder_mbs=mbs)
+    loads = [table.stage_cost(k) for k in range(pp)]
+    assert max(loads) - sum(loads) / pp <= 1.0  # equal costs: LPT within one mb of the mean
+    assert any(s.index not in (PRE, POST) for s in table.forward.values())
+    assert any(s.index not in (PRE, POST) for s in table.backward.values())
+    # stage 0 never front-loads: micro-batch 0 just before F(0, 0); later ones before F(m, 0) or
+    # earlier where the time model finds idle time to fill (stage 0 waiting for a backward)
+    assert table.forward[0] == Slot(0, 0)
+    assert all(s.index != PRE for s in table.forward.values() if s.stage == 0)
+    # and it keeps no more encoder activation memory alive than front-loading
+    front = plan_dataflow("front_loaded", pp=pp, vpp=vpp, num_microbatches=m, encoder_mbs=mbs)
+    peak = [s["peak_encoder_activations"] for s in simulate(table)["stages"]]
+    peak_front = [s["peak_encoder_activations"] for s in simulate(front)["stages"]]
+    assert max(peak) <= max(peak_front)
+    if vpp == 1:  # interleaved: chunk-0 backwards come last, so encoder backwards wait anyway
+        assert max(peak) < max(peak_front)
+
+
+def test_uniform_balances_unequal_costs_by_lpt() -> None:
+    costs = [5.0, 4.0, 3.0, 3.0, 2.0, 2.0, 1.0, 1.0]
+    mbs = [EncoderMicroBatch(i, i // 2, "image", c) for i, c in enumerate(costs)]
+    table = plan_dataflow("uniform", pp=2, vpp=1, num_microbatches=4, encoder_mbs=mbs)
+    assert sorted(table.stage_cost(k) for k in range(2)) == [10.0, 11.0]
+
+
+def test_planner_rejects_bad_input() -> None:
+    with pytest.raises(DataflowError, match="appears twice"):
+        plan_dataflow(
+            "uniform", pp=2, vpp=1, num_microbatches=2, encoder_mbs=[EncoderMicroBatch(0, 0)] * 2
+        )
+    with pytest.raises(DataflowError, match="micro-batch outside"):
+        plan_dataflow(
+            "uniform", pp=2, vpp=1, num_microbatches=2, encoder_mbs=[EncoderMicroBatch(0, 5)]
+        )
+    with pytest.raises(DataflowError, match="unknown policy"):
+        plan_dataflow("greedy", pp=2, vpp=1, num_microbatches=2, encoder_mbs=[])  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ validation
+
+
+def table_with(forward: dict[int, Slot], backward: dict[int, Slot], mbs) -> DataflowTable:
+    return DataflowTable(2, 1, 4, tuple(mbs), forward, backward)
+
+
+def test_validator_names_the_deadlocking_encoder_mb() -> None:
+    mbs = [EncoderMicroBatch(3, 1, "image")]
+    # stage 1 runs F0 B0 F1 B1 F2 ...: slot 2 is before F(2), which needs stage 0's F(2), after F(1)
+    table = table_with({3: Slot(1, 2)}, {3: Slot(1, POST)}, mbs)
+    with pytest.raises(DataflowError) as err:
+        validate_dataflow(table)
+    msg = str(err.value)
+    assert "encoder mb 3 (image of micro-batch 1) runs on stage 1 before F(2)" in msg
+    assert "stage 0 needs it at F(1), which stage 1's F(2) depends on" in msg
+    assert msg.endswith("deadlock")
+    validate_dataflow(table_with({3: Slot(1, PRE)}, {3: Slot(1, POST)}, mbs))
+
+
+def test_validator_rejects_backward_before_its_gradient() -> None:
+    mbs = [EncoderMicroBatch(0, 0, "audio")]
+    with pytest.raises(
+        DataflowError,
+        match=r"encoder mb 0 \(audio of micro-batch 0\) runs its "
+        r"backward on stage 1 before F\(0\).*B\(0\).*deadlock",
+    ):
+        validate_dataflow(table_with({0: Slot(1, PRE)}, {0: Slot(1, 0)}, mbs))
+    # slot 1 on stage 1 comes after its B(0), so stage 0's B(0) does not wait on it: valid
+    validate_dataflow(table_with({0: Slot(1, PRE)}, {0: Slot(1, 1)}, mbs))
+
+
+def test_validator_rejects_descending_order() -> None:
+    mbs = [EncoderMicroBatch(0, 0), EncoderMicroBatch(1, 1), EncoderMicroBatch(2, 2)]
+    fwd = {0: Slot(1, PRE), 1: Slot(1, 0), 2: Slot(1, PRE)}
+    bwd = dict.fromkeys(range(3), Slot(1, POST))
+    with pytest.raises(
+        DataflowError,
+        match=r"encoder mb 1 \(image of micro-batch 1\) runs its "
+        r"forward on stage 1 before F\(0\), after encoder mb 2.*ascending",
+    ):
+        validate_dataflow(table_with(fwd, bwd, mbs))
+
+
+@pytest.mark.parametrize(
+    ("fwd", "bwd", "match"),
+    [
+        (Slot(0, PRE), Slot(1, POST), "forward on stage 0 but backward on stage 1"),
+        (Slot(2, PRE), Slot(2, POST), "does not exist"),
+        (Slot(0, 4), Slot(0, POST), "does not exist"),
+        (Slot(0, POST), Slot(0, POST), "deadlock"),
+    ],
+)
+def test_validator_rejects_bad_slots(fwd, bwd, match) -> None:
+    with pytest.raises(DataflowError, match=match):
+        validate_dataflow(table_with({0: fwd}, {0: bwd}, [EncoderMicroBatch(0, 0)]))
+    with pytest.raises(DataflowError, match="exactly one backward"):
+        validate_dataflow(table_with({0: Slot(0, PRE)}, {}, [EncoderMicroBatch(0, 0)]))
+
+
+# ------------------------------------------------------------------ notation and display
+
+
+def test_paper_notation_conventions_and_round_trip() -> None:
+    table = plan_dataflow("stage0", pp=2, vpp=1, num_microbatches=4, encoder_mbs=mbs_for(4))
+    notation = table.paper_notation()
+    # stage 0: F0 F1 B0 F2 B1 F3 B2 B3
+    assert notation[0] == (0, [None, 1])  # before F(0), the stage's first op
+    assert notation[4] == (0, [-1, 3])  # micro-batch 2: after B(0), before F(2)
+    assert notation[-1] == (0, [-1, 3])  # backward of mb 0 right after B(0)
+    assert notation[-(6 + 1)] == (0, [None, None])  # backward at POST
+    for policy in POLICIES:
+        for pp, vpp, m in [(2, 1, 4), (4, 1, 8)]:
+            t = plan_dataflow(policy, pp=pp, vpp=vpp, num_microbatches=m, encoder_mbs=mbs_for(m))
+            back = from_paper_notation(
+                t.paper_notation(), pp=pp, vpp=vpp, num_microbatches=m, encoder_mbs=t.encoder_mbs
+            )
+            assert back == t
+            assert DataflowTable.from_dict(t.to_dict()) == t
+
+
+def test_format_lists_ops_with_encoder_work() -> None:
+    table = plan_dataflow("stage0", pp=2, vpp=1, num_microbatches=2, encoder_mbs=mbs_for(2))
+    text = format_dataflow(table)
+    assert "stage 0 (encoder cost 4): | | E0 E1 F(0) E2 E3 F(1) B(0) B(1) | E0' E1' E2' E3' |" in (
+        text
+    )
+    assert "stage 1 (encoder cost 0): | | F(0) B(0) F(1) B(1) | |" in text
+    assert "-1: (0, [None, None])" in text
+
+
+def test_dataflow_does_not_import_torch() -> None:
+    import subprocess
+
+    code = "import sys, omni_trainer.multiplex.dataflow; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

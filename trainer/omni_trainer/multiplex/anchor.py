@@ -1,0 +1,306 @@
+"""EncoderAnchor: encoder micro-batches run inside megatron's LLM pipeline, where the table says.
+
+megatron-core's schedules are used as released. The anchor hooks in from outside (DESIGN.md):
+
+- ``run_slot(i)`` is called by the trainer's forward-step function before the i-th forward op of
+  this stage (plus ``PRE`` before the schedule and ``POST`` in finalize). It runs the encoder
+  backward and forward work that the :class:`DataflowTable` puts there, encoding with LSSP across
+  this stage's group (short samples data parallel, long ones Ulysses sequence parallel), and sends
+  each projected output piece, non-blocking, to every tensor-parallel rank of pipeline stage 0.
+- ``embeddings(m)`` is called on stage 0 for micro-batch m's first chunk: it receives the pieces,
+  makes them autograd leaves and returns them per modality. Gradient hooks on those leaves send
+  the embedding gradients back to the rank that encoded each piece once stage 0's backward of m
+  has produced them all; that rank runs the encoder backward at its next backward slot.
+
+All encoder traffic uses its own process group. Every message has a tag, and both ends issue their
+operations in the same order (ascending encoder micro-batch, then piece): gloo matches by tag,
+NCCL by order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from omni_trainer.multiplex.dataflow import POST, PRE, DataflowTable, EncoderMicroBatch
+from omni_trainer.multiplex.lssp import LSSPPlan, TokenRange, plan_lssp
+from omni_trainer.multiplex.ulysses import encode_sequence_parallel
+
+_FORWARD, _BACKWARD = 0, 1
+
+
+def _tag(emb: int, piece: int, direction: int) -> int:
+    return ((emb * 4096 + piece) << 1) | direction
+
+
+@dataclass(frozen=True)
+class AnchorGroups:
+    """Where this rank sits and whom it talks to, for one data-parallel replica's pipeline."""
+
+    rank: int
+    stage: int
+    tp_rank: int
+    stage_ranks: tuple[tuple[int, ...], ...]  # [stage][tp_rank] -> global rank, this replica
+    sp_group: dist.ProcessGroup  # this stage's encoder group (its TP ranks), for Ulysses
+    p2p_group: dist.ProcessGroup  # encoder traffic only
+
+    @property
+    def tp(self) -> int:
+        return len(self.stage_ranks[0])
+
+
+@dataclass
+class EncoderWork:
+    """One encoder micro-batch: the media of one modality of one LLM micro-batch."""
+
+    mb: EncoderMicroBatch
+    arrays: list[torch.Tensor]
+    plan: LSSPPlan
+    pieces: list[TokenRange] = field(init=False)  # consumption order: item, then token range
+    items: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.pieces, self.items = [], []
+        for item, ranges in enumerate(self.plan.placement):
+            for r in ranges:
+                if r.stop > r.start:
+                    self.pieces.append(r)
+                    self.items.append(item)
+
+
+class EncoderAnchor:
+    """Runs one rank's share of the encoder work of a training step."""
+
+    def __init__(
+        self,
+        *,
+        encoders: nn.ModuleDict,
+        projectors: nn.ModuleDict,
+        groups: AnchorGroups,
+        hidden_size: int,
+        device: torch.device,
+    ) -> None:
+        self.encoders = encoders
+        self.projectors = projectors
+        self.groups = groups
+        self.hidden_size = hidden_size
+        self.device = device
+        self._reset()
+
+    # -- step lifecycle ----------------------------------------------------------------------
+    def begin_step(self, table: DataflowTable, works: list[EncoderWork]) -> None:
+        self._reset()
+        self.table = table
+        self.works = {w.mb.id: w for w in works}
+        self._by_microbatch: dict[int, list[int]] = {}
+        for w in works:
+            self._by_microbatch.setdefault(w.mb.microbatch, []).append(w.mb.id)
+
+    def end_step(self) -> None:
+        """Run the POST slot, then wait for every outstanding send of this step."""
+        self.run_slot(POST)
+        for work in self._sends:
+            work.wait()
+        leftovers = [k for k, v in self._held.items() if v] + list(self._local_grads)
+        if leftovers or self._local_outputs:
+            raise RuntimeError(f"encoder work left at the end of the step: {leftovers}")
+        self._sends = []
+
+    def _reset(self) -> None:
+        self.table: DataflowTable | None = None
+        self.works: dict[int, EncoderWork] = {}
+        self._sends: list[dist.Work] = []
+        self._held: dict[int, list[tuple[int | None, int, torch.Tensor, bool]]] = {}
+        self._local_outputs: dict[tuple[int, int], torch.Tensor] = {}
+        self._local_grads: dict[tuple[int, int], torch.Tensor] = {}
+        self._pending_grads: dict[int, dict[tuple[int, int], torch.Tensor]] = {}
+
+    # -- encoder side ------------------------------------------------------------------------
+    def run_slot(self, index: int) -> None:
+        """Encoder backward then forward work that the table puts at this slot of this stage."""
+        stage = self.groups.stage
+        for emb in self.table.at(stage, index, "backward"):
+            self._backward(emb)
+        for emb in self.table.at(stage, index, "forward"):
+            self._forward(emb)
+
+    def _forward(self, emb: int) -> None:
+        work = self.works[emb]
+        encoder = self.encoders[work.mb.modality]
+        projector = self.projectors[work.mb.modality]
+        me = self.groups.tp_rank
+        outputs: dict[tuple[int, int], torch.Tensor] = {}
+        short = work.plan.short[me]
+        if short:
+            encoded = projector(encoder([work.arrays[i] for i in short]))
+            for i, out in zip(
+                short, encoded.split([work.plan.lengths[i] for i in short]), strict=True
+            ):
+                outputs[(i, 0)] = out
+        for i in work.plan.long:
+            shard = encode_sequence_parallel(encoder, work.arrays[i], self.groups.sp_group)
+            outputs[(i, work.plan.placement[i][me].start)] = projector(shard)
+        # (piece index or None, item, output, long?); an empty shard of a long sample has no
+        # piece but still joins its group's backward collectives.
+        held: list[tuple[int | None, int, torch.Tensor, bool]] = []
+        for i in work.plan.long:
+            mine = work.plan.placement[i][me]
+            if mine.stop == mine.start:
+                held.append((None, i, outputs[(i, mine.start)], True))
+        for idx, piece in enumerate(work.pieces):
+            if piece.rank != me:
+                continue
+            item = work.items[idx]
+            out = outputs[(item, piece.start)]
+            held.append((idx, item, out, item in work.plan.long))
+            payload = out.detach().contiguous()
+            for dst in self.groups.stage_ranks[0]:
+                if dst == self.groups.rank:
+                    self._local_outputs[(emb, idx)] = payload
+                else:
+                    self._sends.append(
+                        dist.isend(
+                            payload, dst, group=self.groups.p2p_group, tag=_tag(emb, idx, _FORWARD)
+                        )
+                    )
+        self._held[emb] = held
+
+    def _backward(self, emb: int) -> None:
+        held = self._held.pop(emb, [])
+        if not held:
+            return
+        work = self.works[emb]
+        grads: list[torch.Tensor] = []
+        requests = []
+        for idx, _, out, _ in held:
+            if idx is None:
+                grads.append(torch.zeros_like(out))
+                continue
+            src = self._grad_sender(work, idx)
+            if src == self.groups.rank:
+                grads.append(self._local_grads.pop((emb, idx)))
+            else:
+                buf = torch.empty_like(out)
+                requests.append(
+                    dist.irecv(buf, src, group=self.groups.p2p_group, tag=_tag(emb, idx, _BACKWARD))
+                )
+                grads.append(buf)
+        for r in requests:
+            r.wait()
+        # Short samples share one graph; each long one has its own, with collectives inside, so
+        # they run one by one in the same order on every rank of the group.
+        short = [(o, g) for (_, _, o, is_long), g in zip(held, grads, strict=True) if not is_long]
+        if short:
+            torch.autograd.backward([o for o, _ in short], [g for _, g in short])
+        long = sorted(
+            (
+                (item, out, grad)
+                for (_, item, out, is_long), grad in zip(held, grads, strict=True)
+                if is_long
+            ),
+            key=lambda t: t[0],
+        )
+        for _, out, grad in long:
+            torch.autograd.backward(out, grad)
+
+    def _grad_sender(self, work: EncoderWork, idx: int) -> int:
+        """Stage 0's TP ranks hold identical embedding gradients: piece ``idx`` comes from one."""
+        return self.groups.stage_ranks[0][idx % self.groups.tp]
+
+    # -- stage-0 side ------------------------------------------------------------------------
+    def embeddings(self, microbatch: int) -> dict[str, torch.Tensor]:
+        """Receive micro-batch ``microbatch``'s encoder outputs: [tokens, hidden] per modality,
+        items in order, as autograd leaves whose gradients flow back to their encoders."""
+        received: dict[str, list[torch.Tensor]] = {}
+        requests = []
+        leaves: list[tuple[int, int, torch.Tensor]] = []
+        for emb in self._by_microbatch.get(microbatch, []):
+            work = self.works[emb]
+            stage = self.table.forward[emb].stage
+            pieces = received.setdefault(work.mb.modality, [])
+            for idx, piece in enumerate(work.pieces):
+                src = self.groups.stage_ranks[stage][piece.rank]
+                if src == self.groups.rank:
+                    buf = self._local_outputs.pop((emb, idx))
+                else:
+                    buf = torch.empty(
+                        piece.stop - piece.start, self.hidden_size, device=self.device
+                    )
+                    requests.append(
+                        dist.irecv(
+                            buf, src, group=self.groups.p2p_group, tag=_tag(emb, idx, _FORWARD)
+                        )
+                    )
+                leaf = buf.detach().requires_grad_()
+                leaves.append((emb, idx, leaf))
+                pieces.append(leaf)
+        for r in requests:
+            r.wait()
+        expected = len(leaves)
+        self._pending_grads[microbatch] = {}
+        for emb, idx, leaf in leaves:
+            leaf.register_hook(self._grad_hook(microbatch, emb, idx, expected))
+        return {m: torch.cat(p) for m, p in received.items()}
+
+    def _grad_hook(
+        self, microbatch: int, emb: int, idx: int, expected: int
+    ) -> Callable[[torch.Tensor], None]:
+        def hook(grad: torch.Tensor) -> None:
+            pending = self._pending_grads[microbatch]
+            pending[(emb, idx)] = grad.detach()
+            if len(pending) == expected:
+                self._send_grads(self._pending_grads.pop(microbatch))
+
+        return hook
+
+    def _send_grads(self, grads: dict[tuple[int, int], torch.Tensor]) -> None:
+        """Return a micro-batch's embedding gradients, in (encoder mb, piece) order."""
+        for (emb, idx), grad in sorted(grads.items()):
+            work = self.works[emb]
+            if self._grad_sender(work, idx) != self.groups.rank:
+                continue
+            stage = self.table.forward[emb].stage
+            dst = self.groups.stage_ranks[stage][work.pieces[idx].rank]
+            if dst == self.groups.rank:
+                self._local_grads[(emb, idx)] = grad
+            else:
+                self._sends.append(
+                    dist.isend(
+                        grad.contiguous(),
+                        dst,
+                        group=self.groups.p2p_group,
+                        tag=_tag(emb, idx, _BACKWARD),
+                    )
+                )
+
+
+def build_works(
+    encoder_mbs: list[EncoderMicroBatch],
+    arrays: dict[int, list[torch.Tensor]],
+    lengths: dict[int, list[int]],
+    *,
+    eta: int,
+    group_size: int,
+    cost: Callable[[str, int], float],
+) -> list[EncoderWork]:
+    """The LSSP plan of every encoder micro-batch (identical on every rank of the replica)."""
+    return [
+        EncoderWork(
+            mb=mb,
+            arrays=arrays[mb.id],
+            plan=plan_lssp(
+                lengths[mb.id],
+                eta=eta,
+                group_size=group_size,
+                cost=lambda n, m=mb.modality: cost(m, n),
+            ),
+        )
+        for mb in encoder_mbs
+    ]
+
+
+__all__ = ["PRE", "AnchorGroups", "EncoderAnchor", "EncoderWork", "build_works"]

@@ -1,0 +1,807 @@
+"""The dataflow table: where each encoder micro-batch runs inside megatron's pipeline schedule.
+
+EncoderAnchor (PAPER.md techniques 5-6) inserts encoder work into the LLM pipeline without editing
+megatron-core. This module is the one description of that joint schedule, shared by the runtime,
+the planner (``omni plan``) and the simulator, so it is pure Python (no torch).
+
+Vocabulary
+----------
+- LLM op: ``F``/``B`` of (micro-batch ``m``, model chunk ``c``) as megatron-core 0.16.1 runs them on
+  one pipeline stage (:func:`stage_ops`).
+- Slot ``(stage, index)``: a place on one stage where encoder work may run. ``index`` counts that
+  stage's FORWARD ops: ``i`` in ``0..n-1`` (``n = num_microbatches * vpp``) is inside megatron's
+  i-th ``forward_step_func`` call of the stage, just before the LLM forward; on a stage > 0 (and on
+  stage 0 for chunks > 0) megatron has already received that op's input activation, so the slot
+  comes after the op's cross-stage dependency. :data:`PRE` (-1) runs before megatron's schedule is
+  called, :data:`POST` (a large sentinel, sorts after every index) after it ends (in the wrapped
+  ``finalize_model_grads_func``). Within one slot encoder backwards run before encoder forwards,
+  each group in ascending (LLM micro-batch, id) order.
+- An encoder micro-batch (one modality's media of one LLM micro-batch) runs its forward at one slot
+  and its backward at a later slot of the SAME stage (its activations live there). Its output goes
+  to stage 0, which consumes it at F(m, 0); its gradient comes back from stage 0's B(m, 0).
+
+Validity is acyclicity of a happens-before graph (:func:`validate_dataflow`). Sends are modelled as
+non-blocking (buffered); only receives (and program order) create edges.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Final, Literal
+
+__all__ = [
+    "POLICIES",
+    "POST",
+    "PRE",
+    "DataflowError",
+    "DataflowTable",
+    "Direction",
+    "EncoderMicroBatch",
+    "LLMOp",
+    "Slot",
+    "check_layout",
+    "format_dataflow",
+    "from_paper_notation",
+    "plan_dataflow",
+    "simulate",
+    "stage_ops",
+    "validate_dataflow",
+]
+
+PRE: Final = -1
+"""Slot index before megatron's schedule starts (forwards only in a valid table)."""
+POST: Final = 2**31 - 1
+"""Slot index after the stage's last op, in finalize (backwards only in a valid table)."""
+
+Direction = Literal["forward", "backward"]
+Policy = Literal["stage0", "front_loaded", "uniform"]
+POLICIES: Final[tuple[str, ...]] = ("stage0", "front_loaded", "uniform")
+_EPS = 1e-9
+
+
+class DataflowError(ValueError):
+    """A schedule or dataflow table that megatron or the anchor cannot run (with the reason)."""
+
+
+# --------------------------------------------------------------------------------------------
+# LLM schedule (megatron-core 0.16.1)
+
+
+@dataclass(frozen=True)
+class LLMOp:
+    """One LLM pipeline op on a stage: forward or backward of (micro-batch, model chunk)."""
+
+    kind: Literal["F", "B"]
+    microbatch: int
+    chunk: int = 0
+
+    def label(self, vpp: int = 1) -> str:
+        """``F(2)`` when there is one chunk, ``F(2,1)`` (micro-batch, chunk) otherwise."""
+        if vpp == 1:
+            return f"{self.kind}({self.microbatch})"
+        return f"{self.kind}({self.microbatch},{self.chunk})"
+
+    @property
+    def signed(self) -> int:
+        """The paper's signed micro-batch: +(m+1) for a forward, -(m+1) for a backward."""
+        return self.microbatch + 1 if self.kind == "F" else -(self.microbatch + 1)
+
+
+def check_layout(*, pp: int, vpp: int, num_microbatches: int) -> None:
+    """Reject layouts megatron's schedules refuse, with the reason (before any process starts)."""
+    if pp < 1 or vpp < 1 or num_microbatches < 1:
+        raise DataflowError(
+            f"pp, vpp and num_microbatches must be >= 1 (got pp={pp}, vpp={vpp}, "
+            f"num_microbatches={num_microbatches})"
+        )
+    if vpp > 1 and pp == 1:
+        raise DataflowError(
+            f"vpp={vpp} needs pp > 1: with pp=1 megatron runs forward_backward_no_pipelining, "
+            "which does not support model chunks"
+        )
+    if vpp > 1 and (num_microbatches < pp or num_microbatches % pp):
+        raise DataflowError(
+            f"interleaved schedule (vpp={vpp}) needs num_microbatches to be a positive multiple "
+            f"of pp={pp} (megatron groups pp micro-batches per virtual stage); "
+            f"got num_microbatches={num_microbatches}"
+        )
+
+
+def _schedule_table(num_microbatches: int, vpp: int, group: int) -> list[tuple[int, int]]:
+    """megatron's ``get_schedule_table``: (micro-batch, chunk) per virtual micro-batch id."""
+    table: list[tuple[int, int]] = []
+    for first in range(0, num_microbatches, group):
+        last = num_microbatches if first + group >= num_microbatches else first + group
+        table.extend((m, c) for c in range(vpp) for m in range(first, last))
+    return table
+
+
+def stage_ops(*, stage: int, pp: int, vpp: int, num_microbatches: int) -> list[LLMOp]:
+    """The exact op order megatron-core 0.16.1 runs on ``stage`` (training, no MoE overlap).
+
+    pp == 1: ``forward_backward_no_pipelining`` (F then B per micro-batch); vpp == 1: 1F1B
+    ``forward_backward_pipelining_without_interleaving``; vpp > 1: the interleaved schedule with the
+    default ``microbatch_group_size_per_vp_stage = pp``. Warmup forwards, steady (F then B),
+    cooldown backwards, as in ``schedules.py``.
+    """
+    check_layout(pp=pp, vpp=vpp, num_microbatches=num_microbatches)
+    if not 0 <= stage < pp:
+        raise DataflowError(f"stage {stage} is outside 0..{pp - 1}")
+    m_total = num_microbatches
+    if pp == 1:
+        return [op for m in range(m_total) for op in (LLMOp("F", m, 0), LLMOp("B", m, 0))]
+    if vpp == 1:
+        fwd = [LLMOp("F", m, 0) for m in range(m_total)]
+        bwd = [LLMOp("B", m, 0) for m in range(m_total)]
+        warmup = min(pp - stage - 1, m_total)
+    else:
+        table = _schedule_table(m_total, vpp, pp)
+        fwd = [LLMOp("F", m, c) for m, c in table]
+        bwd = [LLMOp("B", m, vpp - 1 - c) for m, c in table]
+        warmup = min((pp - stage - 1) * 2 + (vpp - 1) * pp, len(table))
+    total = len(fwd)
+    ops = fwd[:warmup]
+    for k in range(total - warmup):
+        ops += [fwd[warmup + k], bwd[k]]
+    ops += bwd[total - warmup :]
+    return ops
+
+
+# --------------------------------------------------------------------------------------------
+# The table
+
+
+@dataclass(frozen=True)
+class EncoderMicroBatch:
+    """The media of one modality of one LLM micro-batch; ``cost`` is its forward time in units of
+    one LLM forward op (its backward costs ``b/f`` times that)."""
+
+    id: int
+    microbatch: int
+    modality: str = "image"
+    cost: float = 1.0
+
+    def describe(self) -> str:
+        """``encoder mb 3 (image of micro-batch 1)``, for messages."""
+        return f"encoder mb {self.id} ({self.modality} of micro-batch {self.microbatch})"
+
+
+@dataclass(frozen=True, order=True)
+class Slot:
+    """A place on ``stage`` for encoder work: ``index`` = PRE (-1), 0..n-1 (just before the
+    stage's index-th forward op) or POST (after the stage's last op)."""
+
+    stage: int
+    index: int
+
+    @property
+    def is_pre(self) -> bool:
+        """Before megatron's schedule starts."""
+        return self.index == PRE
+
+    @property
+    def is_post(self) -> bool:
+        """After megatron's schedule ends (finalize)."""
+        return self.index == POST
+
+
+@dataclass(frozen=True)
+class DataflowTable:
+    """The joint schedule: for each encoder micro-batch (by id) its forward and backward slot.
+
+    Treat ``forward``/``backward`` as read-only (plain dicts so the table pickles and serializes).
+    """
+
+    pp: int
+    vpp: int
+    num_microbatches: int
+    encoder_mbs: tuple[EncoderMicroBatch, ...]
+    forward: dict[int, Slot]
+    backward: dict[int, Slot]
+    policy: str = field(default="manual", compare=False)
+
+    @property
+    def num_forward_ops(self) -> int:
+        """Forward ops per stage (valid slot indices are 0..this-1, PRE and POST)."""
+        return self.num_microbatches * self.vpp
+
+    @cached_property
+    def _by_id(self) -> dict[int, EncoderMicroBatch]:
+        return {e.id: e for e in self.encoder_mbs}
+
+    def mb(self, mb_id: int) -> EncoderMicroBatch:
+        """The encoder micro-batch with that id."""
+        try:
+            return self._by_id[mb_id]
+        except KeyError:
+            raise KeyError(f"no encoder micro-batch with id {mb_id}") from None
+
+    def ops(self, stage: int) -> list[LLMOp]:
+        """This stage's LLM ops in megatron's order."""
+        return stage_ops(
+            stage=stage, pp=self.pp, vpp=self.vpp, num_microbatches=self.num_microbatches
+        )
+
+    def at(self, stage: int, index: int, direction: Direction) -> list[int]:
+        """Encoder mb ids to run at this slot, in execution order (micro-batch, then id)."""
+        slots = self.forward if direction == "forward" else self.backward
+        ids = [i for i, s in slots.items() if s.stage == stage and s.index == index]
+        return sorted(ids, key=lambda i: (self.mb(i).microbatch, i))
+
+    def stage_cost(self, stage: int) -> float:
+        """Sum of encoder forward costs placed on ``stage`` (the load the planners balance)."""
+        return sum(e.cost for e in self.encoder_mbs if self.forward[e.id].stage == stage)
+
+    def describe_slot(self, slot: Slot) -> str:
+        """``before F(2)``, ``at PRE (before the schedule)``, ``at POST (after the schedule)``."""
+        if slot.is_pre:
+            return "at PRE (before the schedule)"
+        if slot.is_post:
+            return "at POST (after the schedule)"
+        fwd = [op for op in self.ops(slot.stage) if op.kind == "F"]
+        return f"before {fwd[slot.index].label(self.vpp)}"
+
+    def neighbours(self, slot: Slot) -> tuple[LLMOp | None, LLMOp | None]:
+        """The LLM ops just before and just after ``slot`` on its stage (None at the edges)."""
+        ops = self.ops(slot.stage)
+        if slot.is_pre:
+            return None, ops[0]
+        if slot.is_post:
+            return ops[-1], None
+        pos = [p for p, op in enumerate(ops) if op.kind == "F"][slot.index]
+        return (ops[pos - 1] if pos else None), ops[pos]
+
+    def paper_notation(self) -> dict[int, tuple[int, list[int | None]]]:
+        """The paper's ``{encoder_mb: (pp_rank, [left, right])}``.
+
+        Keys: ``id`` for an encoder forward, ``-(id + 1)`` for its backward. ``left``/``right``
+        are the LLM ops around the slot on that stage as signed micro-batches (``+(m+1)``
+        forward, ``-(m+1)`` backward, chunk not written); ``left`` is None when the slot is before
+        the stage's first op. Slots outside megatron's schedule are ``[None, None]``: PRE for a
+        forward key, POST for a backward key. With vpp > 1 the pair can be ambiguous (the chunk is
+        dropped); the table's :class:`Slot` stays authoritative.
+        """
+        out: dict[int, tuple[int, list[int | None]]] = {}
+        for e in sorted(self.encoder_mbs, key=lambda e: e.id):
+            for key, slot, outside in (
+                (e.id, self.forward[e.id], self.forward[e.id].is_pre),
+                (-(e.id + 1), self.backward[e.id], self.backward[e.id].is_post),
+            ):
+                if outside:
+                    out[key] = (slot.stage, [None, None])
+                    continue
+                left, right = self.neighbours(slot)
+                out[key] = (
+                    slot.stage,
+                    [left.signed if left else None, right.signed if right else None],
+                )
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (PRE/POST written as strings)."""
+
+        def idx(s: Slot) -> int | str:
+            return "PRE" if s.is_pre else "POST" if s.is_post else s.index
+
+        return {
+            "pp": self.pp,
+            "vpp": self.vpp,
+            "num_microbatches": self.num_microbatches,
+            "policy": self.policy,
+            "encoder_mbs": [
+                {
+                    "id": e.id,
+                    "microbatch": e.microbatch,
+                    "modality": e.modality,
+                    "cost": e.cost,
+                    "stage": self.forward[e.id].stage,
+                    "forward": idx(self.forward[e.id]),
+                    "backward": idx(self.backward[e.id]),
+                }
+                for e in sorted(self.encoder_mbs, key=lambda e: e.id)
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> DataflowTable:
+        """Inverse of :meth:`to_dict`."""
+
+        def idx(v: int | str) -> int:
+            return PRE if v == "PRE" else POST if v == "POST" else int(v)
+
+        mbs = doc["encoder_mbs"]
+        return cls(
+            pp=doc["pp"],
+            vpp=doc["vpp"],
+            num_microbatches=doc["num_microbatches"],
+            encoder_mbs=tuple(
+                EncoderMicroBatch(d["id"], d["microbatch"], d["modality"], d["cost"]) for d in mbs
+            ),
+            forward={d["id"]: Slot(d["stage"], idx(d["forward"])) for d in mbs},
+            backward={d["id"]: Slot(d["stage"], idx(d["backward"])) for d in mbs},
+            policy=doc.get("policy", "manual"),
+        )
+
+
+def from_paper_notation(
+    notation: Mapping[int, tuple[int, Sequence[int | None]]],
+    *,
+    pp: int,
+    vpp: int,
+    num_microbatches: int,
+    encoder_mbs: Iterable[EncoderMicroBatch],
+) -> DataflowTable:
+    """Rebuild a table from :meth:`DataflowTable.paper_notation`; raises where a pair is ambiguous
+    (vpp > 1) or names no slot."""
+    mbs = tuple(encoder_mbs)
+    proto = DataflowTable(pp, vpp, num_microbatches, mbs, {}, {})
+    n = proto.num_forward_ops
+
+    def find(stage: int, pair: Sequence[int | None], backward: bool) -> Slot:
+        left, right = pair
+        if left is None and right is None:
+            return Slot(stage, POST if backward else PRE)
+        hits = []
+        for i in range(n):
+            lo, ro = proto.neighbours(Slot(stage, i))
+            if (lo.signed if lo else None) == left and ro is not None and ro.signed == right:
+                hits.append(i)
+        if len(hits) != 1:
+            what = "no slot" if not hits else f"{len(hits)} slots"
+            raise DataflowError(f"[{left}, {right}] on stage {stage} names {what}")
+        return Slot(stage, hits[0])
+
+    fwd = {e.id: find(*notation[e.id], backward=False) for e in mbs}
+    bwd = {e.id: find(*notation[-(e.id + 1)], backward=True) for e in mbs}
+    return DataflowTable(pp, vpp, num_microbatches, mbs, fwd, bwd)
+
+
+# --------------------------------------------------------------------------------------------
+# Happens-before graph
+
+
+class _Graph:
+    """Happens-before graph of one step: every stage's ops and slots, plus encoder edges."""
+
+    def __init__(self, pp: int, vpp: int, num_microbatches: int) -> None:
+        self.pp, self.vpp, self.m = pp, vpp, num_microbatches
+        self.labels: list[str] = []
+        self.stage_of: list[int] = []
+        self.weight: list[float] = []
+        self.succ: list[list[int]] = []
+        self.op: dict[tuple[int, str, int, int], int] = {}  # (stage, kind, m, c) -> node
+        self.slot: dict[tuple[int, int], int] = {}  # (stage, slot index) -> node
+        self.fwd_slot: dict[tuple[int, int, int], int] = {}  # (stage, m, c) -> slot node of F
+        self.ops: list[list[LLMOp]] = []
+        for s in range(pp):
+            ops = stage_ops(stage=s, pp=pp, vpp=vpp, num_microbatches=num_microbatches)
+            self.ops.append(ops)
+            prev = self._add(s, f"stage {s} PRE", slot=PRE)
+            i = 0
+            for op in ops:
+                if op.kind == "F":
+                    node = self._add(s, f"stage {s} slot {i}", slot=i)
+                    self.fwd_slot[(s, op.microbatch, op.chunk)] = node
+                    self.edge(prev, node)
+                    prev, i = node, i + 1
+                node = self._add(s, f"stage {s} {op.label(vpp)}", op=op)
+                self.edge(prev, node)
+                prev = node
+            self.edge(prev, self._add(s, f"stage {s} POST", slot=POST))
+        last = pp - 1
+        for m in range(num_microbatches):
+            for c in range(vpp):
+                for s in range(1, pp):
+                    self.edge(self.op[(s - 1, "F", m, c)], self.fwd_slot[(s, m, c)])
+                    self.edge(self.op[(s, "B", m, c)], self.op[(s - 1, "B", m, c)])
+                if c > 0:
+                    self.edge(self.op[(last, "F", m, c - 1)], self.fwd_slot[(0, m, c)])
+                if c < vpp - 1:
+                    self.edge(self.op[(0, "B", m, c + 1)], self.op[(last, "B", m, c)])
+
+    def _add(self, stage: int, label: str, *, op: LLMOp | None = None, slot: int = 0) -> int:
+        node = len(self.labels)
+        self.labels.append(label)
+        self.stage_of.append(stage)
+        self.weight.append(0.0)
+        self.succ.append([])
+        if op is not None:
+            self.op[(stage, op.kind, op.microbatch, op.chunk)] = node
+        else:
+            self.slot[(stage, slot)] = node
+        return node
+
+    def edge(self, a: int, b: int) -> None:
+        self.succ[a].append(b)
+
+    def path(self, src: int, dst: int) -> list[int] | None:
+        """A path src -> dst (BFS), or None when dst does not depend on src."""
+        parent = {src: src}
+        queue = deque([src])
+        while queue:
+            a = queue.popleft()
+            if a == dst:
+                out = [a]
+                while out[-1] != src:
+                    out.append(parent[out[-1]])
+                return out[::-1]
+            for b in self.succ[a]:
+                if b not in parent:
+                    parent[b] = a
+                    queue.append(b)
+        return None
+
+    def reach(self, src: int, *, reverse: bool = False) -> set[int]:
+        """Nodes reachable from src (or reaching src when ``reverse``)."""
+        adj = self.succ
+        if reverse:
+            adj = [[] for _ in self.succ]
+            for a, bs in enumerate(self.succ):
+                for b in bs:
+                    adj[b].append(a)
+        seen = {src}
+        stack = [src]
+        while stack:
+            for b in adj[stack.pop()]:
+                if b not in seen:
+                    seen.add(b)
+                    stack.append(b)
+        return seen
+
+    def start_times(self, extra: tuple[int, int] | None = None) -> list[float] | None:
+        """Earliest start of every node (longest path); None if cyclic. ``extra``: one more
+        edge, for trying a placement without copying the graph."""
+        n = len(self.succ)
+        indeg = [0] * n
+        for bs in self.succ:
+            for b in bs:
+                indeg[b] += 1
+        if extra:
+            indeg[extra[1]] += 1
+        start = [0.0] * n
+        ready = [a for a in range(n) if indeg[a] == 0]
+        done = 0
+        while ready:
+            a = ready.pop()
+            done += 1
+            end = start[a] + self.weight[a]
+            nexts = self.succ[a] if not extra or extra[0] != a else [*self.succ[a], extra[1]]
+            for b in nexts:
+                if end > start[b]:
+                    start[b] = end
+                indeg[b] -= 1
+                if indeg[b] == 0:
+                    ready.append(b)
+        return start if done == n else None
+
+
+def _graph_of(table: DataflowTable, *, f: float = 1.0, b: float = 2.0) -> _Graph:
+    """The table's happens-before graph, weighted with the simple time model."""
+    g = _Graph(table.pp, table.vpp, table.num_microbatches)
+    for (_, kind, _, _), node in g.op.items():
+        g.weight[node] = f if kind == "F" else b
+    for e in table.encoder_mbs:
+        fs, bs = table.forward[e.id], table.backward[e.id]
+        fnode, bnode = g.slot[(fs.stage, fs.index)], g.slot[(bs.stage, bs.index)]
+        g.weight[fnode] += e.cost * f
+        g.weight[bnode] += e.cost * b
+        g.edge(fnode, g.op[(0, "F", e.microbatch, 0)])
+        g.edge(g.op[(0, "B", e.microbatch, 0)], bnode)
+    return g
+
+
+# --------------------------------------------------------------------------------------------
+# Validation
+
+
+def _check_structure(table: DataflowTable) -> None:
+    check_layout(pp=table.pp, vpp=table.vpp, num_microbatches=table.num_microbatches)
+    seen: set[int] = set()
+    for e in table.encoder_mbs:
+        if e.id in seen:
+            raise DataflowError(f"encoder mb id {e.id} appears twice")
+        seen.add(e.id)
+        if not 0 <= e.microbatch < table.num_microbatches:
+            raise DataflowError(
+                f"{e.describe()}: micro-batch outside 0..{table.num_microbatches - 1}"
+            )
+        if e.cost < 0:
+            raise DataflowError(f"{e.describe()}: negative cost {e.cost}")
+    for name, slots in (("forward", table.forward), ("backward", table.backward)):
+        if set(slots) != seen:
+            missing, extra = sorted(seen - set(slots)), sorted(set(slots) - seen)
+            raise DataflowError(
+                f"every encoder mb needs exactly one {name} slot "
+                f"(missing: {missing}, unknown ids: {extra})"
+            )
+    n = table.num_forward_ops
+    for e in table.encoder_mbs:
+        fs, bs = table.forward[e.id], table.backward[e.id]
+        for name, s in (("forward", fs), ("backward", bs)):
+            if not 0 <= s.stage < table.pp or not (s.index in (PRE, POST) or 0 <= s.index < n):
+                raise DataflowError(
+                    f"{e.describe()}: {name} slot (stage {s.stage}, index {s.index}) does not "
+                    f"exist (stages 0..{table.pp - 1}; index PRE, 0..{n - 1} or POST)"
+                )
+        if fs.stage != bs.stage:
+            raise DataflowError(
+                f"{e.describe()}: forward on stage {fs.stage} but backward on stage {bs.stage}; "
+                "both must run where its activations live"
+            )
+
+
+def _check_order(table: DataflowTable) -> None:
+    """Per stage and direction, encoder mbs must run in ascending (micro-batch, id) order: stage 0
+    receives outputs (and sends gradients) in that order, and NCCL needs both ends to agree."""
+    for direction in ("forward", "backward"):
+        slots = table.forward if direction == "forward" else table.backward
+        for stage in range(table.pp):
+            here = sorted(
+                (slots[e.id].index, e.microbatch, e.id)
+                for e in table.encoder_mbs
+                if slots[e.id].stage == stage
+            )
+            for (s_a, m_a, a), (s_b, m_b, b) in itertools.pairwise(here):
+                if (m_b, b) < (m_a, a):
+                    ea, eb = table.mb(a), table.mb(b)
+                    raise DataflowError(
+                        f"{eb.describe()} runs its {direction} on stage {stage} "
+                        f"{table.describe_slot(Slot(stage, s_b))}, after {ea.describe()} "
+                        f"{table.describe_slot(Slot(stage, s_a))}: encoder {direction}s on a "
+                        "stage must run in ascending micro-batch order (stage 0 "
+                        f"{'receives' if direction == 'forward' else 'sends'} them in that "
+                        "order; mismatched orders deadlock NCCL)"
+                    )
+
+
+def validate_dataflow(table: DataflowTable) -> None:
+    """Raise :class:`DataflowError` naming the encoder mb, its slot and the violation, unless the
+    table can run: one slot pair per mb on one stage, ascending order, acyclic dependencies."""
+    _check_structure(table)
+    _check_order(table)
+    g = _graph_of(table)
+    for e in sorted(table.encoder_mbs, key=lambda e: (e.microbatch, e.id)):
+        fs, bs = table.forward[e.id], table.backward[e.id]
+        need = g.op[(0, "F", e.microbatch, 0)]
+        path = g.path(need, g.slot[(fs.stage, fs.index)])
+        if path is not None:
+            where = (
+                f"stage {fs.stage}'s {table.describe_slot(fs).removeprefix('before ')}"
+                if not (fs.is_pre or fs.is_post)
+                else f"stage {fs.stage}'s {'PRE' if fs.is_pre else 'POST'} slot"
+            )
+            raise DataflowError(
+                f"{e.describe()} runs on stage {fs.stage} {table.describe_slot(fs)} but stage 0 "
+                f"needs it at {LLMOp('F', e.microbatch).label(table.vpp)}, which {where} "
+                f"depends on ({' -> '.join(g.labels[p] for p in path)}): deadlock"
+            )
+    for e in sorted(table.encoder_mbs, key=lambda e: (e.microbatch, e.id)):
+        bs = table.backward[e.id]
+        grad = g.op[(0, "B", e.microbatch, 0)]
+        path = g.path(g.slot[(bs.stage, bs.index)], grad)
+        if path is not None:
+            raise DataflowError(
+                f"{e.describe()} runs its backward on stage {bs.stage} {table.describe_slot(bs)} "
+                f"but its gradient only comes from stage 0's "
+                f"{LLMOp('B', e.microbatch).label(table.vpp)}, which waits on that slot "
+                f"({' -> '.join(g.labels[p] for p in path)}): deadlock"
+            )
+    if g.start_times() is None:  # every cycle passes an encoder edge, caught above
+        raise DataflowError("dependency cycle in the joint schedule")
+
+
+# --------------------------------------------------------------------------------------------
+# Planners
+
+
+def _lpt(encoder_mbs: Sequence[EncoderMicroBatch], pp: int) -> dict[int, int]:
+    """Longest processing time first: heaviest mb to the least loaded stage (ties: lower id,
+    lower stage)."""
+    heap = [(0.0, s) for s in range(pp)]
+    out: dict[int, int] = {}
+    for e in sorted(encoder_mbs, key=lambda e: (-e.cost, e.id)):
+        load, s = heapq.heappop(heap)
+        out[e.id] = s
+        heapq.heappush(heap, (load + e.cost, s))
+    return out
+
+
+def _first_slot_after(ops: list[LLMOp], op: LLMOp) -> int:
+    """Index of the first forward slot after ``op`` in program order, else POST."""
+    i = 0
+    after = False
+    for o in ops:
+        if o == op:
+            after = True
+        elif o.kind == "F":
+            if after:
+                return i
+            i += 1
+    return POST
+
+
+def _plan_uniform(
+    table: DataflowTable, stage_of: dict[int, int]
+) -> tuple[dict[int, Slot], dict[int, Slot]]:
+    """On-demand insertion against the time model (see :func:`plan_dataflow`)."""
+    pp, n = table.pp, table.num_forward_ops
+    g = _Graph(pp, table.vpp, table.num_microbatches)
+    for (_, kind, _, _), node in g.op.items():
+        g.weight[node] = 1.0 if kind == "F" else 2.0
+    order = sorted(table.encoder_mbs, key=lambda e: (e.microbatch, e.id))
+    fwd: dict[int, Slot] = {}
+    last = dict.fromkeys(range(pp), PRE)
+    for e in order:
+        k = stage_of[e.id]
+        need = g.op[(0, "F", e.microbatch, 0)]
+        after_need = g.reach(need)
+        cands = [i for i in [PRE, *range(n)] if i >= last[k] and g.slot[(k, i)] not in after_need]
+        base = g.start_times()
+        assert base is not None
+        best: tuple[float, int] | None = None  # (delay, index): least delay, latest index
+        for i in reversed(cands):
+            node = g.slot[(k, i)]
+            g.weight[node] += e.cost
+            times = g.start_times(extra=(node, need))
+            g.weight[node] -= e.cost
+            assert times is not None
+            delay = max(0.0, times[need] - base[need])
+            if delay <= _EPS:
+                best = (0.0, i)
+                break
+            if best is None or delay < best[0] - _EPS:
+                best = (delay, i)
+        assert best is not None
+        fwd[e.id] = Slot(k, best[1])
+        last[k] = best[1]
+        node = g.slot[(k, best[1])]
+        g.weight[node] += e.cost
+        g.edge(node, need)
+    bwd: dict[int, Slot] = {}
+    last = dict.fromkeys(range(pp), PRE)
+    for e in order:
+        k = stage_of[e.id]
+        grad = g.op[(0, "B", e.microbatch, 0)]
+        times = g.start_times()
+        assert times is not None
+        ready = times[grad] + g.weight[grad]
+        before_grad = g.reach(grad, reverse=True)
+        idx = POST
+        for i in range(max(last[k], 0), n):
+            node = g.slot[(k, i)]
+            if node not in before_grad and times[node] >= ready - _EPS:
+                idx = i
+                break
+        bwd[e.id] = Slot(k, idx)
+        last[k] = idx
+        node = g.slot[(k, idx)]
+        g.weight[node] += 2.0 * e.cost
+        g.edge(grad, node)
+    return fwd, bwd
+
+
+def plan_dataflow(
+    policy: Policy,
+    *,
+    pp: int,
+    vpp: int,
+    num_microbatches: int,
+    encoder_mbs: Iterable[EncoderMicroBatch],
+) -> DataflowTable:
+    """Build a valid table with one of the policies (the result always passes validation).
+
+    - ``stage0``: the unimodal-like baseline; every encoder mb on stage 0 just before F(m,0),
+      backward at the first stage-0 slot after B(m,0) (or POST).
+    - ``front_loaded``: stages balanced by cost (LPT), every forward at PRE, every backward at
+      POST (the paper's counter-example).
+    - ``uniform`` (the paper's): stages balanced by cost (LPT, ties by id); in ascending
+      (micro-batch, id) order each forward goes to the LATEST valid slot on its stage that does not
+      delay stage 0's F(m,0) in the time model (F = 1, B = 2, encoder forward = cost, backward =
+      2 x cost; start times by longest path in the happens-before graph). If every slot delays it,
+      the least-delaying one, latest among ties: PRE for early micro-batches on stages > 0, just
+      before F(m,0) on stage 0 (PRE would front-load stage 0). Backward: the first valid slot
+      that starts after stage 0's B(m,0) has finished (so it never waits for its gradient), else
+      POST.
+    """
+    mbs = tuple(encoder_mbs)
+    proto = DataflowTable(
+        pp,
+        vpp,
+        num_microbatches,
+        mbs,
+        forward={e.id: Slot(0, PRE) for e in mbs},
+        backward={e.id: Slot(0, POST) for e in mbs},
+    )
+    _check_structure(proto)  # layout, unique ids, micro-batch range, costs
+    if policy == "stage0":
+        ops0 = stage_ops(stage=0, pp=pp, vpp=vpp, num_microbatches=num_microbatches)
+        forwards = [op for op in ops0 if op.kind == "F"]
+        fidx = {op.microbatch: i for i, op in enumerate(forwards) if op.chunk == 0}
+        fwd = {e.id: Slot(0, fidx[e.microbatch]) for e in mbs}
+        bwd = {e.id: Slot(0, _first_slot_after(ops0, LLMOp("B", e.microbatch, 0))) for e in mbs}
+    elif policy == "front_loaded":
+        stage_of = _lpt(mbs, pp)
+        fwd = {e.id: Slot(stage_of[e.id], PRE) for e in mbs}
+        bwd = {e.id: Slot(stage_of[e.id], POST) for e in mbs}
+    elif policy == "uniform":
+        fwd, bwd = _plan_uniform(proto, _lpt(mbs, pp))
+    else:
+        raise DataflowError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    table = DataflowTable(pp, vpp, num_microbatches, mbs, fwd, bwd, policy=policy)
+    validate_dataflow(table)
+    return table
+
+
+# --------------------------------------------------------------------------------------------
+# Simulation and display
+
+
+def simulate(table: DataflowTable, *, f: float = 1.0, b: float = 2.0) -> dict[str, Any]:
+    """Per-stage busy/idle time and makespan of the joint schedule in the simple time model
+    (LLM forward op f, backward op b, encoder forward cost*f, backward cost*b, free p2p), plus
+    each stage's peak of live encoder activations (sum of cost of mbs forwarded, not yet
+    backwarded): the memory that on-demand insertion saves and the time model does not see."""
+    validate_dataflow(table)
+    g = _graph_of(table, f=f, b=b)
+    start = g.start_times()
+    assert start is not None
+    makespan = max(s + w for s, w in zip(start, g.weight, strict=True))
+    stages = []
+    for k in range(table.pp):
+        nodes = [v for v in range(len(start)) if g.stage_of[v] == k]
+        busy = sum(g.weight[v] for v in nodes)
+        enc = sum(g.weight[v] for v in g.slot.values() if g.stage_of[v] == k)
+        live = peak = 0.0
+        for index in [PRE, *range(table.num_forward_ops), POST]:
+            live -= sum(table.mb(i).cost for i in table.at(k, index, "backward"))
+            live += sum(table.mb(i).cost for i in table.at(k, index, "forward"))
+            peak = max(peak, live)
+        stages.append(
+            {
+                "stage": k,
+                "busy": busy,
+                "encoder": enc,
+                "llm": busy - enc,
+                "idle": makespan - busy,
+                "peak_encoder_activations": peak,
+            }
+        )
+    idle = sum(s["idle"] for s in stages)
+    return {
+        "makespan": makespan,
+        "stages": stages,
+        "bubble_fraction": idle / (makespan * table.pp) if makespan else 0.0,
+    }
+
+
+def format_dataflow(table: DataflowTable) -> str:
+    """Readable per-stage listing (E3 = encoder forward, E3' = backward) and the paper notation."""
+    lines = [
+        f"dataflow table ({table.policy}): pp={table.pp} vpp={table.vpp} "
+        f"micro-batches={table.num_microbatches} encoder mbs={len(table.encoder_mbs)}"
+    ]
+
+    def enc(stage: int, index: int) -> list[str]:
+        return [f"E{i}'" for i in table.at(stage, index, "backward")] + [
+            f"E{i}" for i in table.at(stage, index, "forward")
+        ]
+
+    for k in range(table.pp):
+        tokens = ["|", *enc(k, PRE), "|"]
+        i = 0
+        for op in table.ops(k):
+            if op.kind == "F":
+                tokens += enc(k, i)
+                i += 1
+            tokens.append(op.label(table.vpp))
+        tokens += ["|", *enc(k, POST), "|"]
+        lines.append(f"stage {k} (encoder cost {table.stage_cost(k):g}): {' '.join(tokens)}")
+    lines.append("paper notation {encoder_mb: (pp_rank, [left, right])}, -(id+1) = backward:")
+    for key, (stage, pair) in table.paper_notation().items():
+        lines.append(f"  {key}: ({stage}, {pair})")
+    return "\n".join(lines)

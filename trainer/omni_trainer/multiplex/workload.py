@@ -1,0 +1,46 @@
+"""From packed micro-batches to encoder micro-batches with costs: shared by trainer and planner.
+
+Torch-free, so ``omni plan`` can show a job's dataflow table without building a model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from omni_trainer.components.model_flops import llm_forward_flops
+from omni_trainer.data.packing import PackedSequence
+from omni_trainer.models.config import ModelConfig
+from omni_trainer.multiplex.dataflow import EncoderMicroBatch
+
+
+def encoder_micro_batches(
+    model: ModelConfig, micro_batches: Sequence[Sequence[PackedSequence]], *, stages: int
+) -> tuple[list[EncoderMicroBatch], dict[int, list[int]]]:
+    """One encoder micro-batch per (LLM micro-batch, modality with media), in that order.
+
+    Args:
+        model: shapes, for the FLOPs of encoders and LLM.
+        micro_batches: one replica's micro-batches, each a list of packed sequences.
+        stages: pipeline stages x virtual stages; an LLM forward op is one micro-batch on one
+            model chunk, the planner's time unit.
+
+    Returns:
+        The encoder micro-batches (cost in LLM forward ops) and, per id, the encoder token count
+        of each media item in packing order (the order ``collate`` lists them in).
+    """
+    llm = [llm_forward_flops(model, seqs) for seqs in micro_batches]
+    unit = max(sum(llm) / max(len(llm), 1) / stages, 1.0)
+    mbs: list[EncoderMicroBatch] = []
+    lengths: dict[int, list[int]] = {}
+    for m, seqs in enumerate(micro_batches):
+        per_modality: dict[str, list[int]] = {}
+        for seq in seqs:
+            for seg in seq.segments:
+                if seg.media_tokens:
+                    per_modality.setdefault(seg.modality, []).append(seg.media_tokens)
+        for modality, items in sorted(per_modality.items()):
+            e = len(mbs)
+            lengths[e] = items
+            flops = getattr(model.encoders, modality).flops(items)
+            mbs.append(EncoderMicroBatch(id=e, microbatch=m, modality=modality, cost=flops / unit))
+    return mbs, lengths
