@@ -1,0 +1,78 @@
+"""torchrun worker: several multiplexed layouts in one launch, each trained a few steps.
+
+Writes, per scenario, the loss of every step and the full gradients after the first step (TP shards
+gathered, keyed by the single-process parameter names) for the test to compare.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def full_grads(trainer) -> dict[str, torch.Tensor]:
+    """This rank's gradients by global name, TP shards reassembled (on TP rank 0 of DP rank 0)."""
+    from megatron.core import parallel_state as ps
+
+    from omni_trainer.models.init import global_llm_names
+
+    groups = trainer.groups
+    tp = groups.dims.tp
+    grads: dict[str, torch.Tensor] = {}
+    for chunk in trainer.chunks:
+        for name, p in global_llm_names(chunk).items():
+            g = p.grad.detach().clone()
+            if getattr(p, "tensor_model_parallel", False) and tp > 1:
+                shards = [torch.empty_like(g) for _ in range(tp)]
+                dist.all_gather(shards, g, group=ps.get_tensor_model_parallel_group())
+                stride = getattr(p, "partition_stride", 1)
+                pieces = [s.chunk(stride, dim=p.partition_dim) for s in shards]
+                g = torch.cat(
+                    [pieces[j % tp][j // tp] for j in range(tp * stride)], dim=p.partition_dim
+                )
+            grads[f"llm.{name}"] = g
+    if groups.tp_rank != 0 or groups.dp_rank != 0:
+        grads = {}
+    if dist.get_rank() == 0:
+        for name, p in [*trainer.model.encoders.named_parameters(prefix="encoders"),
+                        *trainer.model.projectors.named_parameters(prefix="projectors")]:
+            grads[name] = p.grad.detach().clone()
+    return grads
+
+
+def run_scenario(doc: dict, steps: int, out: Path | None) -> dict:
+    from omni_trainer.config import parse_manifest
+    from omni_trainer.distributed.config import ParallelDims
+    from omni_trainer.mcore.parallel import build_process_groups, init_distributed
+    from omni_trainer.trainer import Trainer
+
+    cfg = parse_manifest(doc).spec.trainer
+    _, world, device = init_distributed()
+    groups = build_process_groups(ParallelDims.from_config(cfg.parallelism, world), device)
+    trainer = Trainer(cfg, groups=groups, steps=steps)
+    losses, grads = [], {}
+    for step in range(steps):
+        losses.append(trainer.train_step(step).loss)
+        if step == 0:
+            grads = full_grads(trainer)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        torch.save(grads, out / f"rank{dist.get_rank()}.pt")
+        if dist.get_rank() == 0:
+            (out / "losses.json").write_text(json.dumps(losses))
+    return {"losses": losses, "grads": grads}
+
+
+def main() -> None:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    for name, doc in spec["scenarios"].items():
+        run_scenario(doc, spec["steps"], Path(spec["out"]) / name)
+        dist.barrier()
+
+
+if __name__ == "__main__":
+    main()
