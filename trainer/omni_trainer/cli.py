@@ -74,6 +74,47 @@ def train(
         _print_summary(result)
 
 
+@app.command()
+def plan(
+    manifest: ManifestArg,
+    world: Annotated[
+        int | None, typer.Option(min=1, help="world size (default: the model-parallel size)")
+    ] = None,
+    step: Annotated[int, typer.Option(min=0, help="which training step's batch to plan")] = 0,
+    policy: Annotated[str | None, typer.Option(help="compare another insertion policy")] = None,
+) -> None:
+    """Show where each encoder micro-batch runs in the LLM pipeline (the dataflow table)."""
+    from omni_trainer.multiplex.dataflow import POLICIES, format_dataflow
+    from omni_trainer.plan import plan_step
+
+    job = _load(manifest)
+    cfg = job.spec.trainer
+    if policy is not None and policy not in POLICIES:
+        raise _fail(f"--policy must be one of {', '.join(POLICIES)}, not {policy!r}")
+    p = cfg.parallelism
+    world = world or p.tensor * p.pipeline * p.context
+    try:
+        result = plan_step(cfg, world_size=world, step=step, policy=policy)
+    except ManifestError as err:
+        raise _fail(str(err)) from None
+    sim = result.simulation
+    typer.echo(
+        f"layout {result.dims.describe()} (world {world}); encoder items: "
+        f"{result.data_parallel_items} data-parallel, {result.sequence_parallel_items} "
+        f"sequence-parallel (eta {p.encoder.eta} tokens); replica 0, step {step}"
+    )
+    typer.echo(format_dataflow(result.table))
+    typer.echo(
+        f"time model (LLM forward op = 1, backward = 2): makespan {sim['makespan']:.2f}, "
+        f"bubbles {sim['bubble_fraction']:.1%}"
+    )
+    for st in sim["stages"]:
+        typer.echo(
+            f"  stage {st['stage']}: encoder {st['encoder']:.2f}  llm {st['llm']:.2f}  "
+            f"idle {st['idle']:.2f}  peak live encoder work {st['peak_encoder_activations']:.2f}"
+        )
+
+
 def _is_rank0() -> bool:
     import os
 
@@ -98,6 +139,22 @@ def _print_summary(s: dict) -> None:
         table.add_row(k, v)
     Console().print(table)
 
+
+def _register_plugins() -> None:
+    """Commands of other installed parts (e.g. the operator's ``omni render``), found through the
+    ``omni.commands`` entry point group so that the trainer never imports them itself."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="omni.commands"):
+        try:
+            register = ep.load()
+        except ImportError as err:  # an optional part whose extra is not installed
+            err_console.print(f"note: {ep.name} commands unavailable ({err})", markup=False)
+            continue
+        register(app)
+
+
+_register_plugins()
 
 if __name__ == "__main__":
     app()

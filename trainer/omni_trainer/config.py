@@ -15,6 +15,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from omni_trainer.config_base import Spec
 from omni_trainer.data.config import DataConfig
+from omni_trainer.data.sample import MediaGeometry
 from omni_trainer.distributed.config import ParallelismConfig
 from omni_trainer.models.config import ModelConfig
 
@@ -65,6 +66,15 @@ class TrainerConfig(Spec):
     optimizer: OptimizerConfig = OptimizerConfig()
     lr_schedule: LRScheduleConfig = LRScheduleConfig()
     train: TrainConfig = TrainConfig()
+
+    def media_geometry(self) -> MediaGeometry:
+        """The data pipeline's view of the encoders: pixels per patch, frames per token, mels."""
+        image, audio = self.model.encoders.image, self.model.encoders.audio
+        return MediaGeometry(
+            patch_size=image.patch_size if image else 14,
+            audio_subsampling=audio.subsampling if audio else 4,
+            n_mels=audio.n_mels if audio else 80,
+        )
 
     @model_validator(mode="after")
     def _data_fits_model(self) -> TrainerConfig:

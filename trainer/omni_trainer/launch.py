@@ -10,7 +10,7 @@ import warnings
 from dataclasses import asdict
 from pathlib import Path
 
-from omni_trainer.config import JobManifest, ManifestError
+from omni_trainer.config import JobManifest
 
 
 def inside_torchrun() -> bool:
@@ -47,7 +47,7 @@ def run_worker(manifest: JobManifest, *, steps: int | None, summary_path: Path |
     import torch
 
     from omni_trainer.components.progress import ConsoleReporter, NullReporter
-    from omni_trainer.distributed.config import ParallelDims
+    from omni_trainer.distributed.layout import layout_for
     from omni_trainer.mcore.parallel import (
         build_process_groups,
         destroy_distributed,
@@ -62,10 +62,7 @@ def run_worker(manifest: JobManifest, *, steps: int | None, summary_path: Path |
     cfg = manifest.spec.trainer
     rank, world_size, device = init_distributed()
     try:
-        try:
-            dims = ParallelDims.from_config(cfg.parallelism, world_size)
-        except ValueError as err:
-            raise ManifestError(f"spec.trainer.parallelism: {err}") from None
+        dims = layout_for(cfg, world_size)
         groups = build_process_groups(dims, device)
         reporter = ConsoleReporter() if rank == 0 else NullReporter()
         trainer = Trainer(cfg, groups=groups, steps=steps or cfg.train.steps, reporter=reporter)

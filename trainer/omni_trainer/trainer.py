@@ -18,15 +18,18 @@ from omni_trainer.components.optim import (
 )
 from omni_trainer.components.progress import NullReporter, StepReporter
 from omni_trainer.components.throughput import resolve_peak_flops
-from omni_trainer.config import ManifestError, TrainerConfig
+from omni_trainer.components.timing import PhaseTimer
+from omni_trainer.config import TrainerConfig
 from omni_trainer.data.loader import MultimodalStream
-from omni_trainer.data.packing import collate, dp_slice, split_micro_batches
-from omni_trainer.data.sample import MediaGeometry
-from omni_trainer.mcore.parallel import ProcessGroups, seed_everything
+from omni_trainer.data.packing import MicroBatch, collate, dp_slice, split_micro_batches
+from omni_trainer.distributed.layout import check_layout
+from omni_trainer.mcore.parallel import ProcessGroups, schedule_kwargs, seed_everything
 from omni_trainer.models.omni import DeviceBatch, OmniModel, first_stage_input, to_device_batch
-from omni_trainer.multiplex.anchor import EncoderAnchor, build_works
+from omni_trainer.multiplex.anchor import EncoderAnchor, EncoderWork, build_works
 from omni_trainer.multiplex.dataflow import PRE, DataflowTable, EncoderMicroBatch, plan_dataflow
 from omni_trainer.multiplex.workload import encoder_micro_batches
+
+PHASES = ("data", "encoder", "encoder_wait", "llm", "pipeline_wait", "sync")
 
 
 @dataclass
@@ -38,6 +41,8 @@ class StepResult:
     seconds: float
     tokens: int
     flops: float
+    phases: dict[str, float]  # data, encoder, encoder_wait, pipeline_wait, sync, llm (seconds)
+    encoder_activation_peak_bytes: int
 
 
 @dataclass
@@ -62,16 +67,8 @@ class RunSummary:
     wall_time_s: float
     mean_step_time_s: float
     parameters: dict[str, int] = field(default_factory=dict)
-
-
-def media_geometry(cfg: TrainerConfig) -> MediaGeometry:
-    """The data pipeline's view of the encoders: pixels per patch, frames per token, mel bins."""
-    image, audio = cfg.model.encoders.image, cfg.model.encoders.audio
-    return MediaGeometry(
-        patch_size=image.patch_size if image else 14,
-        audio_subsampling=audio.subsampling if audio else 4,
-        n_mels=audio.n_mels if audio else 80,
-    )
+    breakdown: list[dict[str, object]] = field(default_factory=list)
+    """Per rank: mean seconds per step in each phase, and the peak encoder activation bytes."""
 
 
 def autocast_context(cfg: TrainerConfig, device: torch.device):
@@ -81,36 +78,6 @@ def autocast_context(cfg: TrainerConfig, device: torch.device):
     if precision == "bf16":
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return torch.autocast(device_type=device.type, enabled=False)
-
-
-def check_layout(cfg: TrainerConfig, dims) -> None:
-    """Reject layouts this trainer cannot run, naming the manifest field and the fix."""
-    if dims.cp > 1:
-        raise ManifestError(
-            f"spec.trainer.parallelism.context={dims.cp}: context parallelism needs "
-            "TransformerEngine attention (GPU images); use context: 1 here"
-        )
-    per_step = cfg.data.micro_batch_size * dims.dp
-    if cfg.data.global_batch_size % per_step:
-        raise ManifestError(
-            f"spec.trainer.data.globalBatchSize ({cfg.data.global_batch_size}) must be a "
-            f"multiple of microBatchSize x data-parallel size "
-            f"({cfg.data.micro_batch_size} x {dims.dp} = {per_step}); "
-            "change the batch sizes or --nproc"
-        )
-    num_micro = cfg.data.global_batch_size // per_step
-    layers, stages = cfg.model.llm.num_layers, dims.pp * dims.vpp
-    if layers % stages:
-        raise ManifestError(
-            f"spec.trainer.model.llm.numLayers ({layers}) must be a multiple of "
-            f"parallelism.pipeline x virtualPipeline ({dims.pp} x {dims.vpp} = {stages})"
-        )
-    if dims.vpp > 1 and num_micro % dims.pp:
-        raise ManifestError(
-            f"interleaved pipelining needs micro-batches per step ({num_micro} = "
-            f"globalBatchSize / (microBatchSize x data parallel)) to be a multiple of "
-            f"spec.trainer.parallelism.pipeline ({dims.pp})"
-        )
 
 
 class Trainer:
@@ -151,28 +118,29 @@ class Trainer:
         for p in (*self.llm_params, *self.encoder_params):
             p.grad = torch.zeros_like(p)
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
+        self.timer = PhaseTimer(synchronize=True)
         self.anchor = EncoderAnchor(
             encoders=self.model.encoders,
             projectors=self.model.projectors,
             groups=groups.anchor,
             hidden_size=cfg.model.llm.hidden_size,
             device=self.device,
+            timer=self.timer,
         )
         self.forward_backward = get_forward_backward_func()
         self.chunks[0].config.finalize_model_grads_func = self._finalize_grads
-        self._chunk_index = {id(c): i for i, c in enumerate(self.chunks)}
+        self._schedule_kwargs = schedule_kwargs(self.chunks[0].config, self.timer)
         self.stream = MultimodalStream(
             cfg.data,
             seed=cfg.seed,
             vocab_size=cfg.model.llm.vocab_size,
-            geometry=media_geometry(cfg),
+            geometry=cfg.media_geometry(),
         )
         self.peak_flops, self.peak_source = resolve_peak_flops(
             self.device,
             world_size=dims.world_size,
             override_per_device=cfg.train.peak_flops_per_device,
         )
-        self.last_table: DataflowTable | None = None
 
     # -- the loop ---------------------------------------------------------------------------
     def train(self) -> RunSummary:
@@ -200,31 +168,37 @@ class Trainer:
 
     def train_step(self, step: int) -> StepResult:
         start = time.perf_counter()
-        global_batch = self.stream.next_global_batch()
-        flops: StepFlops = step_flops(self.cfg.model, global_batch)
+        with self.timer.span("data"):
+            global_batch = self.stream.next_global_batch()
+            flops: StepFlops = step_flops(self.cfg.model, global_batch)
         lr = lr_at(step, opt=self.cfg.optimizer, sched=self.cfg.lr_schedule, total_steps=self.steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=False)  # at the start: grads stay inspectable
         loss = self.forward_backward_step(global_batch)
-        grad_norm = clip_grad_norm(
-            self.llm_params,
-            self.encoder_params,
-            self.cfg.optimizer.clip_grad,
-            tp_rank=self.groups.tp_rank,
-            model_parallel_group=self.groups.model_parallel,
-        )
-        self.optimizer.step()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
+        with self.timer.span("sync"):
+            grad_norm = clip_grad_norm(
+                self.llm_params,
+                self.encoder_params,
+                self.cfg.optimizer.clip_grad,
+                tp_rank=self.groups.tp_rank,
+                model_parallel_group=self.groups.model_parallel,
+            )
+            self.optimizer.step()
+        seconds = time.perf_counter() - start
+        phases = self.timer.take()
+        # What no span covers is the LLM's own forward/backward compute (and Python overhead).
+        phases["llm"] = max(seconds - sum(phases.values()), 0.0)
         return StepResult(
             step=step,
             loss=loss,
             lr=lr,
             grad_norm=grad_norm,
-            seconds=time.perf_counter() - start,
+            seconds=seconds,
             tokens=flops.tokens,
             flops=flops.training,
+            phases=phases,
+            encoder_activation_peak_bytes=self.anchor.memory.take_peak(),
         )
 
     def forward_backward_step(self, global_batch) -> float:
@@ -234,6 +208,34 @@ class Trainer:
         the WHOLE global batch, so summing gradients over micro-batches and data-parallel ranks
         gives exactly the gradient of the global-batch mean, whatever the layout.
         """
+        dims = self.groups.dims
+        with self.timer.span("data"):
+            table, works, micro = self._prepare(global_batch)
+        self.anchor.begin_step(table, works)
+        self.anchor.run_slot(PRE)
+        self._forward_calls = 0
+        iterators = [iter(range(len(micro))) for _ in self.chunks]
+        outputs = self.forward_backward(
+            forward_step_func=self._forward_step,
+            data_iterator=iterators if len(self.chunks) > 1 else iterators[0],
+            model=self.chunks,
+            num_microbatches=len(micro),
+            seq_length=self.cfg.data.seq_length,
+            micro_batch_size=self.cfg.data.micro_batch_size,
+            forward_only=False,
+            **self._schedule_kwargs,
+        )
+        loss_sum = torch.zeros(1, dtype=torch.float64)
+        if self.chunks[-1].post_process and self.groups.tp_rank == 0:
+            loss_sum += sum(float(o["loss_sum"]) for o in outputs)
+        with self.timer.span("sync"):
+            if dims.world_size > 1:
+                dist.all_reduce(loss_sum)
+        return float(loss_sum.item()) / self._global_tokens
+
+    def _prepare(self, global_batch) -> tuple[DataflowTable, list[EncoderWork], list[MicroBatch]]:
+        """This replica's micro-batches on the device, the global target count and the step's
+        dataflow table with the LSSP plan of every encoder micro-batch."""
         dims = self.groups.dims
         local = dp_slice(global_batch, self.groups.dp_rank, dims.dp)
         groups_of_seqs = split_micro_batches(local, self.cfg.data.micro_batch_size)
@@ -252,26 +254,7 @@ class Trainer:
             num_microbatches=len(micro),
             encoder_mbs=encoder_mbs,
         )
-        self.last_table = table
-        self.anchor.begin_step(table, works)
-        self.anchor.run_slot(PRE)
-        self._forward_calls = 0
-        iterators = [iter(range(len(micro))) for _ in self.chunks]
-        outputs = self.forward_backward(
-            forward_step_func=self._forward_step,
-            data_iterator=iterators if len(self.chunks) > 1 else iterators[0],
-            model=self.chunks,
-            num_microbatches=len(micro),
-            seq_length=self.cfg.data.seq_length,
-            micro_batch_size=self.cfg.data.micro_batch_size,
-            forward_only=False,
-        )
-        loss_sum = torch.zeros(1, dtype=torch.float64)
-        if self.chunks[-1].post_process and self.groups.tp_rank == 0:
-            loss_sum += sum(float(o["loss_sum"]) for o in outputs)
-        if dims.world_size > 1:
-            dist.all_reduce(loss_sum)
-        return float(loss_sum.item()) / self._global_tokens
+        return table, works, micro
 
     def _plan_encoders(self, groups_of_seqs) -> tuple[list[EncoderMicroBatch], list]:
         """Encoder micro-batches of this replica's step, their media and LSSP plans."""
@@ -325,8 +308,9 @@ class Trainer:
     def _finalize_grads(self, *_args, **_kwargs) -> None:
         """Called by megatron after the last backward: the anchor's POST slot, then grad sync."""
         self.anchor.end_step()
-        all_reduce_grads(self.llm_params, self.groups.dp)
-        all_reduce_grads(self.encoder_params, self.groups.world)
+        with self.timer.span("sync"):
+            all_reduce_grads(self.llm_params, self.groups.dp)
+            all_reduce_grads(self.encoder_params, self.groups.world)
 
     # -- results ----------------------------------------------------------------------------
     def _summary(self, results: list[StepResult], wall: float) -> RunSummary:
@@ -351,6 +335,19 @@ class Trainer:
         if dims.tp * dims.pp > 1:
             dist.all_reduce(llm_params, group=self.groups.model_parallel)
         enc_params = sum(p.numel() for p in self.model.encoder_parameters())
+        mine = {
+            "rank": self.groups.rank,
+            "stage": self.groups.anchor.stage,
+            "tp_rank": self.groups.tp_rank,
+            "dp_rank": self.groups.dp_rank,
+            **{
+                f"{phase}_s": sum(r.phases.get(phase, 0.0) for r in timed) / len(timed)
+                for phase in PHASES
+            },
+            "encoder_activation_peak_bytes": max(r.encoder_activation_peak_bytes for r in results),
+        }
+        breakdown: list = [None] * dims.world_size
+        dist.all_gather_object(breakdown, mine)
         return RunSummary(
             steps=len(results),
             initial_loss=results[0].loss,
@@ -375,4 +372,5 @@ class Trainer:
             wall_time_s=wall,
             mean_step_time_s=seconds / len(timed),
             parameters={"llm": int(llm_params.item()), "encoders": enc_params},
+            breakdown=breakdown,
         )

@@ -135,3 +135,47 @@ def build_anchor_groups(dims: ParallelDims):
         sp_group=sp_group,
         p2p_group=p2p_group,
     )
+
+
+_P2P_METHODS = (
+    "recv_forward",
+    "recv_backward",
+    "send_forward",
+    "send_backward",
+    "send_forward_recv_backward",
+    "send_backward_recv_forward",
+    "send_forward_recv_forward",
+    "send_backward_recv_backward",
+    "send_forward_backward_recv_forward_backward",
+)
+
+
+def schedule_kwargs(config, timer) -> dict:
+    """Arguments for megatron's pipeline schedule that time its p2p waits as ``pipeline_wait``.
+
+    megatron accepts a ``p2p_communicator`` (with its ``pg_collection``); ours is megatron's own
+    class with each public call wrapped in a timer span. Nothing inside megatron changes.
+    """
+    from megatron.core import parallel_state as ps
+    from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    if ps.get_pipeline_model_parallel_world_size() == 1:
+        return {}
+    communicator = P2PCommunicator(pp_group=ps.get_pipeline_model_parallel_group(), config=config)
+    for name in _P2P_METHODS:
+        method = getattr(communicator, name)
+
+        def timed(*args, _method=method, **kwargs):
+            with timer.span("pipeline_wait"):
+                return _method(*args, **kwargs)
+
+        setattr(communicator, name, timed)
+    pgs = ProcessGroupCollection()
+    pgs.tp = ps.get_tensor_model_parallel_group()
+    pgs.cp = ps.get_context_parallel_group()
+    pgs.embd = ps.get_embedding_group(check_initialized=False)
+    pgs.pos_embd = ps.get_position_embedding_group(check_initialized=False)
+    pgs.pp = ps.get_pipeline_model_parallel_group()
+    pgs.dp_cp = ps.get_data_parallel_group(with_context_parallel=True, partial_data_parallel=False)
+    return {"p2p_communicator": communicator, "pg_collection": pgs}

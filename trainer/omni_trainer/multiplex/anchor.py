@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from omni_trainer.components.timing import ActivationMeter, PhaseTimer
 from omni_trainer.multiplex.dataflow import POST, PRE, DataflowTable, EncoderMicroBatch
 from omni_trainer.multiplex.lssp import LSSPPlan, TokenRange, plan_lssp
 from omni_trainer.multiplex.ulysses import encode_sequence_parallel
@@ -83,7 +84,10 @@ class EncoderAnchor:
         groups: AnchorGroups,
         hidden_size: int,
         device: torch.device,
+        timer: PhaseTimer | None = None,
     ) -> None:
+        self.timer = timer or PhaseTimer()
+        self.memory = ActivationMeter()
         self.encoders = encoders
         self.projectors = projectors
         self.groups = groups
@@ -132,6 +136,14 @@ class EncoderAnchor:
         work = self.works[emb]
         encoder = self.encoders[work.mb.modality]
         projector = self.projectors[work.mb.modality]
+        with self.timer.span("encoder"), self.memory.recording(emb):
+            outputs = self._encode(work, encoder, projector)
+        self._route(emb, work, outputs)
+
+    def _encode(
+        self, work: EncoderWork, encoder: nn.Module, projector: nn.Module
+    ) -> dict[tuple[int, int], torch.Tensor]:
+        """This rank's outputs of one encoder micro-batch, keyed (item, first token)."""
         me = self.groups.tp_rank
         outputs: dict[tuple[int, int], torch.Tensor] = {}
         short = work.plan.short[me]
@@ -144,6 +156,13 @@ class EncoderAnchor:
         for i in work.plan.long:
             shard = encode_sequence_parallel(encoder, work.arrays[i], self.groups.sp_group)
             outputs[(i, work.plan.placement[i][me].start)] = projector(shard)
+        return outputs
+
+    def _route(
+        self, emb: int, work: EncoderWork, outputs: dict[tuple[int, int], torch.Tensor]
+    ) -> None:
+        """Keep this rank's outputs for the backward and send them to every stage-0 TP rank."""
+        me = self.groups.tp_rank
         # (piece index or None, item, output, long?); an empty shard of a long sample has no
         # piece but still joins its group's backward collectives.
         held: list[tuple[int | None, int, torch.Tensor, bool]] = []
@@ -172,6 +191,7 @@ class EncoderAnchor:
     def _backward(self, emb: int) -> None:
         held = self._held.pop(emb, [])
         if not held:
+            self.memory.release(emb)
             return
         work = self.works[emb]
         grads: list[torch.Tensor] = []
@@ -189,23 +209,12 @@ class EncoderAnchor:
                     dist.irecv(buf, src, group=self.groups.p2p_group, tag=_tag(emb, idx, _BACKWARD))
                 )
                 grads.append(buf)
-        for r in requests:
-            r.wait()
-        # Short samples share one graph; each long one has its own, with collectives inside, so
-        # they run one by one in the same order on every rank of the group.
-        short = [(o, g) for (_, _, o, is_long), g in zip(held, grads, strict=True) if not is_long]
-        if short:
-            torch.autograd.backward([o for o, _ in short], [g for _, g in short])
-        long = sorted(
-            (
-                (item, out, grad)
-                for (_, item, out, is_long), grad in zip(held, grads, strict=True)
-                if is_long
-            ),
-            key=lambda t: t[0],
-        )
-        for _, out, grad in long:
-            torch.autograd.backward(out, grad)
+        with self.timer.span("encoder_wait"):
+            for r in requests:
+                r.wait()
+        with self.timer.span("encoder"):
+            _encoder_backward(held, grads)
+        self.memory.release(emb)
 
     def _grad_sender(self, work: EncoderWork, idx: int) -> int:
         """Stage 0's TP ranks hold identical embedding gradients: piece ``idx`` comes from one."""
@@ -238,8 +247,9 @@ class EncoderAnchor:
                 leaf = buf.detach().requires_grad_()
                 leaves.append((emb, idx, leaf))
                 pieces.append(leaf)
-        for r in requests:
-            r.wait()
+        with self.timer.span("encoder_wait"):
+            for r in requests:
+                r.wait()
         expected = len(leaves)
         self._pending_grads[microbatch] = {}
         for emb, idx, leaf in leaves:
@@ -276,6 +286,25 @@ class EncoderAnchor:
                         tag=_tag(emb, idx, _BACKWARD),
                     )
                 )
+
+
+def _encoder_backward(held: list, grads: list[torch.Tensor]) -> None:
+    """Encoder backward of one micro-batch's outputs held by this rank."""
+    # Short samples share one graph; each long one has its own, with collectives inside, so
+    # they run one by one in the same order on every rank of the group.
+    short = [(o, g) for (_, _, o, is_long), g in zip(held, grads, strict=True) if not is_long]
+    if short:
+        torch.autograd.backward([o for o, _ in short], [g for _, g in short])
+    long = sorted(
+        (
+            (item, out, grad)
+            for (_, item, out, is_long), grad in zip(held, grads, strict=True)
+            if is_long
+        ),
+        key=lambda t: t[0],
+    )
+    for _, out, grad in long:
+        torch.autograd.backward(out, grad)
 
 
 def build_works(

@@ -1,0 +1,46 @@
+"""Checks that a manifest's layout can run at a world size (torch-free: ``omni plan`` uses it)."""
+
+from __future__ import annotations
+
+from omni_trainer.config import ManifestError, TrainerConfig
+from omni_trainer.distributed.config import ParallelDims
+
+
+def layout_for(cfg: TrainerConfig, world_size: int) -> ParallelDims:
+    """The run's layout, or a :class:`ManifestError` naming the field and the fix."""
+    try:
+        dims = ParallelDims.from_config(cfg.parallelism, world_size)
+    except ValueError as err:
+        raise ManifestError(f"spec.trainer.parallelism: {err}") from None
+    check_layout(cfg, dims)
+    return dims
+
+
+def check_layout(cfg: TrainerConfig, dims: ParallelDims) -> None:
+    """Reject layouts this trainer cannot run, naming the manifest field and the fix."""
+    if dims.cp > 1:
+        raise ManifestError(
+            f"spec.trainer.parallelism.context={dims.cp}: context parallelism needs "
+            "TransformerEngine attention (GPU images); use context: 1 here"
+        )
+    per_step = cfg.data.micro_batch_size * dims.dp
+    if cfg.data.global_batch_size % per_step:
+        raise ManifestError(
+            f"spec.trainer.data.globalBatchSize ({cfg.data.global_batch_size}) must be a "
+            f"multiple of microBatchSize x data-parallel size "
+            f"({cfg.data.micro_batch_size} x {dims.dp} = {per_step}); "
+            "change the batch sizes or --nproc"
+        )
+    num_micro = cfg.data.global_batch_size // per_step
+    layers, stages = cfg.model.llm.num_layers, dims.pp * dims.vpp
+    if layers % stages:
+        raise ManifestError(
+            f"spec.trainer.model.llm.numLayers ({layers}) must be a multiple of "
+            f"parallelism.pipeline x virtualPipeline ({dims.pp} x {dims.vpp} = {stages})"
+        )
+    if dims.vpp > 1 and num_micro % dims.pp:
+        raise ManifestError(
+            f"interleaved pipelining needs micro-batches per step ({num_micro} = "
+            f"globalBatchSize / (microBatchSize x data parallel)) to be a multiple of "
+            f"spec.trainer.parallelism.pipeline ({dims.pp})"
+        )
