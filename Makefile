@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 comma  := ,
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint format clean
+.PHONY: setup demo test lint format clean bench-multiplex
 
 setup: $(STAMP)
 
@@ -37,3 +37,11 @@ format: setup
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+
+bench-multiplex: setup
+	$(BIN)/python bench/multiplex.py
+
+# The CRD is generated from the operator's pydantic models; tests fail when crds/ is stale.
+.PHONY: crds
+crds: setup
+	$(BIN)/python -m omni_operator.crd crds

@@ -1,7 +1,8 @@
 """``omni train`` end to end in real processes: torchrun workers (gloo) equal a single process.
 
-Every layout the foundation trainer claims (data and tensor parallel) must give the same training
-as one process on the same global batch: loss and gradient norm of every step within 1e-5.
+Through the CLI, data, tensor and pipeline parallel runs give the same training as one process on
+the same global batch: loss and gradient norm of every step within 1e-5. (Every layout x policy
+with full gradients: test_multiplex_equivalence.py.)
 """
 
 from __future__ import annotations
@@ -42,12 +43,15 @@ def single(tmp_path_factory) -> dict:
 
 
 @pytest.mark.parametrize(
-    ("tensor", "nproc", "layout"),
-    [(1, 2, "dp2"), (2, 2, "tp2"), (2, 4, "tp2xdp2")],
+    ("tensor", "pipeline", "nproc", "layout"),
+    [(1, 1, 2, "dp2"), (2, 1, 2, "tp2"), (2, 1, 4, "tp2xdp2"), (1, 2, 4, "pp2xdp2")],
 )
-def test_parallel_run_equals_single_process(single, tmp_path, tensor, nproc, layout) -> None:
+def test_parallel_run_equals_single_process(
+    single, tmp_path, tensor, pipeline, nproc, layout
+) -> None:
+    """The CLI path: ``--nproc N`` with a parallel layout equals ``--nproc 1``."""
     doc = yaml.safe_load((EXAMPLES / "tiny-cpu.yaml").read_text())
-    doc["spec"]["trainer"]["parallelism"] = {"tensor": tensor}
+    doc["spec"]["trainer"]["parallelism"] = {"tensor": tensor, "pipeline": pipeline}
     manifest = tmp_path / "job.yaml"
     manifest.write_text(yaml.safe_dump(doc))
     result = train(manifest, nproc, tmp_path / "s.json")
@@ -78,3 +82,21 @@ def test_cli_rejects_layout_that_does_not_divide_world(tmp_path) -> None:
     proc = omni("train", str(manifest), "--steps", "1")
     assert proc.returncode == 2
     assert "spec.trainer.parallelism: world size 1 is not a multiple" in proc.stderr
+
+
+def test_plan_prints_the_dataflow_table(tmp_path) -> None:
+    doc = yaml.safe_load((EXAMPLES / "tiny-cpu.yaml").read_text())
+    doc["spec"]["trainer"]["model"]["llm"]["numLayers"] = 4
+    doc["spec"]["trainer"]["data"]["microBatchSize"] = 1
+    doc["spec"]["trainer"]["parallelism"] = {"pipeline": 2, "encoder": {"eta": 16}}
+    manifest = tmp_path / "pp2.yaml"
+    manifest.write_text(yaml.safe_dump(doc))
+    proc = omni("plan", str(manifest), "--world", "4")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "layout pp2xdp2 (world 4)" in out
+    assert "dataflow table (uniform): pp=2 vpp=1 micro-batches=4" in out
+    assert "stage 0" in out and "stage 1" in out and "E0" in out
+    assert "paper notation" in out
+    bad = omni("plan", str(manifest), "--world", "3")
+    assert bad.returncode == 2 and "world size 3 is not a multiple" in bad.stderr
