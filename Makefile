@@ -45,3 +45,9 @@ bench-multiplex: setup
 .PHONY: crds
 crds: setup
 	$(BIN)/python -m omni_operator.crd crds
+
+.PHONY: bench-balance
+
+# Grouped Karmarkar-Karp reordering vs greedy and no reordering (PAPER.md technique 7).
+bench-balance: setup
+	$(BIN)/python bench/balance.py

@@ -2,9 +2,112 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
 import typer
+import yaml
 
 
 def register(app: typer.Typer) -> None:
     """Add the operator's commands to ``omni``."""
-    del app  # commands arrive with the operator issue
+    app.command(name="render")(render)
+
+
+def render(
+    manifest: Annotated[Path, typer.Argument(help="OmniTrainingJob YAML")],
+    nodes: Annotated[
+        Path, typer.Option(help="Nodes as YAML: `kubectl get nodes -o yaml` or Node documents")
+    ],
+    attempt: Annotated[int, typer.Option(min=0, help="restart attempt to render")] = 0,
+    quarantine: Annotated[list[str] | None, typer.Option(help="node to avoid (repeatable)")] = None,
+    namespace: Annotated[
+        str | None, typer.Option(help="namespace when the manifest has none")
+    ] = None,
+) -> None:
+    """Print what the operator would create for MANIFEST on these nodes (like `helm template`),
+    with the placement explained in comments."""
+    from omni_operator.placement import PlacementError, place
+    from omni_operator.render import render_all
+    from omni_operator.spec import parse_job
+    from omni_trainer.config import ManifestError
+
+    try:
+        doc = _read_yaml(manifest)
+        if namespace and isinstance(doc, dict):
+            doc.setdefault("metadata", {}).setdefault("namespace", namespace)
+        job = parse_job(doc)
+    except ManifestError as err:
+        _fail(f"{manifest}: invalid OmniTrainingJob\n{err}", code=2)
+    try:
+        node_objs = load_nodes(nodes)
+    except ValueError as err:
+        _fail(f"{nodes}: {err}", code=2)
+    try:
+        placement = place(node_objs, job.spec, quarantined=quarantine or ())
+    except PlacementError as err:
+        _fail(f"{manifest}: cannot be placed on {nodes}\n{err}", code=1)
+    header = [
+        f"OmniTrainingJob {job.metadata.name}: {job.spec.nodes} nodes x "
+        f"{job.spec.procs_per_node} processes, attempt {attempt}",
+        *placement.explain().splitlines(),
+    ]
+    typer.echo("\n".join(f"# {line}" for line in header))
+    for obj in render_all(job, placement, attempt=attempt):
+        typer.echo("---")
+        typer.echo(dump_yaml(obj), nl=False)
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (the ConfigMap's manifest) as literal blocks, readable in a terminal."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def dump_yaml(obj: Any) -> str:
+    return yaml.dump(obj, Dumper=_Dumper, sort_keys=False, width=100)
+
+
+def load_nodes(path: Path) -> list[dict[str, Any]]:
+    """Node objects from a NodeList/List document or a stream of Node documents."""
+    out: list[dict[str, Any]] = []
+    try:
+        docs = list(yaml.safe_load_all(_read_text(path)))
+    except yaml.YAMLError as err:
+        raise ValueError(f"not valid YAML: {err}") from None
+    for doc in docs:
+        if not doc:
+            continue
+        items = doc.get("items") if isinstance(doc, dict) and "items" in doc else [doc]
+        for item in items:
+            if not isinstance(item, dict) or item.get("kind", "Node") != "Node":
+                raise ValueError(f"expected Node objects, found {str(item)[:80]!r}")
+            if not (item.get("metadata") or {}).get("name"):
+                raise ValueError("a Node without metadata.name")
+            out.append(item)
+    return out
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError as err:
+        _fail(f"{path}: {err.strerror or err}", code=2)
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(_read_text(path))
+    except yaml.YAMLError as err:
+        _fail(f"{path}: not valid YAML: {err}", code=2)
+
+
+def _fail(message: str, *, code: int) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)

@@ -37,10 +37,17 @@ def full_grads(trainer) -> dict[str, torch.Tensor]:
             grads[f"llm.{name}"] = g
     if groups.tp_rank != 0 or groups.dp_rank != 0:
         grads = {}
-    if dist.get_rank() == 0:
-        for name, p in [*trainer.model.encoders.named_parameters(prefix="encoders"),
-                        *trainer.model.projectors.named_parameters(prefix="projectors")]:
-            grads[name] = p.grad.detach().clone()
+    encoder_params = [
+        *trainer.model.encoders.named_parameters(prefix="encoders"),
+        *trainer.model.projectors.named_parameters(prefix="projectors"),
+    ]
+    if trainer.encoder_zero is not None:  # ZeRO-2: each rank holds the gradients it owns
+        owned = {id(p) for p in trainer.encoder_zero.owned}
+        encoder_params = [(n, p) for n, p in encoder_params if id(p) in owned]
+    elif dist.get_rank() != 0:
+        encoder_params = []
+    for name, p in encoder_params:
+        grads[name] = p.grad.detach().clone()
     return grads
 
 

@@ -26,13 +26,16 @@ TOLERANCE = 1e-5  # absolute on the loss (~6), relative on the grad norm; fp32 r
 def omni(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "omni_trainer.cli", *args],
-        capture_output=True, text=True, timeout=timeout,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
 def train(manifest: Path, nproc: int, out: Path) -> dict:
-    proc = omni("train", str(manifest), "--steps", str(STEPS), "--nproc", str(nproc),
-                "--summary", str(out))
+    proc = omni(
+        "train", str(manifest), "--steps", str(STEPS), "--nproc", str(nproc), "--summary", str(out)
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return json.loads(out.read_text())
 

@@ -1,9 +1,10 @@
 """Encoder-LLM multiplexing is the same training as one process, for every layout and policy.
 
 Real torchrun processes (gloo, CPU) run each layout with each insertion policy; eta is small, so
-long images and audio clips take the Ulysses sequence-parallel path (a real one where the stage has
-two ranks: tp2 layouts). Tolerance (fp32, reduction order differs): every step's loss within 1e-6
-absolute (loss ~6), and every gradient after the first step within 1e-5 absolute + 1e-4 relative.
+long images and audio clips take the Ulysses sequence-parallel path (a real one where the stage
+has two ranks: tp2 layouts), and one layout per launch also runs with ZeRO-2 encoders.
+Tolerance (fp32, reduction order differs): every step's loss within 1e-6 absolute (loss ~6), and
+every gradient after the first step within 1e-5 absolute + 1e-4 relative.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ LAYOUTS = {  # world size -> layouts run in one launch
 WORKER = Path(__file__).with_name("_multiplex_worker.py")
 
 
-def job(tensor: int = 1, pipeline: int = 1, vpp: int = 1, policy: str = "uniform") -> dict:
+def job(
+    tensor: int = 1, pipeline: int = 1, vpp: int = 1, policy: str = "uniform", zero: int = 0
+) -> dict:
     doc = yaml.safe_load((EXAMPLES / "tiny-cpu.yaml").read_text())
     trainer = doc["spec"]["trainer"]
     trainer["model"]["llm"]["numLayers"] = 4  # pp4 and pp2 x vpp2 need 4 layers
@@ -39,8 +42,10 @@ def job(tensor: int = 1, pipeline: int = 1, vpp: int = 1, policy: str = "uniform
     # All three modalities from the first step, so both encoders run (and take the SP path).
     trainer["data"]["mixture"] = [{"atTokens": 0, "weights": {"image": 1, "audio": 1, "text": 1}}]
     trainer["parallelism"] = {
-        "tensor": tensor, "pipeline": pipeline, "virtualPipeline": vpp,
-        "encoder": {"eta": 16, "policy": policy},
+        "tensor": tensor,
+        "pipeline": pipeline,
+        "virtualPipeline": vpp,
+        "encoder": {"eta": 16, "policy": policy, "zero": zero},
     }
     return doc
 
@@ -69,12 +74,24 @@ def launch(request, tmp_path_factory) -> tuple[int, Path]:
         for name, tp, pp, vpp in LAYOUTS[world]
         for policy in POLICIES
     }
+    # ZeRO-2 encoders: gradients reduced to owners, weights broadcast back after each step.
+    name, tp, pp, vpp = LAYOUTS[world][0]
+    scenarios[f"{name}-zero2"] = job(tp, pp, vpp, "uniform", zero=2)
     spec = out / "spec.json"
     spec.write_text(json.dumps({"steps": STEPS, "out": str(out), "scenarios": scenarios}))
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone",
-         f"--nproc-per-node={world}", str(WORKER), str(spec)],
-        capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={world}",
+            str(WORKER),
+            str(spec),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return world, out
@@ -82,19 +99,20 @@ def launch(request, tmp_path_factory) -> tuple[int, Path]:
 
 def test_every_layout_and_policy_equals_one_process(launch, reference) -> None:
     world, out = launch
-    for name, *_ in LAYOUTS[world]:
-        for policy in POLICIES:
-            scenario = out / f"{name}-{policy}"
-            losses = json.loads((scenario / "losses.json").read_text())
-            assert losses == pytest.approx(reference["losses"], abs=1e-6), scenario.name
-            grads: dict[str, torch.Tensor] = {}
-            for f in sorted(scenario.glob("rank*.pt")):
-                grads.update(torch.load(f))
-            assert grads.keys() == reference["grads"].keys(), scenario.name
-            for key, expected in reference["grads"].items():
-                torch.testing.assert_close(
-                    grads[key], expected, atol=1e-5, rtol=1e-4, msg=f"{scenario.name}: {key}"
-                )
+    names = [f"{n}-{p}" for n, *_ in LAYOUTS[world] for p in POLICIES]
+    names.append(f"{LAYOUTS[world][0][0]}-zero2")
+    for name in names:
+        scenario = out / name
+        losses = json.loads((scenario / "losses.json").read_text())
+        assert losses == pytest.approx(reference["losses"], abs=1e-6), name
+        grads: dict[str, torch.Tensor] = {}
+        for f in sorted(scenario.glob("rank*.pt")):
+            grads.update(torch.load(f))
+        assert grads.keys() == reference["grads"].keys(), name
+        for key, expected in reference["grads"].items():
+            torch.testing.assert_close(
+                grads[key], expected, atol=1e-5, rtol=1e-4, msg=f"{name}: {key}"
+            )
 
 
 def test_gradients_are_not_trivially_equal(reference) -> None:

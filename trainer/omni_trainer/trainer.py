@@ -9,6 +9,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
+from omni_trainer.components.encoder_zero import EncoderZero
 from omni_trainer.components.model_flops import StepFlops, step_flops
 from omni_trainer.components.optim import (
     all_reduce_grads,
@@ -117,7 +118,14 @@ class Trainer:
         # parameter the same whether its modality showed up on this rank, another, or nowhere.
         for p in (*self.llm_params, *self.encoder_params):
             p.grad = torch.zeros_like(p)
-        self.optimizer = build_optimizer(self.model, cfg.optimizer)
+        # ZeRO-2 for encoders: only owners keep their gradients and optimizer state.
+        self.encoder_zero = (
+            EncoderZero(self.encoder_params, group=groups.world)
+            if cfg.parallelism.encoder.zero == 2
+            else None
+        )
+        owned = self.encoder_zero.owned if self.encoder_zero else self.encoder_params
+        self.optimizer = build_optimizer([*self.llm_params, *owned], cfg.optimizer)
         self.timer = PhaseTimer(synchronize=True)
         self.anchor = EncoderAnchor(
             encoders=self.model.encoders,
@@ -183,8 +191,11 @@ class Trainer:
                 self.cfg.optimizer.clip_grad,
                 tp_rank=self.groups.tp_rank,
                 model_parallel_group=self.groups.model_parallel,
+                sharded_replicated_group=self.groups.world if self.encoder_zero else None,
             )
             self.optimizer.step()
+            if self.encoder_zero:
+                self.encoder_zero.broadcast_parameters()
         seconds = time.perf_counter() - start
         phases = self.timer.take()
         # What no span covers is the LLM's own forward/backward compute (and Python overhead).
@@ -310,7 +321,10 @@ class Trainer:
         self.anchor.end_step()
         with self.timer.span("sync"):
             all_reduce_grads(self.llm_params, self.groups.dp)
-            all_reduce_grads(self.encoder_params, self.groups.world)
+            if self.encoder_zero:
+                self.encoder_zero.reduce_gradients()
+            else:
+                all_reduce_grads(self.encoder_params, self.groups.world)
 
     # -- results ----------------------------------------------------------------------------
     def _summary(self, results: list[StepResult], wall: float) -> RunSummary:

@@ -120,11 +120,12 @@ def plan_reorder(
         refine: follow the planner with :func:`~omni_trainer.balance.partition.improve_by_swaps`
             (needed for the balanced KK with few samples per rank; cheap otherwise).
         min_gain: keep the data in place unless the plan lowers the max rank load by more than
-            this fraction; at 0, a plan no better than the arrival split moves nothing.
+            this fraction; at 0, a plan no better than the arrival split moves nothing. (With
+            ``equal_cardinality`` and uneven arrival counts the data always moves.)
 
     Returns:
-        The plan. Parts are mapped to ranks greedily by overlap (bytes, then item count already
-        on the rank), so that samples stay home where the balance allows it.
+        The plan. Parts are mapped to ranks by overlap (bytes, then item count already on the
+        rank; greedy, then pairwise exchanges), so samples stay home where balance allows it.
     """
     ranks = len(group_items)
     if k is None:
@@ -141,7 +142,13 @@ def plan_reorder(
     source_of = [src for src, _ in flat]
 
     before = _arrival_split(group_items, weights)
+    sizes = sorted(len(items) for items in group_items)
     if method == "none":
+        if equal_cardinality and sizes[-1] - sizes[0] > 1:
+            raise ValueError(
+                f"method 'none' keeps the arrival counts {sizes}, which are not equal; "
+                "use kk or lpt, or equal_cardinality=False"
+            )
         partition = before
     elif method == "kk":
         partition = karmarkar_karp(weights, k, equal_cardinality=equal_cardinality)
@@ -151,7 +158,8 @@ def plan_reorder(
         raise ValueError(f"method must be 'kk', 'lpt' or 'none', got {method!r}")
     if refine and method != "none":
         partition = improve_by_swaps(weights, partition)
-    if method != "none" and partition.max_load >= before.max_load * (1.0 - min_gain):
+    arrival_allowed = not equal_cardinality or sizes[-1] - sizes[0] <= 1
+    if arrival_allowed and partition.max_load >= before.max_load * (1.0 - min_gain):
         partition = before  # not worth the traffic
     rank_of_part = _assign_parts(partition, source_of, [m.nbytes for m in metas], k)
 
@@ -190,17 +198,17 @@ def _arrival_split(
 def _assign_parts(
     partition: Partition, source_of: Sequence[int], nbytes: Sequence[int], k: int
 ) -> list[int]:
-    """Part -> rank, greedily by the bytes (then items) of the part already on the rank.
+    """Part -> rank, keeping as many bytes (then items) at home as a cheap search finds.
 
-    A maximum-weight matching would be optimal; greedy is within a factor 2 of it, O(k^2 log k),
-    and in practice keeps almost everything that can stay.
+    Greedy by overlap (the largest part-on-rank share first), then pairwise exchanges of two
+    parts' ranks while one raises the kept total. A maximum-weight matching would be optimal;
+    this is O(k^2) per pass, deterministic, and keeps almost everything that can stay.
     """
-    overlap: dict[tuple[int, int], list[int]] = {}
+    overlap: dict[tuple[int, int], tuple[int, int]] = {}
     for p, part in enumerate(partition.parts):
         for i in part:
-            entry = overlap.setdefault((p, source_of[i]), [0, 0])
-            entry[0] += nbytes[i]
-            entry[1] += 1
+            b, c = overlap.get((p, source_of[i]), (0, 0))
+            overlap[(p, source_of[i])] = (b + nbytes[i], c + 1)
     pairs = sorted(overlap.items(), key=lambda kv: (-kv[1][0], -kv[1][1], kv[0]))
     rank_of_part = [-1] * k
     taken = [False] * k
@@ -212,7 +220,35 @@ def _assign_parts(
     for p in range(k):
         if rank_of_part[p] < 0:
             rank_of_part[p] = next(free)
+
+    def kept(p: int, r: int) -> tuple[int, int]:
+        return overlap.get((p, r), (0, 0))
+
+    # An exchange of p's and q's ranks can only help if p has items on q's rank or vice versa,
+    # so candidates come from the (sparse) overlap, not from all k^2 pairs.
+    homes: list[list[int]] = [[] for _ in range(k)]
+    for p, r in sorted(overlap):
+        homes[p].append(r)
+    for _ in range(k):  # passes; each accepted exchange strictly raises the kept total
+        improved = False
+        part_at = {r: p for p, r in enumerate(rank_of_part)}
+        for p in range(k):
+            for r in homes[p]:
+                q = part_at[r]
+                rp, rq = rank_of_part[p], rank_of_part[q]
+                if q == p:
+                    continue
+                if _add(kept(p, rq), kept(q, rp)) > _add(kept(p, rp), kept(q, rq)):
+                    rank_of_part[p], rank_of_part[q] = rq, rp
+                    part_at[rq], part_at[rp] = p, q
+                    improved = True
+        if not improved:
+            break
     return rank_of_part
+
+
+def _add(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+    return (a[0] + b[0], a[1] + b[1])
 
 
 def split_groups(

@@ -12,10 +12,10 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from omni_trainer.config import LRScheduleConfig, OptimizerConfig
 
 
-def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
+def build_optimizer(params: list[nn.Parameter], cfg: OptimizerConfig) -> torch.optim.Optimizer:
     """AdamW with no weight decay on biases and norms (1-D parameters)."""
     decay, no_decay = [], []
-    for p in model.parameters():
+    for p in params:
         if p.requires_grad:
             (decay if p.ndim >= 2 else no_decay).append(p)
     return torch.optim.AdamW(
@@ -63,12 +63,15 @@ def clip_grad_norm(
     *,
     tp_rank: int,
     model_parallel_group: dist.ProcessGroup,
+    sharded_replicated_group: dist.ProcessGroup | None = None,
 ) -> float:
     """Global grad norm counting each weight once, then clip.
 
     LLM weights are split over the tensor- and pipeline-parallel ranks of a replica: TP shards and
     stage-local weights are summed over that group, TP-replicated ones (norms) only from TP rank 0.
-    ``replicated_params`` (encoders) are identical on every rank after their all-reduce.
+    ``replicated_params`` (encoders) are identical on every rank after their all-reduce, or,
+    with ZeRO (``sharded_replicated_group``), held by one owner each and zero elsewhere, so their
+    squares are summed over that group.
     """
     llm_sq = torch.zeros(1, dtype=torch.float64)
     for p in llm_params:
@@ -87,6 +90,11 @@ def clip_grad_norm(
         ),
         torch.zeros((), dtype=torch.float64),
     )
+    if sharded_replicated_group is not None:
+        device = replicated_params[0].device if replicated_params else torch.device("cpu")
+        rep = torch.tensor([float(rep_sq)], dtype=torch.float64, device=device)
+        dist.all_reduce(rep, group=sharded_replicated_group)
+        rep_sq = rep.item()
     total = math.sqrt(float(llm_sq.item() + rep_sq))
     if max_norm > 0 and total > max_norm:
         scale = max_norm / (total + 1e-6)

@@ -21,6 +21,11 @@ class EncoderParallelConfig(Spec):
         description="where encoder micro-batches enter the LLM pipeline: uniform on-demand "
         "insertion on every stage (the paper's), all before the pipeline, or all on stage 0",
     )
+    zero: Literal[0, 2] = Field(
+        0,
+        description="2: shard encoder gradients and optimizer state over all encoder replicas "
+        "(ZeRO-2); 0: every rank keeps full copies",
+    )
 
 
 class ParallelismConfig(Spec):

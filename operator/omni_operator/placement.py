@@ -1,0 +1,312 @@
+"""Placement: which nodes a job runs on and which node rank each gets (a pure function).
+
+Rank layout (megatron's default order tp-cp-dp-pp, pipeline slowest): node rank ``r`` runs global
+ranks ``[r * g, (r + 1) * g)``, so a tensor/encoder-SP group (``tp`` consecutive ranks, ``tp``
+dividing ``g``) is always inside one node, and pipeline stage ``s`` occupies the node ranks
+``[s * N / pp, (s + 1) * N / pp)`` (whole nodes; validated by the spec).
+
+Reorder groups are the consecutive blocks of ``reorderGroupSize`` node ranks; the trainer gets its
+group from ``OMNI_REORDER_GROUP``. Every group is placed inside one network domain (its nodes
+share the values of all ``topology.networkDomainLabels``). Domains are chosen hierarchically
+(best fit at the finest level that can hold everything, so jobs do not spread), and groups are
+ordered so that the groups forming one pipeline (same slot in consecutive stages) come from
+neighbouring domains, keeping pipeline traffic close too.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from omni_operator.spec import OmniTrainingJobSpec, Toleration
+
+Node = Mapping[str, Any]
+Domain = tuple[str, ...]
+
+
+class PlacementError(Exception):
+    """The job cannot be placed now; the message says why, per domain and per node."""
+
+
+@dataclass(frozen=True)
+class PlacedNode:
+    name: str
+    rank: int
+    stages: tuple[int, ...]
+    """Pipeline stages whose ranks run on this node."""
+    reorder_group: int
+    domain: Domain
+
+
+@dataclass(frozen=True)
+class Placement:
+    nodes: tuple[PlacedNode, ...]
+    """By node rank."""
+    domain_labels: tuple[str, ...]
+    skipped: Mapping[str, str] = field(default_factory=dict)
+    """Nodes left out, with the reason."""
+
+    @property
+    def names(self) -> list[str]:
+        return [n.name for n in self.nodes]
+
+    def explain(self) -> str:
+        """Human-readable: one line per reorder group, then the nodes that were skipped."""
+        lines = []
+        groups: dict[int, list[PlacedNode]] = {}
+        for n in self.nodes:
+            groups.setdefault(n.reorder_group, []).append(n)
+        for gid, members in groups.items():
+            stages = sorted({s for m in members for s in m.stages})
+            ranks = f"{members[0].rank}-{members[-1].rank}" if len(members) > 1 else members[0].rank
+            lines.append(
+                f"reorder group {gid} (node ranks {ranks}, pipeline stage"
+                f"{'s' if len(stages) > 1 else ''} {','.join(map(str, stages))}) in "
+                f"{_domain_str(self.domain_labels, members[0].domain)}: "
+                + " ".join(m.name for m in members)
+            )
+        if self.skipped:
+            lines.append("skipped: " + "; ".join(f"{k} {v}" for k, v in _by_name(self.skipped)))
+        return "\n".join(lines)
+
+
+def place(
+    nodes: Iterable[Node],
+    spec: OmniTrainingJobSpec,
+    *,
+    quarantined: Iterable[str] = (),
+) -> Placement:
+    """Choose ``spec.nodes`` nodes and their ranks, or raise :class:`PlacementError` explaining
+    per domain how many usable nodes there are and why the others are not usable.
+
+    Args:
+        nodes: Node objects as dicts (``kubectl get nodes -o yaml`` items).
+        spec: the validated job spec.
+        quarantined: node names the operator must avoid (repeated failures).
+
+    Returns:
+        The placement, deterministic for the same inputs (in any order).
+    """
+    labels = tuple(spec.topology.network_domain_labels)
+    quarantined = set(quarantined)
+    usable: dict[Domain, list[str]] = {}
+    skipped: dict[str, str] = {}
+    domain_of: dict[str, Domain] = {}
+    for node in sorted(nodes, key=lambda n: _natural(n["metadata"]["name"])):
+        name = node["metadata"]["name"]
+        node_labels = node["metadata"].get("labels") or {}
+        missing = [k for k in labels if k not in node_labels]
+        if missing:
+            skipped[name] = f"no label {', '.join(missing)}"
+            continue
+        domain = tuple(node_labels[k] for k in labels)
+        domain_of[name] = domain
+        reason = _unusable(node, spec, quarantined)
+        if reason:
+            skipped[name] = reason
+        else:
+            usable.setdefault(domain, []).append(name)
+
+    G, N = spec.group_size, spec.nodes
+    need = N // G
+    capacity = {d: len(names) // G for d, names in usable.items()}
+    chosen = _choose(capacity, need, level=0, prefix=())
+    if chosen is None:
+        raise PlacementError(
+            _why_not(spec, labels, capacity, usable, skipped, domain_of, fit=sum(capacity.values()))
+        )
+
+    # chosen: one domain per group, in domain order; take nodes from each domain in name order.
+    taken: dict[Domain, int] = {}
+    groups: list[tuple[Domain, list[str]]] = []
+    for d in chosen:
+        start = taken.get(d, 0)
+        groups.append((d, usable[d][start : start + G]))
+        taken[d] = start + G
+    groups = _order_for_pipeline(groups, spec)
+
+    pp = spec.trainer.parallelism.pipeline
+    placed = []
+    for gid, (d, names) in enumerate(groups):
+        for name in names:
+            rank = len(placed)
+            placed.append(
+                PlacedNode(
+                    name=name,
+                    rank=rank,
+                    stages=_stages_of(rank, N, pp),
+                    reorder_group=gid,
+                    domain=d,
+                )
+            )
+    return Placement(nodes=tuple(placed), domain_labels=labels, skipped=skipped)
+
+
+def _choose(
+    capacity: Mapping[Domain, int], need: int, *, level: int, prefix: Domain
+) -> list[Domain] | None:
+    """Domains for ``need`` groups, keeping them under the longest common label prefix that can
+    hold them all; within a level, one child if one fits (the smallest that fits), else the
+    largest children first. Returns one domain per group, or None if they do not fit."""
+    below = {d: c for d, c in capacity.items() if d[:level] == prefix and c > 0}
+    if sum(below.values()) < need:
+        return None
+    if not below or level == len(next(iter(below))):
+        return [prefix] * need if need else []
+    children: dict[str, int] = {}
+    for d, c in below.items():
+        children[d[level]] = children.get(d[level], 0) + c
+    fitting = sorted((c, _natural(v)) for v, c in children.items() if c >= need)
+    if fitting:
+        value = _unnatural(fitting[0][1])
+        return _choose(capacity, need, level=level + 1, prefix=(*prefix, value))
+    out: list[Domain] = []
+    for value, cap in sorted(children.items(), key=lambda kv: (-kv[1], _natural(kv[0]))):
+        take = min(cap, need - len(out))
+        sub = _choose(capacity, take, level=level + 1, prefix=(*prefix, value))
+        assert sub is not None  # take <= the child's capacity
+        out += sub
+        if len(out) == need:
+            break
+    return sorted(out, key=lambda d: tuple(_natural(v) for v in d))
+
+
+def _order_for_pipeline(
+    groups: list[tuple[Domain, list[str]]], spec: OmniTrainingJobSpec
+) -> list[tuple[Domain, list[str]]]:
+    """Reorder groups so that the groups holding one pipeline (slot k of every stage) are
+    consecutive in domain order: group position ``s * slots + k`` gets chosen group
+    ``k * pp + s``. Identity when a group spans whole stages, or all share one domain."""
+    pp, N, G = spec.trainer.parallelism.pipeline, spec.nodes, spec.group_size
+    if pp == 1 or N % pp or G % (N // pp) == 0 or len({d for d, _ in groups}) == 1:
+        return groups
+    slots = (N // pp) // G  # groups per stage
+    return [groups[k * pp + s] for s in range(pp) for k in range(slots)]
+
+
+def _stages_of(rank: int, nodes: int, pp: int) -> tuple[int, ...]:
+    if nodes >= pp:
+        return (rank // (nodes // pp),)
+    per_node = pp // nodes
+    return tuple(range(rank * per_node, (rank + 1) * per_node))
+
+
+def _unusable(node: Node, spec: OmniTrainingJobSpec, quarantined: set[str]) -> str | None:
+    """Why this node cannot host a pod of the job, or None."""
+    name = node["metadata"]["name"]
+    if name in quarantined:
+        return "quarantined"
+    status = node.get("status") or {}
+    ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
+    if ready is None or ready.get("status") != "True":
+        return "NotReady" if ready else "no Ready condition"
+    node_spec = node.get("spec") or {}
+    if node_spec.get("unschedulable"):
+        return "cordoned"
+    for taint in node_spec.get("taints") or []:
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerated(
+            taint, spec.scheduling.tolerations
+        ):
+            value = f"={taint['value']}" if taint.get("value") else ""
+            return f"taint {taint.get('key')}{value}:{taint['effect']} not tolerated"
+    node_labels = node["metadata"].get("labels") or {}
+    for key, value in spec.scheduling.node_selector.items():
+        if node_labels.get(key) != value:
+            return f"nodeSelector {key}={value} does not match"
+    allocatable = status.get("allocatable") or {}
+    res = spec.resources
+    if spec.gpus_per_node:
+        have = _count(allocatable.get(res.gpu_resource_name))
+        if have < spec.gpus_per_node:
+            return f"{have} of {spec.gpus_per_node} {res.gpu_resource_name} allocatable"
+    if res.rdma is not None:
+        have = _count(allocatable.get(res.rdma.resource_name))
+        if have < res.rdma.count:
+            return f"{have} of {res.rdma.count} {res.rdma.resource_name} allocatable"
+    return None
+
+
+def _tolerated(taint: Mapping[str, Any], tolerations: Sequence[Toleration]) -> bool:
+    for t in tolerations:
+        if t.effect is not None and t.effect != taint.get("effect"):
+            continue
+        if t.operator == "Exists" and (t.key is None or t.key == taint.get("key")):
+            return True
+        if (
+            t.operator == "Equal"
+            and t.key == taint.get("key")
+            and ((t.value or "") == (taint.get("value") or ""))
+        ):
+            return True
+    return False
+
+
+def _count(quantity: Any) -> int:
+    """Extended resources are integers; a malformed value counts as none."""
+    try:
+        return int(str(quantity))
+    except ValueError:
+        return 0
+
+
+def _why_not(
+    spec: OmniTrainingJobSpec,
+    labels: tuple[str, ...],
+    capacity: Mapping[Domain, int],
+    usable: Mapping[Domain, list[str]],
+    skipped: Mapping[str, str],
+    domain_of: Mapping[str, Domain],
+    *,
+    fit: int,
+) -> str:
+    G, N = spec.group_size, spec.nodes
+    need = N // G
+    what = f"{spec.gpus_per_node} GPUs" if spec.gpus_per_node else "CPU only"
+    if labels:
+        head = (
+            f"cannot place {N} nodes ({what} each): {need} reorder group"
+            f"{'s' if need > 1 else ''} of {G} nodes, each inside one network domain "
+            f"({', '.join(labels)}); {fit} fit"
+        )
+    else:
+        head = f"cannot place {N} nodes ({what} each): {sum(map(len, usable.values()))} usable"
+    lines = [head]
+    domains = sorted(
+        set(usable) | {domain_of[n] for n in skipped if n in domain_of},
+        key=lambda d: tuple(_natural(v) for v in d),
+    )
+    for d in domains:
+        bad = [f"{n} {r}" for n, r in _by_name(skipped) if domain_of.get(n) == d]
+        n_ok = len(usable.get(d, []))
+        line = f"  {_domain_str(labels, d)}: {n_ok} usable"
+        if labels:
+            line += f", fits {capacity.get(d, 0)} group{'s' if capacity.get(d, 0) != 1 else ''}"
+        lines.append(line + (f" ({'; '.join(bad)})" if bad else ""))
+    unlabelled = [f"{n} {r}" for n, r in _by_name(skipped) if n not in domain_of]
+    if unlabelled:
+        lines.append(f"  outside any domain: {'; '.join(unlabelled)}")
+    if not domains and not unlabelled:
+        lines.append("  the cluster has no nodes")
+    return "\n".join(lines)
+
+
+def _by_name(reasons: Mapping[str, str]) -> list[tuple[str, str]]:
+    return sorted(reasons.items(), key=lambda kv: _natural(kv[0]))
+
+
+def _domain_str(labels: Sequence[str], domain: Domain) -> str:
+    if not labels:
+        return "the cluster"
+    return ",".join(f"{k.rsplit('/', 1)[-1]}={v}" for k, v in zip(labels, domain, strict=True))
+
+
+def _natural(s: str) -> tuple[Any, ...]:
+    """Sort key where n2 < n10; ties broken by the raw string so the key is injective."""
+    parts = re.split(r"(\d+)", s)
+    return (*((0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts), s)
+
+
+def _unnatural(key: tuple[Any, ...]) -> str:
+    return key[-1]

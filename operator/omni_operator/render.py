@@ -1,0 +1,308 @@
+"""Rendering: the Kubernetes objects of one attempt of a job (pure functions, plain dicts).
+
+One Pod per placed node runs ``torchrun`` with a static rendezvous on node rank 0, reached through
+the job's headless Service (``<pod hostname>.<job>.<namespace>.svc``), so node ranks are exactly
+the ones placement chose. Pods are pinned with required node affinity on ``metadata.name`` rather
+than ``nodeName``: the scheduler still accounts resources and gang schedulers (Volcano, Kueue's
+scheduling gates) still admit the pods as a group. Pod names carry the restart attempt, so a
+restart never waits for an old pod stuck Terminating on a lost node.
+
+The contract with the trainer is the ``OMNI_*`` environment (see :func:`rank_env`) and the
+manifest mounted at :data:`CONFIG_PATH`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from omni_operator.placement import Placement, PlacedNode
+from omni_operator.spec import GROUP, VERSION, OmniTrainingJob
+
+Obj = dict[str, Any]
+RDZV_PORT = 29500
+CONFIG_DIR = "/etc/omni"
+CONFIG_FILE = "job.yaml"
+CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_FILE}"
+LABEL_JOB = f"{GROUP}/job"
+LABEL_RANK = f"{GROUP}/node-rank"
+LABEL_ATTEMPT = f"{GROUP}/attempt"
+ANNOTATION_NODE = f"{GROUP}/placed-node"
+TRAINER_UID = 1000
+
+
+def pod_name(job_name: str, *, attempt: int, rank: int) -> str:
+    """``<job>-a<attempt>-n<rank>``; also the pod's hostname under the job's Service."""
+    return f"{job_name}-a{attempt}-n{rank}"
+
+
+def config_map_name(job_name: str) -> str:
+    return f"{job_name}-config"
+
+
+def _namespace(job: OmniTrainingJob) -> str:
+    return job.metadata.namespace or "default"
+
+
+def _meta(job: OmniTrainingJob, name: str, labels: dict[str, str] | None = None) -> Obj:
+    meta: Obj = {
+        "name": name,
+        "namespace": _namespace(job),
+        "labels": {
+            "app.kubernetes.io/name": "megascale-omni",
+            "app.kubernetes.io/managed-by": "omni-operator",
+            LABEL_JOB: job.metadata.name,
+            **(labels or {}),
+        },
+    }
+    uid = (job.metadata.model_extra or {}).get("uid")
+    if uid:  # `omni render` has no uid: the operator adds the owner when it creates them
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "OmniTrainingJob",
+                "name": job.metadata.name,
+                "uid": uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    return meta
+
+
+def render_config_map(job: OmniTrainingJob) -> Obj:
+    """The trainer's manifest (``spec.trainer`` only: cluster settings are not its business)."""
+    manifest = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "OmniTrainingJob",
+        "metadata": {"name": job.metadata.name},
+        "spec": {
+            "trainer": job.spec.trainer.model_dump(mode="json", by_alias=True, exclude_unset=True)
+        },
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(job, config_map_name(job.metadata.name)),
+        "data": {CONFIG_FILE: yaml.safe_dump(manifest, sort_keys=False)},
+    }
+
+
+def render_service(job: OmniTrainingJob) -> Obj:
+    """Headless, publishing not-ready pods: rank 0 must resolve before any pod is Ready."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(job, job.metadata.name),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {LABEL_JOB: job.metadata.name},
+            "ports": [{"name": "rendezvous", "port": RDZV_PORT, "protocol": "TCP"}],
+        },
+    }
+
+
+def render_pod_group(job: OmniTrainingJob, *, attempt: int) -> Obj:
+    """Volcano gang: all node pods are admitted together or not at all."""
+    spec: Obj = {"minMember": job.spec.nodes}
+    if job.spec.scheduling.priority_class_name:
+        spec["priorityClassName"] = job.spec.scheduling.priority_class_name
+    return {
+        "apiVersion": "scheduling.volcano.sh/v1beta1",
+        "kind": "PodGroup",
+        "metadata": _meta(job, _gang_name(job, attempt), {LABEL_ATTEMPT: str(attempt)}),
+        "spec": spec,
+    }
+
+
+def _gang_name(job: OmniTrainingJob, attempt: int) -> str:
+    return f"{job.metadata.name}-a{attempt}"
+
+
+def rank_env(job: OmniTrainingJob, node: PlacedNode, *, attempt: int) -> dict[str, str]:
+    """What a trainer pod knows about its place in the job (all strings, stable order)."""
+    spec = job.spec
+    return {
+        "OMNI_JOB_NAME": job.metadata.name,
+        "OMNI_NNODES": str(spec.nodes),
+        "OMNI_NODE_RANK": str(node.rank),
+        "OMNI_NPROC_PER_NODE": str(spec.procs_per_node),
+        "OMNI_PIPELINE_STAGES": ",".join(map(str, node.stages)),
+        "OMNI_REORDER_GROUP": str(node.reorder_group),
+        "OMNI_REORDER_GROUP_SIZE": str(spec.group_size),
+        "OMNI_RESTART_ATTEMPT": str(attempt),
+        "OMNI_RESUME": "auto",
+        "MASTER_ADDR": _master_addr(job, attempt),
+        "MASTER_PORT": str(RDZV_PORT),
+    }
+
+
+def nccl_env(job: OmniTrainingJob) -> dict[str, str]:
+    """NCCL/IB settings derived from the spec, then the user's ``nccl.env`` on top."""
+    spec = job.spec
+    env = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}  # a dead peer errors instead of hanging
+    if spec.resources.rdma is not None:
+        env["NCCL_IB_DISABLE"] = "0"
+        if spec.nccl.ib_hca:
+            env["NCCL_IB_HCA"] = spec.nccl.ib_hca
+    else:
+        env["NCCL_IB_DISABLE"] = "1"
+    if spec.nccl.socket_ifname:
+        env["NCCL_SOCKET_IFNAME"] = spec.nccl.socket_ifname
+    env.update(spec.nccl.env)
+    return env
+
+
+def _master_addr(job: OmniTrainingJob, attempt: int) -> str:
+    host = pod_name(job.metadata.name, attempt=attempt, rank=0)
+    return f"{host}.{job.metadata.name}.{_namespace(job)}.svc"
+
+
+def torchrun_command(job: OmniTrainingJob, node: PlacedNode, *, attempt: int) -> list[str]:
+    """Static rendezvous: the node rank is placement's, not first-come. No in-pod restarts: the
+    operator restarts the whole job (so every rank resumes from the same checkpoint)."""
+    spec = job.spec
+    return [
+        "torchrun",
+        f"--nnodes={spec.nodes}",
+        f"--node-rank={node.rank}",
+        f"--nproc-per-node={spec.procs_per_node}",
+        f"--master-addr={_master_addr(job, attempt)}",
+        f"--master-port={RDZV_PORT}",
+        "--max-restarts=0",
+        "-m",
+        "omni_trainer.cli",
+        "train",
+        CONFIG_PATH,
+    ]
+
+
+def render_pod(job: OmniTrainingJob, node: PlacedNode, *, attempt: int, gang: bool = True) -> Obj:
+    """The pod of one node rank (``gang`` adds the Volcano/Kueue group wiring if configured)."""
+    spec, sched, res = job.spec, job.spec.scheduling, job.spec.resources
+    name = pod_name(job.metadata.name, attempt=attempt, rank=node.rank)
+    labels = {LABEL_RANK: str(node.rank), LABEL_ATTEMPT: str(attempt)}
+    annotations = {ANNOTATION_NODE: node.name}
+    if gang and sched.kueue_queue:
+        labels["kueue.x-k8s.io/queue-name"] = sched.kueue_queue
+        labels["kueue.x-k8s.io/pod-group-name"] = _gang_name(job, attempt)
+        annotations["kueue.x-k8s.io/pod-group-total-count"] = str(spec.nodes)
+    if gang and sched.volcano_gang:
+        annotations["scheduling.k8s.io/group-name"] = _gang_name(job, attempt)
+    meta = _meta(job, name, labels)
+    meta["annotations"] = annotations
+
+    limits: Obj = {}
+    if spec.gpus_per_node:
+        limits[res.gpu_resource_name] = str(spec.gpus_per_node)
+    if res.rdma is not None:
+        limits[res.rdma.resource_name] = str(res.rdma.count)
+    requests = dict(limits)
+    if res.cpu is not None:
+        requests["cpu"] = str(res.cpu)
+    if res.memory is not None:
+        requests["memory"] = limits["memory"] = str(res.memory)
+
+    env = [{"name": k, "value": v} for k, v in {**rank_env(job, node, attempt=attempt)}.items()]
+    env += [{"name": k, "value": v} for k, v in nccl_env(job).items()]
+    env += [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "OMNI_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+    ]
+    container: Obj = {
+        "name": "trainer",
+        "image": spec.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": torchrun_command(job, node, attempt=attempt),
+        "env": env,
+        "ports": [{"name": "rendezvous", "containerPort": RDZV_PORT, "protocol": "TCP"}],
+        "resources": {k: v for k, v in (("limits", limits), ("requests", requests)) if v},
+        "volumeMounts": [
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+        ],
+        "securityContext": _container_security(job),
+    }
+    pod_spec: Obj = {
+        "hostname": name,
+        "subdomain": job.metadata.name,
+        "restartPolicy": "Never",
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 60,
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": [node.name]}
+                            ]
+                        }
+                    ]
+                }
+            }
+        },
+        "tolerations": _tolerations(job),
+        "securityContext": _pod_security(job),
+        "containers": [container],
+        "volumes": [
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": str(res.shm_size)}},
+            {
+                "name": "config",
+                "configMap": {"name": config_map_name(job.metadata.name)},
+            },
+        ],
+    }
+    if sched.node_selector:
+        pod_spec["nodeSelector"] = dict(sched.node_selector)
+    scheduler = sched.scheduler_name or ("volcano" if sched.volcano_gang else None)
+    if scheduler:
+        pod_spec["schedulerName"] = scheduler
+    if sched.priority_class_name:
+        pod_spec["priorityClassName"] = sched.priority_class_name
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+
+def _tolerations(job: OmniTrainingJob) -> list[Obj]:
+    """The user's tolerations, plus node-lost tolerations shortened from Kubernetes' default
+    300 s to ``nodeLostGraceSeconds`` so the kubelet-side eviction agrees with the operator."""
+    out = [t.model_dump(mode="json", exclude_none=True) for t in job.spec.scheduling.tolerations]
+    grace = job.spec.restart_policy.node_lost_grace_seconds
+    for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"):
+        out.append(
+            {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": grace}
+        )
+    return out
+
+
+def _pod_security(job: OmniTrainingJob) -> Obj:
+    """Non-root unless RDMA is used: registering IB memory needs IPC_LOCK, which a non-root
+    process does not get from the bounding set."""
+    if job.spec.resources.rdma is not None:
+        return {"seccompProfile": {"type": "RuntimeDefault"}}
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": TRAINER_UID,
+        "runAsGroup": TRAINER_UID,
+        "fsGroup": TRAINER_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _container_security(job: OmniTrainingJob) -> Obj:
+    caps: Obj = {"drop": ["ALL"]}
+    if job.spec.resources.rdma is not None:
+        caps["add"] = ["IPC_LOCK"]
+    return {"allowPrivilegeEscalation": False, "capabilities": caps}
+
+
+def render_all(job: OmniTrainingJob, placement: Placement, *, attempt: int = 0) -> list[Obj]:
+    """Every object of one attempt, in creation order: ConfigMap, Service, [PodGroup], Pods."""
+    objs = [render_config_map(job), render_service(job)]
+    if job.spec.scheduling.volcano_gang:
+        objs.append(render_pod_group(job, attempt=attempt))
+    objs += [render_pod(job, node, attempt=attempt) for node in placement.nodes]
+    return objs

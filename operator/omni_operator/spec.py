@@ -1,0 +1,355 @@
+"""The ``OmniTrainingJob`` resource: ``spec.trainer`` (the trainer's model) plus cluster settings.
+
+One pydantic model tree is the source of truth: the CRD schema is generated from it
+(``omni_operator.crd``) and the operator validates every job with it. Field-level errors come
+from pydantic; cross-field checks (layout vs. nodes, groups vs. topology) run in
+:meth:`OmniTrainingJobSpec._check_layout` and report the exact field path, so a rejected job's
+status names what to change.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from omni_trainer.config import ManifestError, Metadata, TrainerConfig, format_errors
+from omni_trainer.config_base import Spec
+from omni_trainer.distributed.layout import layout_for
+
+GROUP = "omni.megascale.io"
+VERSION = "v1alpha1"
+PLURAL = "omnitrainingjobs"
+DEFAULT_IMAGE = "ghcr.io/megascale-omni/trainer:0.1.0"
+
+# Kubernetes quantity (resource.Quantity): digits, optional fraction, optional suffix.
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei|[eE][0-9]+)?$")
+# A qualified name as used by labels and extended resources: [prefix/]name.
+_QUALIFIED = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# Env the operator sets on every trainer container; users must not override it.
+RESERVED_ENV = frozenset(
+    {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK"}
+)
+RESERVED_ENV_PREFIXES = ("OMNI_", "TORCHELASTIC_")
+
+
+def _check_quantity(v: int | str) -> int | str:
+    if isinstance(v, int):
+        if v < 0:
+            raise ValueError(f"{v} is negative; a quantity is >= 0")
+        return v
+    if not _QUANTITY.match(v):
+        raise ValueError(f"{v!r} is not a Kubernetes quantity (examples: 8, 500m, 64Gi, 1.5T)")
+    return v
+
+
+Quantity = Annotated[int | str, AfterValidator(_check_quantity)]
+QualifiedName = Annotated[str, Field(pattern=_QUALIFIED, max_length=316)]
+
+
+class RdmaConfig(Spec):
+    """RDMA/InfiniBand devices per node (a device plugin's extended resource)."""
+
+    resource_name: QualifiedName = Field(
+        "rdma/ib", description="extended resource of the RDMA device plugin, e.g. rdma/ib"
+    )
+    count: int = Field(1, ge=1, description="devices per pod (one pod per node)")
+
+
+class ResourcesConfig(Spec):
+    """What every trainer pod asks for; GPUs come from ``gpusPerNode``."""
+
+    gpu_resource_name: QualifiedName = Field(
+        "nvidia.com/gpu", description="extended resource that counts GPUs"
+    )
+    rdma: RdmaConfig | None = Field(None, description="RDMA/IB devices; unset: TCP sockets")
+    cpu: Quantity | None = Field(None, description="CPU request per pod (e.g. 96)")
+    memory: Quantity | None = Field(None, description="memory request and limit per pod")
+    shm_size: Quantity = Field(
+        "64Gi", description="size of /dev/shm (memory-backed; NCCL and data loaders use it)"
+    )
+
+
+class TopologyConfig(Spec):
+    """How the cluster's network is labelled, and how large a reorder group is."""
+
+    network_domain_labels: list[QualifiedName] = Field(
+        default_factory=list,
+        description="node label keys naming network domains, coarse to fine (e.g. "
+        "topology.kubernetes.io/zone, then a spine label); nodes of one reorder group share "
+        "all of them",
+    )
+    reorder_group_size: int | None = Field(
+        None,
+        ge=1,
+        description="nodes per grouped-reordering group, each kept inside one network "
+        "domain; default: all nodes",
+    )
+
+    @field_validator("network_domain_labels")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        dup = sorted({k for k in v if v.count(k) > 1})
+        if dup:
+            raise ValueError(f"label keys must be unique; duplicated: {dup}")
+        return v
+
+
+class Toleration(Spec):
+    """A Kubernetes toleration (the subset a training job needs)."""
+
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+
+
+class SchedulingConfig(Spec):
+    """Scheduler, priority and gang admission."""
+
+    scheduler_name: str | None = Field(None, description="default: the cluster's scheduler")
+    priority_class_name: str | None = None
+    kueue_queue: str | None = Field(
+        None, description="Kueue LocalQueue; the pods are admitted as one pod group"
+    )
+    volcano_gang: bool = Field(
+        False, description="create a Volcano PodGroup (minMember = nodes) and use Volcano"
+    )
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list)
+
+
+class NcclConfig(Spec):
+    """NCCL settings; ``env`` is applied last, so it overrides what the operator derives."""
+
+    env: dict[Annotated[str, Field(pattern=_ENV_NAME)], str] = Field(
+        default_factory=dict, description="extra NCCL_* (or other) environment variables"
+    )
+    ib_hca: str | None = Field(None, description="NCCL_IB_HCA, e.g. mlx5_0,mlx5_1")
+    socket_ifname: str | None = Field(None, description="NCCL_SOCKET_IFNAME, e.g. eth0")
+
+
+class BackoffConfig(Spec):
+    """Delay before restart n: ``min(base * 2**(n-1), max)`` seconds."""
+
+    base: float = Field(10.0, ge=0)
+    max: float = Field(600.0, ge=0)
+
+    @field_validator("max")
+    @classmethod
+    def _max_at_least_base(cls, v: float, info: Any) -> float:
+        base = info.data.get("base")
+        if base is not None and v < base:
+            raise ValueError(f"max ({v}) must be >= base ({base})")
+        return v
+
+
+class RestartPolicyConfig(Spec):
+    """Whole-job restarts from the latest complete checkpoint."""
+
+    budget: int = Field(
+        10, ge=0, description="restarts allowed without progress; a newer checkpoint refills it"
+    )
+    backoff_seconds: BackoffConfig = BackoffConfig()
+    non_retryable_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] = Field(
+        default_factory=list, description="container exit codes that fail the job at once"
+    )
+    hang_timeout_seconds: int = Field(
+        1800, ge=60, description="no step progress for this long counts as a hang"
+    )
+    node_lost_grace_seconds: int = Field(
+        60, ge=5, description="a node NotReady/unreachable this long counts as lost"
+    )
+
+
+class OmniTrainingJobSpec(Spec):
+    """``spec`` of an OmniTrainingJob: the trainer config plus where and how it runs."""
+
+    trainer: TrainerConfig
+    image: str = Field(DEFAULT_IMAGE, min_length=1, description="trainer container image")
+    nodes: int = Field(1, ge=1, description="pods, one per node")
+    gpus_per_node: int = Field(
+        8, ge=0, description="GPUs (= trainer processes) per node; 0: one CPU process per pod"
+    )
+    resources: ResourcesConfig = ResourcesConfig()
+    topology: TopologyConfig = TopologyConfig()
+    scheduling: SchedulingConfig = SchedulingConfig()
+    nccl: NcclConfig = NcclConfig()
+    restart_policy: RestartPolicyConfig = RestartPolicyConfig()
+    suspend: bool = Field(False, description="delete the pods and keep the job (resumable)")
+
+    @property
+    def procs_per_node(self) -> int:
+        """Trainer processes per pod: one per GPU, or one on a CPU-only pod."""
+        return max(self.gpus_per_node, 1)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+    @property
+    def group_size(self) -> int:
+        """Nodes per reorder group (the whole job when unset)."""
+        return self.topology.reorder_group_size or self.nodes
+
+    @model_validator(mode="after")
+    def _check_layout(self) -> OmniTrainingJobSpec:
+        problems = layout_problems(self)
+        if problems:
+            raise _errors(type(self).__name__, problems)
+        return self
+
+
+Loc = tuple[str | int, ...]
+_TP: Loc = ("trainer", "parallelism", "tensor")
+_PP: Loc = ("trainer", "parallelism", "pipeline")
+
+
+def layout_problems(spec: OmniTrainingJobSpec) -> list[tuple[Loc, str]]:
+    """Cross-field problems of a spec, each with the path (relative to ``spec``) to change."""
+    par = spec.trainer.parallelism
+    tp, pp, cp = par.tensor, par.pipeline, par.context
+    g, n = spec.procs_per_node, spec.nodes
+    model = tp * pp * cp
+    out: list[tuple[Loc, str]] = []
+    if tp > g or g % tp:
+        out.append(
+            (
+                _TP,
+                f"tensor ({tp}) must divide the processes per node ({g} = gpusPerNode) so "
+                "that each tensor-parallel and encoder sequence-parallel group stays inside "
+                "one node",
+            )
+        )
+    if spec.world_size % model:
+        out.append(
+            (
+                ("nodes",),
+                f"nodes x gpusPerNode ({n} x {g} = {spec.world_size}) must be a multiple of "
+                f"trainer.parallelism tensor x pipeline x context ({tp} x {pp} x {cp} = "
+                f"{model})",
+            )
+        )
+    elif n % pp and pp % n:
+        out.append(
+            (
+                _PP,
+                f"pipeline ({pp}) and nodes ({n}) must divide one another so that every "
+                "pipeline stage occupies whole nodes (or every node whole stages)",
+            )
+        )
+    G = spec.group_size
+    if n % G:
+        out.append(
+            (
+                ("topology", "reorderGroupSize"),
+                f"reorderGroupSize ({G}) must divide nodes ({n})",
+            )
+        )
+    elif n % pp == 0 and (n // pp) % G and G % (n // pp):
+        per_stage = n // pp
+        out.append(
+            (
+                ("topology", "reorderGroupSize"),
+                f"reorderGroupSize ({G}) must divide or be a multiple of the nodes per "
+                f"pipeline stage ({n} / pipeline {pp} = {per_stage}), so a group never "
+                "straddles a stage boundary",
+            )
+        )
+    sched = spec.scheduling
+    if sched.kueue_queue and sched.volcano_gang:
+        out.append(
+            (
+                ("scheduling", "kueueQueue"),
+                "kueueQueue and volcanoGang both ask for gang admission; choose one",
+            )
+        )
+    if sched.volcano_gang and sched.scheduler_name not in (None, "volcano"):
+        out.append(
+            (
+                ("scheduling", "schedulerName"),
+                f"volcanoGang needs the Volcano scheduler; schedulerName is "
+                f"{sched.scheduler_name!r} (leave it unset or set 'volcano')",
+            )
+        )
+    for name in spec.nccl.env:
+        if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES):
+            out.append(
+                (
+                    ("nccl", "env", name),
+                    f"{name} is set by the operator (rank and rendezvous wiring); remove it",
+                )
+            )
+    if not out:  # the trainer's own checks assume a consistent world size
+        out.extend(_trainer_problems(spec))
+    return out
+
+
+_PATH_HEAD = re.compile(r"^spec\.([A-Za-z0-9_.]+?)(?: \(|=|: )")
+
+
+def _trainer_problems(spec: OmniTrainingJobSpec) -> list[tuple[Loc, str]]:
+    """The trainer's layout checks at this job's world size (batch sizes, layer split)."""
+    try:
+        layout_for(spec.trainer, spec.world_size)
+    except ManifestError as err:
+        msg = str(err).replace("--nproc", "nodes x gpusPerNode")
+        m = _PATH_HEAD.match(msg)
+        if not m:
+            return [(("trainer", "parallelism"), f"{msg} (world size {spec.world_size})")]
+        *parents, leaf = m.group(1).split(".")
+        msg = leaf + msg[m.end(1) :]  # the path goes into loc; keep the field's name
+        return [((*parents, leaf), f"{msg} (world size {spec.world_size})")]
+    return []
+
+
+class OmniTrainingJob(Spec):
+    """A whole OmniTrainingJob object as the operator validates it."""
+
+    model_config = Spec.model_config | {"extra": "ignore"}  # status, kopf bookkeeping
+    api_version: Literal["omni.megascale.io/v1alpha1"] = Field(alias="apiVersion")
+    kind: Literal["OmniTrainingJob"]
+    metadata: Metadata
+    spec: OmniTrainingJobSpec
+
+    @field_validator("metadata")
+    @classmethod
+    def _name_fits_children(cls, v: Metadata) -> Metadata:
+        # Pods are <name>-node-<rank> (hostnames <= 63) and the Service is <name>
+        # (an RFC 1035 label: it starts with a letter).
+        if len(v.name) > 50:
+            msg = (
+                f"{v.name!r} is {len(v.name)} characters; at most 50 leave room for the pod "
+                "suffix -a<attempt>-n<rank>"
+            )
+            raise _errors("Metadata", [(("name",), msg)])
+        if not v.name[0].isalpha():
+            raise _errors("Metadata", [(("name",), f"{v.name!r} must start with a letter")])
+        return v
+
+
+def _errors(title: str, problems: list[tuple[Loc, str]]) -> ValidationError:
+    """A ValidationError with one entry per problem at its own path (relative to the model
+    being validated; pydantic prefixes the parents' path)."""
+    return ValidationError.from_exception_data(
+        title,
+        [
+            InitErrorDetails(
+                type=PydanticCustomError("semantic", "{msg}", {"msg": msg}), loc=loc, input=None
+            )
+            for loc, msg in problems
+        ],
+    )
+
+
+def parse_job(doc: Any) -> OmniTrainingJob:
+    """Validate a whole OmniTrainingJob; :class:`ManifestError` lists every bad field path."""
+    if not isinstance(doc, dict):
+        raise ManifestError("the manifest must be a mapping with apiVersion, kind, spec")
+    try:
+        return OmniTrainingJob.model_validate(doc)
+    except ValidationError as err:
+        raise ManifestError(format_errors(err)) from None

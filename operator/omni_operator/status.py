@@ -1,0 +1,67 @@
+"""``status`` of an OmniTrainingJob: written by the operator, read by ``kubectl get`` and users.
+
+Modelled like the spec so that the CRD's status schema is generated, not hand-written.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from omni_trainer.config_base import Spec
+
+Phase = Literal["Pending", "Placing", "Running", "Restarting", "Succeeded", "Failed", "Suspended"]
+
+
+class Condition(Spec):
+    """A Kubernetes-style condition (``type`` is e.g. Valid, Placed, Running, Complete)."""
+
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(description="CamelCase machine-readable cause")
+    message: str = ""
+    last_transition_time: str | None = None
+    observed_generation: int | None = None
+
+
+class RestartRecord(Spec):
+    """One whole-job restart and why it happened."""
+
+    attempt: int = Field(ge=1)
+    reason: str = Field(description="NodeLost, PodFailed, PodEvicted, PodDeleted, Hang, ...")
+    message: str = ""
+    time: str | None = None
+    nodes: list[str] = Field(default_factory=list, description="nodes involved in the failure")
+    from_step: int | None = Field(None, description="checkpoint step the restart resumes from")
+
+
+class CheckpointStatus(Spec):
+    """The latest complete checkpoint the trainer reported."""
+
+    step: int = Field(ge=0)
+    path: str | None = None
+    time: str | None = None
+
+
+class OmniTrainingJobStatus(Spec):
+    """What the operator last observed and decided."""
+
+    phase: Phase | None = None
+    message: str | None = None
+    observed_generation: int | None = None
+    attempt: int = Field(0, ge=0, description="restart attempt of the running pods (0: first)")
+    restarts: int = Field(0, ge=0)
+    restart_budget_left: int | None = None
+    step: int | None = None
+    tokens_per_second: float | None = None
+    mfu: float | None = None
+    last_checkpoint: CheckpointStatus | None = None
+    placement: list[str] = Field(default_factory=list, description="node names by node rank")
+    quarantined_nodes: list[str] = Field(default_factory=list)
+    conditions: list[Condition] = Field(default_factory=list)
+    restart_history: list[RestartRecord] = Field(default_factory=list)
+    start_time: str | None = None
+    completion_time: str | None = None
+    # kopf keeps handler progress here; its shape is kopf's, so it is not modelled.
+    kopf: dict[str, Any] | None = None
