@@ -5,8 +5,8 @@ BIN    := $(VENV)/bin
 # The CPU build for this machine; GPU images pin their CUDA build instead (dockerfiles/).
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= trainer,operator,test
-STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 comma  := ,
+STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 PYTEST_ARGS ?=
 
 .PHONY: setup demo test lint format clean bench-multiplex

@@ -25,8 +25,10 @@ def render(
         str | None, typer.Option(help="namespace when the manifest has none")
     ] = None,
 ) -> None:
-    """Print what the operator would create for MANIFEST on these nodes (like `helm template`),
-    with the placement explained in comments."""
+    """Print the objects the operator would create on these nodes, placement explained.
+
+    Like `helm template`: YAML documents on stdout, the placement as comments at the top.
+    """
     from omni_operator.placement import PlacementError, place
     from omni_operator.render import render_all
     from omni_operator.spec import parse_job

@@ -90,7 +90,7 @@ def place(
         The placement, deterministic for the same inputs (in any order).
     """
     labels = tuple(spec.topology.network_domain_labels)
-    quarantined = set(quarantined)
+    avoid = set(quarantined)
     usable: dict[Domain, list[str]] = {}
     skipped: dict[str, str] = {}
     domain_of: dict[str, Domain] = {}
@@ -103,7 +103,7 @@ def place(
             continue
         domain = tuple(node_labels[k] for k in labels)
         domain_of[name] = domain
-        reason = _unusable(node, spec, quarantined)
+        reason = _unusable(node, spec, avoid)
         if reason:
             skipped[name] = reason
         else:
@@ -158,9 +158,9 @@ def _choose(
     children: dict[str, int] = {}
     for d, c in below.items():
         children[d[level]] = children.get(d[level], 0) + c
-    fitting = sorted((c, _natural(v)) for v, c in children.items() if c >= need)
+    fitting = sorted((c, _natural(v), v) for v, c in children.items() if c >= need)
     if fitting:
-        value = _unnatural(fitting[0][1])
+        value = fitting[0][2]
         return _choose(capacity, need, level=level + 1, prefix=(*prefix, value))
     out: list[Domain] = []
     for value, cap in sorted(children.items(), key=lambda kv: (-kv[1], _natural(kv[0]))):
@@ -306,7 +306,3 @@ def _natural(s: str) -> tuple[Any, ...]:
     """Sort key where n2 < n10; ties broken by the raw string so the key is injective."""
     parts = re.split(r"(\d+)", s)
     return (*((0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts), s)
-
-
-def _unnatural(key: tuple[Any, ...]) -> str:
-    return key[-1]

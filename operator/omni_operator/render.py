@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from omni_operator.placement import Placement, PlacedNode
+from omni_operator.placement import PlacedNode, Placement
 from omni_operator.spec import GROUP, VERSION, OmniTrainingJob
 
 Obj = dict[str, Any]
@@ -205,7 +205,7 @@ def render_pod(job: OmniTrainingJob, node: PlacedNode, *, attempt: int, gang: bo
     if res.memory is not None:
         requests["memory"] = limits["memory"] = str(res.memory)
 
-    env = [{"name": k, "value": v} for k, v in {**rank_env(job, node, attempt=attempt)}.items()]
+    env = [{"name": k, "value": v} for k, v in rank_env(job, node, attempt=attempt).items()]
     env += [{"name": k, "value": v} for k, v in nccl_env(job).items()]
     env += [
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},

@@ -27,7 +27,10 @@ DEFAULT_IMAGE = "ghcr.io/megascale-omni/trainer:0.1.0"
 # Kubernetes quantity (resource.Quantity): digits, optional fraction, optional suffix.
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei|[eE][0-9]+)?$")
 # A qualified name as used by labels and extended resources: [prefix/]name.
-_QUALIFIED = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+_QUALIFIED = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
 _ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # Env the operator sets on every trainer container; users must not override it.
 RESERVED_ENV = frozenset(

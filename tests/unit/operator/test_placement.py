@@ -125,7 +125,7 @@ def test_without_labels_any_usable_nodes_do() -> None:
     nodes = [node(f"n{i}", zone=None, spine=None) for i in range(3)]
     p = place(nodes, _spec(nodes=2))
     assert p.names == ["n0", "n1"] and p.nodes[0].domain == ()
-    with pytest.raises(PlacementError, match="cannot place 4 nodes .*: 3 usable"):
+    with pytest.raises(PlacementError, match=r"cannot place 4 nodes .*: 3 usable"):
         place(nodes, _spec(nodes=4))
 
 
@@ -154,7 +154,7 @@ def test_tolerations_selectors_and_rdma() -> None:
     untolerated = spec.model_copy(
         update={"scheduling": spec.scheduling.model_copy(update={"tolerations": []})}
     )
-    with pytest.raises(PlacementError, match="taint nvidia.com/gpu=present:NoSchedule"):
+    with pytest.raises(PlacementError, match=r"taint nvidia\.com/gpu=present:NoSchedule"):
         place(nodes, untolerated)
 
 

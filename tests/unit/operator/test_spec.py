@@ -161,8 +161,11 @@ def test_all_problems_are_reported_at_once() -> None:
     doc = _with(_vlm(), "spec.nodes", 3)
     doc = _with(doc, "spec.nccl.env", {"RANK": "1"})
     doc = _with(doc, "spec.resources.memory", "lots")
-    message = str(pytest.raises(ManifestError, parse_job, doc).value)
-    assert "spec.resources.memory:" in message  # pydantic's own checks...
+    with pytest.raises(ManifestError) as info:
+        parse_job(doc)
+    assert "spec.resources.memory:" in str(info.value)  # pydantic's own checks...
     # ...stop the semantic ones (they need a well-formed spec); fixing it shows both of those.
-    message = str(pytest.raises(ManifestError, parse_job, _with(doc, "spec.resources", {})).value)
+    with pytest.raises(ManifestError) as info:
+        parse_job(_with(doc, "spec.resources", {}))
+    message = str(info.value)
     assert "spec.trainer.parallelism.pipeline:" in message and "spec.nccl.env.RANK:" in message

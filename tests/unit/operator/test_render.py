@@ -1,0 +1,229 @@
+"""Rendering: valid Kubernetes objects, wired for torchrun, pinned to the placed nodes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from omni_operator.placement import place
+from omni_operator.render import (
+    CONFIG_FILE,
+    LABEL_JOB,
+    render_all,
+    render_config_map,
+)
+from omni_operator.spec import OmniTrainingJob, parse_job
+from omni_trainer.config import parse_manifest
+
+from ...conftest import EXAMPLES
+from .nodes import SPINE, ZONE, cluster
+
+DATA = Path(__file__).parent / "data"
+K8S_VERSIONS = ["1.31.0", kubernetes_validate.latest_version()]
+
+
+def _job(uid: str | None = "5f1c-uid", **spec: Any) -> OmniTrainingJob:
+    doc = yaml.safe_load((EXAMPLES / "vlm-7b.yaml").read_text())
+    doc["metadata"].update(namespace="ml", **({"uid": uid} if uid else {}))
+    doc["spec"].update(
+        nodes=4,
+        gpusPerNode=8,
+        topology={"networkDomainLabels": [ZONE, SPINE], "reorderGroupSize": 2},
+        **spec,
+    )
+    doc["spec"]["trainer"]["data"]["globalBatchSize"] = 16
+    return parse_job(doc)
+
+
+RDMA = {
+    "resources": {
+        "rdma": {"resourceName": "rdma/ib", "count": 1},
+        "cpu": 96,
+        "memory": "1000Gi",
+        "shmSize": "128Gi",
+    },
+    "nccl": {"ibHca": "mlx5_0,mlx5_1", "socketIfname": "eth0", "env": {"NCCL_DEBUG": "WARN"}},
+    "scheduling": {
+        "volcanoGang": True,
+        "priorityClassName": "training",
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+    },
+}
+
+
+def _objects(job: OmniTrainingJob, attempt: int = 0) -> list[dict[str, Any]]:
+    nodes = cluster({("z1", "a"): 2, ("z1", "b"): 2, ("z2", "c"): 4})
+    for n in nodes:
+        n["metadata"]["labels"]["kubernetes.io/os"] = "linux"
+        n["status"]["allocatable"]["rdma/ib"] = "1"
+    return render_all(job, place(nodes, job.spec), attempt=attempt)
+
+
+CASES = {
+    "plain": {},
+    "rdma-volcano": RDMA,
+    "kueue": {"scheduling": {"kueueQueue": "team-a", "schedulerName": "default-scheduler"}},
+    "no-uid": None,
+}
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize("case", CASES)
+def test_objects_pass_kubernetes_validate_strict(case: str, version: str) -> None:
+    job = _job(uid=None) if CASES[case] is None else _job(**CASES[case])
+    objs = _objects(job, attempt=3)
+    kinds = [o["kind"] for o in objs]
+    assert kinds[:2] == ["ConfigMap", "Service"] and kinds.count("Pod") == 4
+    for obj in objs:
+        if obj["apiVersion"].startswith("scheduling.volcano.sh/"):
+            assert obj["spec"]["minMember"] == 4  # a CRD kubernetes-validate does not know
+            continue
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_pods_are_wired_for_torchrun() -> None:
+    job = _job()
+    pods = [o for o in _objects(job, attempt=2) if o["kind"] == "Pod"]
+    master = "vlm-7b-a2-n0.vlm-7b.ml.svc"
+    for rank, pod in enumerate(pods):
+        spec = pod["spec"]
+        (container,) = spec["containers"]
+        assert pod["metadata"]["name"] == spec["hostname"] == f"vlm-7b-a2-n{rank}"
+        assert spec["subdomain"] == "vlm-7b" and spec["restartPolicy"] == "Never"
+        cmd = container["command"]
+        assert cmd[:4] == ["torchrun", "--nnodes=4", f"--node-rank={rank}", "--nproc-per-node=8"]
+        assert f"--master-addr={master}" in cmd and cmd[-2:] == ["train", "/etc/omni/job.yaml"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["OMNI_NODE_RANK"] == str(rank) and env["OMNI_RESTART_ATTEMPT"] == "2"
+        assert env["OMNI_RESUME"] == "auto" and env["MASTER_ADDR"] == master
+        assert env["OMNI_PIPELINE_STAGES"] == str(rank // 2)
+        assert env["OMNI_REORDER_GROUP"] == str(rank // 2)
+        assert env["NCCL_IB_DISABLE"] == "1"  # no RDMA asked for
+        assert container["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+        terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        (field,) = terms["nodeSelectorTerms"][0]["matchFields"]
+        assert field["values"] == [pod["metadata"]["annotations"]["omni.megascale.io/placed-node"]]
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        owner = pod["metadata"]["ownerReferences"][0]
+        assert (owner["kind"], owner["uid"], owner["controller"]) == (
+            "OmniTrainingJob",
+            "5f1c-uid",
+            True,
+        )
+        assert pod["metadata"]["labels"][LABEL_JOB] == "vlm-7b"
+    placed = [p["metadata"]["annotations"]["omni.megascale.io/placed-node"] for p in pods]
+    assert len(set(placed)) == 4
+
+
+def test_rdma_nccl_shm_and_gang_settings() -> None:
+    objs = _objects(_job(**RDMA))
+    group = next(o for o in objs if o["kind"] == "PodGroup")
+    pod = next(o for o in objs if o["kind"] == "Pod")
+    (container,) = pod["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["NCCL_IB_HCA"] == "mlx5_0,mlx5_1" and env["NCCL_IB_DISABLE"] == "0"
+    assert env["NCCL_SOCKET_IFNAME"] == "eth0" and env["NCCL_DEBUG"] == "WARN"
+    assert container["resources"] == {
+        "limits": {"nvidia.com/gpu": "8", "rdma/ib": "1", "memory": "1000Gi"},
+        "requests": {"nvidia.com/gpu": "8", "rdma/ib": "1", "cpu": "96", "memory": "1000Gi"},
+    }
+    assert container["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+    shm = next(v for v in pod["spec"]["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "128Gi"}
+    assert pod["spec"]["schedulerName"] == "volcano"
+    assert (
+        pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == group["metadata"]["name"]
+    )
+    tolerations = pod["spec"]["tolerations"]
+    assert tolerations[0] == {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    assert {t["key"]: t["tolerationSeconds"] for t in tolerations[1:]} == {
+        "node.kubernetes.io/not-ready": 60,
+        "node.kubernetes.io/unreachable": 60,
+    }
+
+
+def test_kueue_pod_group_labels() -> None:
+    pods = [o for o in _objects(_job(scheduling={"kueueQueue": "team-a"})) if o["kind"] == "Pod"]
+    for pod in pods:
+        assert pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+        assert pod["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] == "vlm-7b-a0"
+        assert pod["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "4"
+
+
+def test_config_map_is_a_manifest_the_trainer_reads() -> None:
+    job = _job()
+    data = render_config_map(job)["data"][CONFIG_FILE]
+    manifest = parse_manifest(yaml.safe_load(data))
+    assert manifest.spec.trainer == job.spec.trainer
+    assert set(yaml.safe_load(data)["spec"]) == {"trainer"}  # cluster settings stay out
+
+
+def test_no_owner_reference_without_uid() -> None:
+    for obj in _objects(_job(uid=None)):
+        assert "ownerReferences" not in obj["metadata"]
+
+
+def test_cli_render_prints_objects_and_explanation() -> None:
+    from omni_trainer.cli import app
+
+    manifest = DATA / "vlm-16.yaml"
+    result = CliRunner().invoke(
+        app, ["render", str(manifest), "--nodes", str(DATA / "nodes-16.yaml"), "--quarantine", "n5"]
+    )
+    assert result.exit_code == 0, result.output
+    head, *docs = result.stdout.split("\n---\n")
+    assert "# reorder group 0 (node ranks 0-1, pipeline stage 0)" in head
+    assert "n5 quarantined" in head and "n2 NotReady" in head
+    objs = [yaml.safe_load(d) for d in docs]
+    assert [o["kind"] for o in objs] == ["ConfigMap", "Service", "PodGroup"] + ["Pod"] * 8
+    assert "n5" not in {
+        o["metadata"].get("annotations", {}).get("omni.megascale.io/placed-node") for o in objs
+    }
+
+
+def test_cli_render_explains_failures(tmp_path: Path) -> None:
+    from omni_trainer.cli import app
+
+    runner = CliRunner()
+    nodes = str(DATA / "nodes-16.yaml")
+    result = runner.invoke(
+        app,
+        [
+            "render",
+            str(DATA / "vlm-16.yaml"),
+            "--nodes",
+            nodes,
+            "--quarantine",
+            "n0",
+            "--quarantine",
+            "n4",
+            "--quarantine",
+            "n8",
+            "--quarantine",
+            "n12",
+            "--quarantine",
+            "n1",
+        ],
+    )
+    assert result.exit_code == 1
+    assert "cannot be placed" in result.stderr and "n1 quarantined" in result.stderr
+    bad = tmp_path / "bad.yaml"
+    doc = yaml.safe_load((DATA / "vlm-16.yaml").read_text())
+    doc["spec"]["nodes"] = 3
+    bad.write_text(yaml.safe_dump(doc))
+    result = runner.invoke(app, ["render", str(bad), "--nodes", nodes])
+    assert result.exit_code == 2
+    assert "spec.trainer.parallelism.pipeline:" in result.stderr
+
+
+def test_the_validator_is_strict_enough_to_catch_mistakes() -> None:
+    pod = next(o for o in _objects(_job()) if o["kind"] == "Pod")
+    pod["spec"]["containers"][0]["resource"] = {}  # a typo of "resources"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(pod, K8S_VERSIONS[0], strict=True)
