@@ -59,9 +59,27 @@ def run_scenario(doc: dict, steps: int, out: Path | None) -> dict:
 
     cfg = parse_manifest(doc).spec.trainer
     _, world, device = init_distributed()
-    groups = build_process_groups(ParallelDims.from_config(cfg.parallelism, world), device)
+    groups = build_process_groups(
+        ParallelDims.from_config(cfg.parallelism, world),
+        device,
+        reorder_group_size=cfg.data.reorder.group_size,
+    )
     trainer = Trainer(cfg, groups=groups, steps=steps)
-    losses, grads = [], {}
+    losses, grads, seen, moved = [], {}, [], []
+    next_local_batch = trainer.data.next_local_batch
+
+    def recording() -> list:
+        batch = next_local_batch()
+        seen.append(sorted(s.sample_id for seq in batch for s in seq.samples))
+        stats = trainer.data.last_stats
+        moved.append(
+            None
+            if stats is None
+            else [stats.bytes_moved, stats.max_over_mean_before, stats.max_over_mean_after]
+        )
+        return batch
+
+    trainer.data.next_local_batch = recording
     for step in range(steps):
         losses.append(trainer.train_step(step).loss)
         if step == 0:
@@ -69,9 +87,12 @@ def run_scenario(doc: dict, steps: int, out: Path | None) -> dict:
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         torch.save(grads, out / f"rank{dist.get_rank()}.pt")
+        (out / f"data{dist.get_rank()}.json").write_text(
+            json.dumps({"samples": seen, "reorder": moved, "dp_rank": groups.dp_rank})
+        )
         if dist.get_rank() == 0:
             (out / "losses.json").write_text(json.dumps(losses))
-    return {"losses": losses, "grads": grads}
+    return {"losses": losses, "grads": grads, "samples": seen}
 
 
 def main() -> None:

@@ -63,7 +63,7 @@ def run_worker(manifest: JobManifest, *, steps: int | None, summary_path: Path |
     rank, world_size, device = init_distributed()
     try:
         dims = layout_for(cfg, world_size)
-        groups = build_process_groups(dims, device)
+        groups = build_process_groups(dims, device, reorder_group_size=cfg.data.reorder.group_size)
         reporter = ConsoleReporter() if rank == 0 else NullReporter()
         trainer = Trainer(cfg, groups=groups, steps=steps or cfg.train.steps, reporter=reporter)
         summary = asdict(trainer.train())

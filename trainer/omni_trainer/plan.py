@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from omni_trainer.config import TrainerConfig
-from omni_trainer.data.loader import MultimodalStream
-from omni_trainer.data.packing import dp_slice, split_micro_batches
+from omni_trainer.data.loader import MultimodalStream, hosted_shards
+from omni_trainer.data.packing import split_micro_batches
 from omni_trainer.distributed.config import ParallelDims
 from omni_trainer.distributed.layout import layout_for
 from omni_trainer.multiplex.dataflow import DataflowTable, plan_dataflow, simulate
@@ -27,15 +27,22 @@ def plan_step(
 ) -> StepPlan:
     """The dataflow table of data-parallel replica 0 at ``step``, as the trainer would plan it."""
     dims = layout_for(cfg, world_size)
-    stream = MultimodalStream(
-        cfg.data,
-        seed=cfg.seed,
-        vocab_size=cfg.model.llm.vocab_size,
-        geometry=cfg.media_geometry(),
-    )
+    num_shards = cfg.data.shards_for(dims.dp)
+    streams = [  # replica 0's loaders; reordering between replicas is not shown
+        MultimodalStream(
+            cfg.data,
+            seed=cfg.seed,
+            vocab_size=cfg.model.llm.vocab_size,
+            geometry=cfg.media_geometry(),
+            shard=s,
+            num_shards=num_shards,
+        )
+        for s in hosted_shards(num_shards, 0, dims.dp)
+    ]
     for _ in range(step):
-        stream.next_global_batch()
-    local = dp_slice(stream.next_global_batch(), 0, dims.dp)
+        for stream in streams:
+            stream.next_batch()
+    local = [seq for stream in streams for seq in stream.next_batch()]
     micro = split_micro_batches(local, cfg.data.micro_batch_size)
     mbs, lengths = encoder_micro_batches(cfg.model, micro, stages=dims.pp * dims.vpp)
     table = plan_dataflow(

@@ -9,6 +9,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
+from omni_trainer.components.dataplane import DataPlane
 from omni_trainer.components.encoder_zero import EncoderZero
 from omni_trainer.components.model_flops import StepFlops, step_flops
 from omni_trainer.components.optim import (
@@ -21,8 +22,7 @@ from omni_trainer.components.progress import NullReporter, StepReporter
 from omni_trainer.components.throughput import resolve_peak_flops
 from omni_trainer.components.timing import PhaseTimer
 from omni_trainer.config import TrainerConfig
-from omni_trainer.data.loader import MultimodalStream
-from omni_trainer.data.packing import MicroBatch, collate, dp_slice, split_micro_batches
+from omni_trainer.data.packing import MicroBatch, PackedSequence, collate, split_micro_batches
 from omni_trainer.distributed.layout import check_layout
 from omni_trainer.mcore.parallel import ProcessGroups, schedule_kwargs, seed_everything
 from omni_trainer.models.omni import DeviceBatch, OmniModel, first_stage_input, to_device_batch
@@ -68,6 +68,8 @@ class RunSummary:
     wall_time_s: float
     mean_step_time_s: float
     parameters: dict[str, int] = field(default_factory=dict)
+    data_reorder: dict[str, object] = field(default_factory=dict)
+    """Reordering of sequences between data-parallel ranks: group size, method, traffic."""
     breakdown: list[dict[str, object]] = field(default_factory=list)
     """Per rank: mean seconds per step in each phase, and the peak encoder activation bytes."""
 
@@ -138,12 +140,10 @@ class Trainer:
         self.forward_backward = get_forward_backward_func()
         self.chunks[0].config.finalize_model_grads_func = self._finalize_grads
         self._schedule_kwargs = schedule_kwargs(self.chunks[0].config, self.timer)
-        self.stream = MultimodalStream(
-            cfg.data,
-            seed=cfg.seed,
-            vocab_size=cfg.model.llm.vocab_size,
-            geometry=cfg.media_geometry(),
+        self.data = DataPlane(
+            cfg, dp_rank=groups.dp_rank, dp_size=dims.dp, group=groups.reorder, device=self.device
         )
+        self.reorder_bytes: list[int] = []
         self.peak_flops, self.peak_source = resolve_peak_flops(
             self.device,
             world_size=dims.world_size,
@@ -177,13 +177,15 @@ class Trainer:
     def train_step(self, step: int) -> StepResult:
         start = time.perf_counter()
         with self.timer.span("data"):
-            global_batch = self.stream.next_global_batch()
-            flops: StepFlops = step_flops(self.cfg.model, global_batch)
+            local = self.data.next_local_batch()
+            tokens, training_flops = self._global_work(step_flops(self.cfg.model, local))
+            if self.data.last_stats is not None:
+                self.reorder_bytes.append(self.data.last_stats.bytes_moved)
         lr = lr_at(step, opt=self.cfg.optimizer, sched=self.cfg.lr_schedule, total_steps=self.steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=False)  # at the start: grads stay inspectable
-        loss = self.forward_backward_step(global_batch)
+        loss = self.forward_backward_step(local)
         with self.timer.span("sync"):
             grad_norm = clip_grad_norm(
                 self.llm_params,
@@ -206,13 +208,20 @@ class Trainer:
             lr=lr,
             grad_norm=grad_norm,
             seconds=seconds,
-            tokens=flops.tokens,
-            flops=flops.training,
+            tokens=tokens,
+            flops=training_flops,
             phases=phases,
             encoder_activation_peak_bytes=self.anchor.memory.take_peak(),
         )
 
-    def forward_backward_step(self, global_batch) -> float:
+    def _global_work(self, local: StepFlops) -> tuple[int, float]:
+        """Tokens and training FLOPs of the whole global batch (each replica saw its share)."""
+        work = torch.tensor([float(local.tokens), local.training], dtype=torch.float64)
+        if self.groups.dims.dp > 1:
+            dist.all_reduce(work, group=self.groups.dp)
+        return int(work[0].item()), float(work[1].item())
+
+    def forward_backward_step(self, local: list[PackedSequence]) -> float:
         """Forward and backward of this replica's micro-batches; returns the global mean loss.
 
         Every micro-batch loss is a sum over text targets divided by the number of text targets in
@@ -221,7 +230,7 @@ class Trainer:
         """
         dims = self.groups.dims
         with self.timer.span("data"):
-            table, works, micro = self._prepare(global_batch)
+            table, works, micro = self._prepare(local)
         self.anchor.begin_step(table, works)
         self.anchor.run_slot(PRE)
         self._forward_calls = 0
@@ -244,11 +253,12 @@ class Trainer:
                 dist.all_reduce(loss_sum)
         return float(loss_sum.item()) / self._global_tokens
 
-    def _prepare(self, global_batch) -> tuple[DataflowTable, list[EncoderWork], list[MicroBatch]]:
+    def _prepare(
+        self, local: list[PackedSequence]
+    ) -> tuple[DataflowTable, list[EncoderWork], list[MicroBatch]]:
         """This replica's micro-batches on the device, the global target count and the step's
         dataflow table with the LSSP plan of every encoder micro-batch."""
         dims = self.groups.dims
-        local = dp_slice(global_batch, self.groups.dp_rank, dims.dp)
         groups_of_seqs = split_micro_batches(local, self.cfg.data.micro_batch_size)
         micro = [collate(seqs, self.cfg.data.seq_length) for seqs in groups_of_seqs]
         self._batches = [to_device_batch(mb, self.device) for mb in micro]
@@ -327,13 +337,26 @@ class Trainer:
                 all_reduce_grads(self.encoder_params, self.groups.world)
 
     # -- results ----------------------------------------------------------------------------
+    def _global_counters(self) -> dict[str, dict[str, int]]:
+        """Samples and tokens per modality over all data-parallel replicas."""
+        mine = self.data.counters
+        everyone: list = [None] * self.groups.dims.dp
+        dist.all_gather_object(everyone, mine, group=self.groups.dp)
+        total: dict[str, dict[str, int]] = {}
+        for counters in everyone:
+            for key in ("samples_per_modality", "tokens_per_modality"):
+                bucket = total.setdefault(key, {})
+                for m, v in counters.get(key, {}).items():
+                    bucket[m] = bucket.get(m, 0) + v
+        return total
+
     def _summary(self, results: list[StepResult], wall: float) -> RunSummary:
         timed = results[1:] if len(results) > 1 else results  # step 1 pays one-off warmup
         seconds = sum(r.seconds for r in timed)
         tokens_per_s = sum(r.tokens for r in timed) / seconds
         achieved = sum(r.flops for r in timed) / seconds
         dims = self.groups.dims
-        counters = self.stream.counters
+        counters = self._global_counters()
         llm_params = torch.tensor(
             [
                 float(
@@ -387,4 +410,12 @@ class Trainer:
             mean_step_time_s=seconds / len(timed),
             parameters={"llm": int(llm_params.item()), "encoders": enc_params},
             breakdown=breakdown,
+            data_reorder={
+                "group_size": self.cfg.data.reorder.group_size,
+                "method": self.cfg.data.reorder.method,
+                "loader_shards": self.cfg.data.shards_for(dims.dp),
+                "bytes_moved_per_step": (
+                    sum(self.reorder_bytes) / len(self.reorder_bytes) if self.reorder_bytes else 0
+                ),
+            },
         )

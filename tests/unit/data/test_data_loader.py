@@ -28,7 +28,7 @@ def test_same_seed_same_batches_other_seed_differs(
     b = MultimodalStream(cfg, seed=7, vocab_size=256, geometry=geometry)
     c = MultimodalStream(cfg, seed=8, vocab_size=256, geometry=geometry)
     for _ in range(3):
-        fa, fb, fc = (fingerprint(s.next_global_batch()) for s in (a, b, c))
+        fa, fb, fc = (fingerprint(s.next_batch()) for s in (a, b, c))
         assert fa == fb
         assert fa != fc
     mb_a, mb_b = a.next_micro_batches(1, 2), b.next_micro_batches(1, 2)
@@ -59,19 +59,19 @@ def test_state_dict_round_trip_continues_identically(
     ref = MultimodalStream(cfg, seed=3, vocab_size=256, geometry=geometry)
     saved = None
     for _ in range(12):
-        ref.next_global_batch()
+        ref.next_batch()
         if ref.pending:
             saved = json.loads(json.dumps(ref.state_dict()))  # what a checkpoint would hold
             break
     assert saved is not None, "test needs pending chunks at a step boundary"
     assert saved["buffer"] and saved["pending"]
-    expected = [fingerprint(ref.next_global_batch()) for _ in range(4)]
+    expected = [fingerprint(ref.next_batch()) for _ in range(4)]
     resumed = MultimodalStream(cfg, seed=3, vocab_size=256, geometry=geometry)
     resumed.load_state_dict(saved)
-    assert [fingerprint(resumed.next_global_batch()) for _ in range(4)] == expected
+    assert [fingerprint(resumed.next_batch()) for _ in range(4)] == expected
     assert resumed.counters == ref.counters
     fresh = MultimodalStream(cfg, seed=3, vocab_size=256, geometry=geometry)
-    assert fingerprint(fresh.next_global_batch()) != expected[0]
+    assert fingerprint(fresh.next_batch()) != expected[0]
 
 
 def test_state_for_other_sources_or_seed_is_refused(

@@ -87,7 +87,7 @@ def test_stream_draws_follow_the_configured_mixture(
     cfg = make_config(mixture=[{"atTokens": 0, "weights": {"image": 2, "audio": 1, "text": 1}}])
     stream = MultimodalStream(cfg, seed=3, vocab_size=256, geometry=MediaGeometry())
     for _ in range(8):
-        stream.next_global_batch()
+        stream.next_batch()
     drawn = stream.counters["drawn_tokens_per_modality"]
     total = sum(drawn.values())
     assert drawn["image"] / total == pytest.approx(0.5, abs=0.02)

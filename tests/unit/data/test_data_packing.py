@@ -105,7 +105,7 @@ def test_no_sample_lost_or_duplicated_over_many_batches(
     seen: Counter[tuple[int, int, int]] = Counter()
     by_key: dict[tuple[int, int], list[Sample]] = {}
     for _ in range(25):
-        for seq in stream.next_global_batch():
+        for seq in stream.next_batch():
             end = 0
             assert seq.segments, "a sequence is never empty"
             for seg, s in zip(seq.segments, seq.samples, strict=True):
@@ -145,7 +145,7 @@ def test_batches_are_world_size_independent_and_split(
     make_config: Callable[..., DataConfig], geometry: MediaGeometry
 ) -> None:
     cfg = make_config()
-    batch = MultimodalStream(cfg, seed=1, vocab_size=256, geometry=geometry).next_global_batch()
+    batch = MultimodalStream(cfg, seed=1, vocab_size=256, geometry=geometry).next_batch()
     assert len(batch) == cfg.global_batch_size
     assert all(s.seq_length == cfg.seq_length for s in batch)
     parts = [dp_slice(batch, r, 4) for r in range(4)]

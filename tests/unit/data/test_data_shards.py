@@ -106,10 +106,7 @@ def test_oversized_media_is_skipped_and_long_text_chunked(
     with caplog.at_level(logging.WARNING, logger="omni_trainer.data.shards"):
         stream = MultimodalStream(cfg, seed=0, vocab_size=256, geometry=geometry)
         ids = [
-            seg.sample_id
-            for _ in range(6)
-            for seq in stream.next_global_batch()
-            for seg in seq.segments
+            seg.sample_id for _ in range(6) for seq in stream.next_batch() for seg in seq.segments
         ]
     assert stream.counters["skipped"]["img"] > 0
     assert "skipping" in caplog.text and "seqLength is 64" in caplog.text
@@ -152,12 +149,12 @@ def test_s3_round_trip_through_the_loader(s3_bucket: str, geometry: MediaGeometr
         }
     )
     a = MultimodalStream(cfg, seed=0, vocab_size=256, geometry=geometry)
-    batch = a.next_global_batch()
+    batch = a.next_batch()
     assert {s.modality for seq in batch for s in seq.samples} == {"image", "audio"}
     b = MultimodalStream(cfg, seed=0, vocab_size=256, geometry=geometry)
     b.load_state_dict(a.state_dict())
-    assert [s.sample_id for seq in a.next_global_batch() for s in seq.samples] == [
-        s.sample_id for seq in b.next_global_batch() for s in seq.samples
+    assert [s.sample_id for seq in a.next_batch() for s in seq.samples] == [
+        s.sample_id for seq in b.next_batch() for s in seq.samples
     ]
 
 

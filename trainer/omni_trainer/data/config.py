@@ -130,6 +130,16 @@ class MixturePoint(Spec):
         return v
 
 
+class ReorderConfig(Spec):
+    """Balance encoder and LLM work across data-parallel ranks inside network-local groups."""
+
+    group_size: int = Field(default=1, ge=1)
+    """Data-parallel ranks per reorder group (1: no reordering). Groups are consecutive ranks;
+    the operator places each group inside one network domain."""
+    method: Literal["kk", "lpt", "none"] = "kk"
+    """Karmarkar-Karp (balanced, with swap refinement), greedy LPT, or keep data in place."""
+
+
 class DataConfig(Spec):
     """Where samples come from, how they are mixed and how they are packed into sequences."""
 
@@ -144,6 +154,28 @@ class DataConfig(Spec):
     """Schedule of modality shares by tokens seen; default: equal shares over the sources."""
     pack_buffer: int = Field(default=64, ge=1)
     """Samples kept in the best-fit packing buffer."""
+    loader_shards: int | None = Field(default=None, ge=1)
+    """Decentralized loaders: each reads every ``loaderShards``-th sample of every source and
+    packs its own ``globalBatchSize / loaderShards`` sequences per step; a data-parallel rank
+    hosts ``loaderShards / dp`` of them. Default: one per data-parallel rank. Set it to keep the
+    global batch identical across data-parallel sizes that divide it (e.g. to compare layouts)."""
+    reorder: ReorderConfig = Field(default_factory=lambda: ReorderConfig())
+    """Grouped reordering of sequences between data-parallel ranks (PAPER.md technique 7)."""
+
+    def shards_for(self, dp_size: int) -> int:
+        """Loader shards of a run with ``dp_size`` data-parallel ranks."""
+        return self.loader_shards or dp_size
+
+    @field_validator("loader_shards")
+    @classmethod
+    def _shards_divide_batch(cls, v: int | None, info: ValidationInfo) -> int | None:
+        gbs = info.data.get("global_batch_size")
+        if v is not None and gbs is not None and gbs % v:
+            raise ValueError(
+                f"loaderShards ({v}) must divide globalBatchSize ({gbs}): every loader packs "
+                "the same number of sequences"
+            )
+        return v
 
     @field_validator("micro_batch_size")
     @classmethod

@@ -52,14 +52,45 @@ def build_source(
     return ShardSource(config, source_index=source_index, geometry=geometry, seq_length=seq_length)
 
 
+def hosted_shards(num_shards: int, dp_rank: int, dp_size: int) -> list[int]:
+    """Loader shards of one data-parallel rank: every ``dp_size``-th, starting at its rank."""
+    if num_shards % dp_size:
+        raise ValueError(
+            f"data.loaderShards ({num_shards}) must be a multiple of the data-parallel size "
+            f"({dp_size})"
+        )
+    return list(range(dp_rank, num_shards, dp_size))
+
+
 class MultimodalStream:
-    """Deterministic global stream of packed sequences for a :class:`DataConfig` and a seed."""
+    """One decentralized loader: a deterministic stream of packed sequences.
+
+    Loader ``shard`` of ``num_shards`` reads samples ``shard, shard + K, shard + 2K, ...`` of
+    every source (K = ``num_shards``), follows the mixture by its own tokens times K, and packs
+    ``globalBatchSize / K`` sequences per step. The K loaders together make the global batch,
+    whichever ranks host them.
+    """
 
     def __init__(
-        self, config: DataConfig, *, seed: int, vocab_size: int, geometry: MediaGeometry
+        self,
+        config: DataConfig,
+        *,
+        seed: int,
+        vocab_size: int,
+        geometry: MediaGeometry,
+        shard: int = 0,
+        num_shards: int = 1,
     ) -> None:
+        if not 0 <= shard < num_shards or config.global_batch_size % num_shards:
+            raise ValueError(
+                f"loader shard {shard} of {num_shards} for a global batch of "
+                f"{config.global_batch_size}"
+            )
         self.config = config
         self.seed = seed
+        self.shard = shard
+        self.num_shards = num_shards
+        self.batch_size = config.global_batch_size // num_shards
         self.seq_length = config.seq_length
         self.sources = [
             build_source(
@@ -73,7 +104,8 @@ class MultimodalStream:
             for i, c in enumerate(config.sources)
         ]
         self.mixer = DeficitMixer(
-            MixtureSchedule(config.mixture), [(c.modality, c.weight) for c in config.sources]
+            MixtureSchedule(config.mixture, token_scale=num_shards),
+            [(c.modality, c.weight) for c in config.sources],
         )
         self.packer = Packer(config.seq_length, config.pack_buffer)
         self.cursors = [0] * len(self.sources)
@@ -94,7 +126,7 @@ class MultimodalStream:
         while True:
             i = self.mixer.choose()
             src = self.sources[i]
-            index = self.cursors[i]
+            index = self.cursors[i] * self.num_shards + self.shard
             self.cursors[i] += 1
             sample = src.get(index)
             if sample is None:
@@ -114,9 +146,9 @@ class MultimodalStream:
                 return chunks[0]
             return sample
 
-    def next_global_batch(self) -> list[PackedSequence]:
-        """The next ``globalBatchSize`` packed sequences (identical on every rank)."""
-        batch = [self.packer.pack(self._draw) for _ in range(self.config.global_batch_size)]
+    def next_batch(self) -> list[PackedSequence]:
+        """This loader's next ``globalBatchSize / num_shards`` packed sequences."""
+        batch = [self.packer.pack(self._draw) for _ in range(self.batch_size)]
         for seq in batch:
             self.padding_tokens += seq.seq_length - seq.used
             for seg, s in zip(seq.segments, seq.samples, strict=True):
@@ -129,7 +161,7 @@ class MultimodalStream:
 
     def next_micro_batches(self, dp_rank: int = 0, dp_size: int = 1) -> list[MicroBatch]:
         """This rank's micro-batches of the next global batch."""
-        mine = dp_slice(self.next_global_batch(), dp_rank, dp_size)
+        mine = dp_slice(self.next_batch(), dp_rank, dp_size)
         return [
             collate(mb, self.seq_length)
             for mb in split_micro_batches(mine, self.config.micro_batch_size)
@@ -154,6 +186,7 @@ class MultimodalStream:
         return {
             "version": STATE_VERSION,
             "seed": self.seed,
+            "shard": [self.shard, self.num_shards],
             "sources": [s.name for s in self.sources],
             "cursors": list(self.cursors),
             "skip_run": list(self._skip_run),
@@ -172,6 +205,11 @@ class MultimodalStream:
             raise ValueError(f"loader state is for sources {state['sources']}, config has {names}")
         if state["seed"] != self.seed:
             raise ValueError(f"loader state is for seed {state['seed']}, not {self.seed}")
+        if list(state["shard"]) != [self.shard, self.num_shards]:
+            raise ValueError(
+                f"loader state is for shard {state['shard'][0]} of {state['shard'][1]}, "
+                f"not {self.shard} of {self.num_shards}"
+            )
         self.cursors = [int(c) for c in state["cursors"]]
         self._skip_run = [int(c) for c in state["skip_run"]]
         self.mixer.load_state_dict(state["mixer"])

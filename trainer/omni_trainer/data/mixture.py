@@ -17,10 +17,13 @@ from omni_trainer.data.config import MODALITIES, MixturePoint, Modality
 class MixtureSchedule:
     """Modality token shares as a function of tokens seen (piecewise linear, then constant)."""
 
-    def __init__(self, points: Sequence[MixturePoint]) -> None:
+    def __init__(self, points: Sequence[MixturePoint], *, token_scale: float = 1.0) -> None:
+        """``token_scale`` converts tokens seen here to the schedule's (global) tokens: a loader
+        shard that sees 1/K of the data passes K."""
         if not points or points[0].at_tokens != 0:
             raise ValueError("mixture: the first point must be at atTokens 0")
         self.points = list(points)
+        self.token_scale = token_scale
         self.modalities: tuple[Modality, ...] = tuple(
             m for m in MODALITIES if any(p.weights.get(m, 0) > 0 for p in points)
         )
@@ -33,6 +36,7 @@ class MixtureSchedule:
 
     def weights(self, tokens_seen: int) -> dict[Modality, float]:
         """Shares (summing to 1) after ``tokens_seen`` tokens."""
+        tokens_seen = tokens_seen * self.token_scale
         i = bisect.bisect_right(self._at, tokens_seen) - 1
         if i >= len(self.points) - 1:
             shares = self._shares[-1]

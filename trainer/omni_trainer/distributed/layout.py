@@ -31,6 +31,17 @@ def check_layout(cfg: TrainerConfig, dims: ParallelDims) -> None:
             f"({cfg.data.micro_batch_size} x {dims.dp} = {per_step}); "
             "change the batch sizes or --nproc"
         )
+    shards, group = cfg.data.shards_for(dims.dp), cfg.data.reorder.group_size
+    if shards % dims.dp:
+        raise ManifestError(
+            f"spec.trainer.data.loaderShards ({shards}) must be a multiple of the data-parallel "
+            f"size ({dims.dp}): each data-parallel rank hosts the same number of loaders"
+        )
+    if dims.dp % group:
+        raise ManifestError(
+            f"spec.trainer.data.reorder.groupSize ({group}) must divide the data-parallel size "
+            f"({dims.dp})"
+        )
     num_micro = cfg.data.global_batch_size // per_step
     layers, stages = cfg.model.llm.num_layers, dims.pp * dims.vpp
     if layers % stages:

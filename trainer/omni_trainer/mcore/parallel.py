@@ -27,6 +27,7 @@ class ProcessGroups:
     dp_rank: int
     device: torch.device
     anchor: object  # multiplex.anchor.AnchorGroups (imported lazily: it needs the groups first)
+    reorder: dist.ProcessGroup | None  # this rank's data reorder group (None: no reordering)
 
 
 def init_distributed(*, timeout_s: int = 600) -> tuple[int, int, torch.device]:
@@ -53,7 +54,9 @@ def init_distributed(*, timeout_s: int = 600) -> tuple[int, int, torch.device]:
     return rank, world_size, device
 
 
-def build_process_groups(dims: ParallelDims, device: torch.device) -> ProcessGroups:
+def build_process_groups(
+    dims: ParallelDims, device: torch.device, *, reorder_group_size: int = 1
+) -> ProcessGroups:
     """Initialise megatron's model-parallel state for ``dims`` and return the groups we use."""
     from megatron.core import parallel_state as ps
 
@@ -77,6 +80,7 @@ def build_process_groups(dims: ParallelDims, device: torch.device) -> ProcessGro
         dp_rank=ps.get_data_parallel_rank(),
         device=device,
         anchor=build_anchor_groups(dims),
+        reorder=build_reorder_group(dims, reorder_group_size),
     )
 
 
@@ -179,3 +183,27 @@ def schedule_kwargs(config, timer) -> dict:
     pgs.pp = ps.get_pipeline_model_parallel_group()
     pgs.dp_cp = ps.get_data_parallel_group(with_context_parallel=True, partial_data_parallel=False)
     return {"p2p_communicator": communicator, "pg_collection": pgs}
+
+
+def build_reorder_group(dims: ParallelDims, group_size: int) -> dist.ProcessGroup | None:
+    """This rank's reorder group: ``group_size`` consecutive data-parallel ranks at the same
+    (tensor, pipeline) position. Every position reorders its copy of the data identically."""
+    from megatron.core import parallel_state as ps
+
+    if group_size == 1:
+        return None
+    tp, dp, pp = dims.tp, dims.dp, dims.pp
+    me = (
+        ps.get_tensor_model_parallel_rank(),
+        ps.get_pipeline_model_parallel_rank(),
+        ps.get_data_parallel_rank() // group_size,
+    )
+    mine = None
+    for k in range(pp):
+        for t in range(tp):
+            for g in range(dp // group_size):
+                ranks = [t + tp * (d + dp * k) for d in range(g * group_size, (g + 1) * group_size)]
+                group = dist.new_group(ranks)
+                if (t, k, g) == me:
+                    mine = group
+    return mine

@@ -1,0 +1,287 @@
+"""The trainer's entry point: ``Checkpointer.save`` (async), ``wait``, ``load_latest``.
+
+Integration sketch (the training loop, after ``train_step(step)`` completed ``step + 1`` steps)::
+
+    ckpt = Checkpointer(cfg.checkpoint, layout=dims.as_dict())        # on every rank
+    resume = ckpt.load_latest(ModelState.from_trainer(trainer))      # None: fresh start
+    start = 0 if resume is None else resume.step
+    if resume: trainer.stream.load_state_dict(resume.loader_state)
+    for step in range(start, steps):
+        trainer.train_step(step)
+        if cfg.checkpoint.due(step + 1):
+            ckpt.save(step + 1, ModelState.from_trainer(trainer), trainer.stream.state_dict())
+    ckpt.close()                                                      # waits for the last save
+
+Every rank calls every method at the same steps (they run collectives on the checkpoint's own
+process group).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from omni_trainer.checkpoint.async_save import BackgroundSaver, make_planner, save_dcp
+from omni_trainer.checkpoint.config import CheckpointConfig
+from omni_trainer.checkpoint.loader_state import (
+    PER_RANK,
+    SHARED,
+    deserialize,
+    file_for,
+    loader_file,
+    serialize,
+    snapshot,
+)
+from omni_trainer.checkpoint.state import ModelState, load_targets, staged_state_dict
+from omni_trainer.checkpoint.storage import (
+    CheckpointStorage,
+    FileEntry,
+    describe_file,
+    open_storage,
+    step_name,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SaveResult:
+    """How one save went; ``committed`` only when every rank's files are stored."""
+
+    step: int
+    committed: bool
+    blocking_s: float
+    """Time the training loop waited (host copy + loader snapshot)."""
+    background_s: float = 0.0
+    """Time of the write/upload/commit, off the training loop when asynchronous."""
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a restart continues: ``step`` optimizer steps done, the loader state of then."""
+
+    step: int
+    loader_state: Any | None
+    layout: dict[str, Any]
+
+
+class Checkpointer:
+    """Asynchronous, resharding checkpoints of model, optimizer and loader state.
+
+    Args:
+        config: the manifest's ``checkpoint`` section.
+        storage: where to store (default: from ``config.path``).
+        group: process group for checkpoint collectives; default: a new gloo group over all
+            ranks, created here (so call the constructor on every rank at the same point).
+        layout: the parallel layout, recorded in the commit marker (informational: loading
+            works into any layout).
+        loader_scope: ``"shared"`` (every rank's loader state is identical: rank 0 writes it)
+            or ``"per_rank"`` (each rank writes its own).
+        cache_plans: reuse DCP save plans while the state's structure is unchanged.
+    """
+
+    def __init__(
+        self,
+        config: CheckpointConfig,
+        *,
+        storage: CheckpointStorage | None = None,
+        group: dist.ProcessGroup | None = None,
+        layout: dict[str, Any] | None = None,
+        loader_scope: str = SHARED,
+        cache_plans: bool = True,
+    ) -> None:
+        if loader_scope not in (SHARED, PER_RANK):
+            raise ValueError(f"loader_scope must be {SHARED!r} or {PER_RANK!r}")
+        self.config = config
+        self.storage = storage or open_storage(config.path)
+        self.distributed = dist.is_initialized()
+        if self.distributed and group is None:
+            group = dist.new_group(backend="gloo")
+        self.group = group
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.layout = dict(layout or {})
+        self.loader_scope = loader_scope
+        tag = hashlib.sha256(self.storage.url.encode()).hexdigest()[:12]
+        scratch = Path(config.staging_dir or tempfile.gettempdir())
+        self.scratch = scratch / f"omni-ckpt-{tag}" / f"rank-{self.rank:05d}"
+        self.planner = make_planner(cache_plans=cache_plans, key=f"omni-ckpt-{tag}-{id(self)}")
+        self._saver = BackgroundSaver()
+        self._blocking = 0.0
+
+    # -- saving ----------------------------------------------------------------------------
+    def save(
+        self,
+        step: int,
+        state: ModelState | Callable[[], ModelState],
+        loader_state: Any | None = None,
+    ) -> None:
+        """Checkpoint ``step`` (optimizer steps completed) on every rank.
+
+        Blocks for the previous save to finish, then for the host copy of this rank's share and
+        the loader snapshot only; the rest runs in the background (unless ``async`` is off).
+        """
+        previous = self._saver.wait()
+        if previous is not None and not previous.committed:
+            log.error("checkpoint %s not committed: %s", step_name(previous.step), previous.errors)
+        start = time.perf_counter()
+        model_state = state() if callable(state) else state
+        staged = staged_state_dict(model_state)
+        writes_loader = loader_state is not None and (
+            self.loader_scope == PER_RANK or self.rank == 0
+        )
+        loader = snapshot(loader_state) if writes_loader else None
+        blocking = time.perf_counter() - start
+        if self.config.async_save:
+            self._saver.submit(self._write, step, staged, loader, blocking)
+        else:
+            self._last_sync = self._write(step, staged, loader, blocking)
+
+    def wait(self) -> SaveResult | None:
+        """Wait for the save in flight; its result (None when there was none)."""
+        if not self.config.async_save:
+            result, self._last_sync = getattr(self, "_last_sync", None), None
+            return result
+        return self._saver.wait()
+
+    def close(self) -> SaveResult | None:
+        """Finish the last save and stop the background thread."""
+        result = self.wait()
+        self._saver.close()
+        return result
+
+    def _write(
+        self, step: int, staged: dict[str, Any], loader: Any | None, blocking: float
+    ) -> SaveResult:
+        """Background part: DCP write, loader state, upload, then the commit on rank 0."""
+        start = time.perf_counter()
+        storage = self.storage
+        files: dict[str, FileEntry] = {}
+        error: str | None = None
+        local = storage.local_dir(step) or self.scratch / step_name(step)
+        try:
+            if self.rank == 0 and step in storage.list_steps():
+                storage.delete_step(step)  # a partial save of this step from a crashed run
+            self._barrier()
+            for rel in save_dcp(staged, local / "model", planner=self.planner, group=self.group):
+                files[f"model/{rel}"] = describe_file(local / "model" / rel)
+            del staged
+            if loader is not None:
+                data = serialize(loader)
+                rel = loader_file(self.rank)
+                storage.write_bytes(step, rel, data)
+                files[rel] = FileEntry(len(data), hashlib.sha256(data).hexdigest())
+            if storage.local_dir(step) is None:
+                for rel in sorted(files):
+                    if rel.startswith("model/"):
+                        storage.upload(step, rel, local / rel)
+        except Exception as exc:  # reported to rank 0, which then does not commit
+            log.exception("rank %d: checkpoint %s failed", self.rank, step_name(step))
+            error = f"rank {self.rank}: {type(exc).__name__}: {exc}"
+        finally:
+            if storage.local_dir(step) is None:
+                shutil.rmtree(local, ignore_errors=True)
+        reports = self._all_gather((files, error))
+        errors = [e for _, e in reports if e is not None]
+        committed = False
+        if self.rank == 0 and not errors:
+            try:
+                merged = {rel: entry for part, _ in reports for rel, entry in part.items()}
+                storage.commit(
+                    step, merged, layout=self.layout, extra={"loader": self.loader_scope}
+                )
+                committed = True
+                storage.retain(self.config.keep_last)
+            except Exception as exc:
+                log.exception("checkpoint %s: commit or retention failed", step_name(step))
+                errors.append(f"rank 0: {type(exc).__name__}: {exc}")
+        committed = self._broadcast(committed)
+        return SaveResult(
+            step=step,
+            committed=committed,
+            blocking_s=blocking,
+            background_s=time.perf_counter() - start,
+            errors=errors,
+        )
+
+    # -- loading ---------------------------------------------------------------------------
+    def latest_step(self) -> int | None:
+        """The newest complete step (rank 0 looks, every rank gets the answer)."""
+        step = self.storage.latest_complete() if self.rank == 0 else None
+        return self._broadcast(step)
+
+    def load_latest(self, state: ModelState) -> Resume | None:
+        """Load the newest complete checkpoint into ``state`` (any layout); None when there is
+        none. Partial or corrupt newer checkpoints are skipped with a warning."""
+        step = self.latest_step()
+        return None if step is None else self.load(step, state)
+
+    def load(self, step: int, state: ModelState) -> Resume:
+        """Load checkpoint ``step`` into this rank's parameters and optimizer state.
+
+        Returns:
+            The step, this rank's loader state (None if the checkpoint has none) and the layout
+            the checkpoint was saved with.
+        """
+        marker = self.storage.read_marker(step)
+        if marker is None:
+            raise FileNotFoundError(f"{self.storage.url}/{step_name(step)} is not committed")
+        download = self.scratch / "load" / step_name(step)
+        root = self.storage.fetch(step, download, prefix="model/")
+        try:
+            reader = FileSystemReader(root / "model")
+            available = {
+                key: (meta.size, meta.properties.dtype)
+                for key, meta in reader.read_metadata().state_dict_metadata.items()
+                if isinstance(meta, TensorStorageMetadata)
+            }
+            targets, apply = load_targets(state, available)
+            dcp.load(
+                targets,
+                storage_reader=reader,
+                planner=DefaultLoadPlanner(),
+                process_group=self.group,
+                no_dist=not self.distributed,
+            )
+            apply()
+        finally:
+            shutil.rmtree(download, ignore_errors=True)
+        loader = None
+        scope = marker.get("loader", SHARED)
+        rel = file_for(self.rank, scope)
+        if rel in marker["files"]:
+            raw = self.storage.read_bytes(step, rel)
+            loader = None if raw is None else deserialize(raw)
+        self._barrier()
+        return Resume(step=step, loader_state=loader, layout=marker.get("layout", {}))
+
+    # -- collectives on the checkpoint group (never P2P) -------------------------------------
+    def _barrier(self) -> None:
+        if self.distributed:
+            dist.barrier(group=self.group)
+
+    def _all_gather(self, obj: Any) -> list[Any]:
+        if not self.distributed:
+            return [obj]
+        out: list[Any] = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def _broadcast(self, obj: Any) -> Any:
+        if not self.distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]

@@ -1,0 +1,366 @@
+"""Where checkpoints live: a filesystem path (a PVC) or ``s3://bucket/prefix``.
+
+Layout under the root::
+
+    <root>/step-00000042/model/.metadata         torch DCP metadata (global, written by rank 0)
+    <root>/step-00000042/model/__<rank>_0.distcp  torch DCP data, one file per writing rank
+    <root>/step-00000042/loader/rank-00000.json  loader state (one file, or one per rank)
+    <root>/step-00000042/COMMITTED               commit marker, written LAST
+
+A step counts only when its marker exists and every file it lists is present with the listed
+size: a crash, a failed upload or a lost file therefore never yields a checkpoint that a restart
+would load. Pure bookkeeping (discovery, retention) lives in the base class over a few storage
+primitives, so the filesystem and S3 behave identically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+MARKER = "COMMITTED"
+FORMAT = "omni-checkpoint/1"
+_STEP_RE = re.compile(r"^step-(\d{8})$")
+
+
+def step_name(step: int) -> str:
+    """The directory name of ``step`` (zero-padded so names sort like steps)."""
+    return f"step-{step:08d}"
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """What the commit marker records of one file."""
+
+    size: int
+    sha256: str
+
+
+def describe_file(path: Path) -> FileEntry:
+    """Size and sha256 of a local file (streamed: checkpoint files can be GBs)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(8 << 20):
+            digest.update(block)
+    return FileEntry(size=path.stat().st_size, sha256=digest.hexdigest())
+
+
+class CheckpointStorage(ABC):
+    """A root holding ``step-*`` directories; subclasses supply the I/O primitives."""
+
+    url: str
+
+    # -- primitives ------------------------------------------------------------------------
+    @abstractmethod
+    def list_steps(self) -> list[int]:
+        """Every step with anything stored, complete or not, ascending."""
+
+    @abstractmethod
+    def list_files(self, step: int) -> dict[str, int]:
+        """Relative path -> size of every file stored under ``step``."""
+
+    @abstractmethod
+    def read_bytes(self, step: int, rel: str) -> bytes | None:
+        """A small file's content, or None when it does not exist."""
+
+    @abstractmethod
+    def write_bytes(self, step: int, rel: str, data: bytes) -> None:
+        """Store a small file whole (atomically: readers see all of it or nothing)."""
+
+    @abstractmethod
+    def upload(self, step: int, rel: str, local: Path) -> None:
+        """Store a local file (large: multipart on S3)."""
+
+    @abstractmethod
+    def download(self, step: int, rel: str, local: Path) -> None:
+        """Copy a stored file to ``local``."""
+
+    @abstractmethod
+    def delete_step(self, step: int) -> None:
+        """Remove a step, its marker first (so it is never 'complete with missing files')."""
+
+    def local_dir(self, step: int) -> Path | None:
+        """A directory writers may fill in place (filesystem), or None (upload needed)."""
+        return None
+
+    # -- commit, discovery, retention --------------------------------------------------------
+    def commit(
+        self,
+        step: int,
+        files: dict[str, FileEntry],
+        *,
+        layout: dict[str, Any],
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        """Write the marker that makes ``step`` count; call only once every file is stored."""
+        marker = {
+            **(extra or {}),
+            "format": FORMAT,
+            "step": step,
+            "time": time.time(),
+            "layout": layout,
+            "files": {rel: asdict(entry) for rel, entry in sorted(files.items())},
+        }
+        self.write_bytes(step, MARKER, json.dumps(marker, indent=1).encode())
+
+    def read_marker(self, step: int) -> dict[str, Any] | None:
+        """The parsed marker of ``step``, or None when missing or unreadable."""
+        raw = self.read_bytes(step, MARKER)
+        if raw is None:
+            return None
+        try:
+            marker = json.loads(raw)
+        except ValueError:
+            return None
+        if marker.get("format") != FORMAT or marker.get("step") != step:
+            return None
+        return marker
+
+    def problem(self, step: int) -> str | None:
+        """Why ``step`` is not a usable checkpoint, or None when it is complete."""
+        marker = self.read_marker(step)
+        if marker is None:
+            return "no valid commit marker (partial or interrupted save)"
+        stored = self.list_files(step)
+        for rel, entry in marker["files"].items():
+            if rel not in stored:
+                return f"listed file {rel} is missing"
+            if stored[rel] != entry["size"]:
+                return f"{rel} has {stored[rel]} bytes, the marker says {entry['size']}"
+        return None
+
+    def latest_complete(self) -> int | None:
+        """The newest complete step; newer partial or corrupt ones are skipped with a warning."""
+        for step in reversed(self.list_steps()):
+            reason = self.problem(step)
+            if reason is None:
+                return step
+            log.warning("checkpoint %s/%s skipped: %s", self.url, step_name(step), reason)
+        return None
+
+    def retain(self, keep_last: int) -> list[int]:
+        """Keep the newest ``keep_last`` complete steps; delete older complete ones and partial
+        ones older than the newest complete one (newer partial ones may still be in flight).
+
+        Returns:
+            The deleted steps.
+        """
+        steps = self.list_steps()
+        complete = [s for s in steps if self.problem(s) is None]
+        if not complete:
+            return []
+        keep = set(complete[-keep_last:])
+        doomed = [s for s in steps if s not in keep and s < complete[-1]]
+        for s in doomed:
+            self.delete_step(s)
+        if doomed:
+            log.info("checkpoint retention deleted %s", ", ".join(map(step_name, doomed)))
+        return doomed
+
+    def fetch(self, step: int, dest: Path, *, prefix: str = "", verify: bool = False) -> Path:
+        """A local directory holding the files of ``step`` under ``prefix`` that its marker lists.
+
+        The filesystem returns the step directory itself (no copy); S3 downloads into ``dest``.
+        ``verify`` re-hashes every file against the marker (slow on large checkpoints).
+        """
+        marker = self.read_marker(step)
+        if marker is None:
+            raise FileNotFoundError(f"{self.url}/{step_name(step)} has no commit marker")
+        wanted = {rel: e for rel, e in marker["files"].items() if rel.startswith(prefix)}
+        root = self.local_dir(step)
+        if root is None:
+            root = dest
+            for rel in wanted:
+                (root / rel).parent.mkdir(parents=True, exist_ok=True)
+                self.download(step, rel, root / rel)
+        if verify:
+            for rel, entry in wanted.items():
+                if describe_file(root / rel).sha256 != entry["sha256"]:
+                    raise OSError(f"{self.url}/{step_name(step)}/{rel}: sha256 mismatch")
+        return root
+
+
+class FilesystemStorage(CheckpointStorage):
+    """A directory, typically a PVC mounted on every node (writers write in place)."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.url = str(self.root)
+
+    def _dir(self, step: int) -> Path:
+        return self.root / step_name(step)
+
+    def local_dir(self, step: int) -> Path:
+        return self._dir(step)
+
+    def list_steps(self) -> list[int]:
+        if not self.root.is_dir():
+            return []
+        return sorted(int(m.group(1)) for p in self.root.iterdir() if (m := _STEP_RE.match(p.name)))
+
+    def list_files(self, step: int) -> dict[str, int]:
+        base = self._dir(step)
+        if not base.is_dir():
+            return {}
+        return {
+            p.relative_to(base).as_posix(): p.stat().st_size
+            for p in base.rglob("*")
+            if p.is_file() and p.name != MARKER
+        }
+
+    def read_bytes(self, step: int, rel: str) -> bytes | None:
+        path = self._dir(step) / rel
+        return path.read_bytes() if path.is_file() else None
+
+    def write_bytes(self, step: int, rel: str, data: bytes) -> None:
+        path = self._dir(step) / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        with tmp.open("wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)  # atomic: a reader sees the old file or the whole new one
+        _fsync_dir(path.parent)
+
+    def upload(self, step: int, rel: str, local: Path) -> None:
+        dest = self._dir(step) / rel
+        if dest.resolve() != local.resolve():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(local, dest)
+
+    def download(self, step: int, rel: str, local: Path) -> None:
+        shutil.copyfile(self._dir(step) / rel, local)
+
+    def delete_step(self, step: int) -> None:
+        base = self._dir(step)
+        (base / MARKER).unlink(missing_ok=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class S3Storage(CheckpointStorage):
+    """``s3://bucket/prefix`` through boto3.
+
+    Credentials come from the standard chain (env vars from a Secret, web identity, instance
+    profile) and are never logged; ``AWS_ENDPOINT_URL`` selects a non-AWS endpoint. Large files
+    go up in parallel multipart uploads (an aborted upload leaves no object); throttling and
+    transient errors are retried with exponential backoff by botocore.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        client: Any | None = None,
+        multipart_threshold: int = 64 << 20,
+        multipart_chunksize: int = 64 << 20,
+        max_concurrency: int = 8,
+        max_attempts: int = 8,
+    ) -> None:
+        import boto3
+        from boto3.s3.transfer import TransferConfig
+        from botocore.config import Config
+
+        if not url.startswith("s3://"):
+            raise ValueError(f"not an S3 URL: {url!r}")
+        bucket, _, prefix = url[len("s3://") :].partition("/")
+        if not bucket:
+            raise ValueError(f"no bucket in {url!r}")
+        self.url = url.rstrip("/")
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.client = client or boto3.session.Session().client(
+            "s3",
+            config=Config(
+                retries={"max_attempts": max_attempts, "mode": "adaptive"},
+                connect_timeout=10,
+                read_timeout=120,
+            ),
+        )
+        self.transfer = TransferConfig(
+            multipart_threshold=multipart_threshold,
+            multipart_chunksize=multipart_chunksize,
+            max_concurrency=max_concurrency,
+        )
+
+    def _key(self, step: int, rel: str = "") -> str:
+        parts = [p for p in (self.prefix, step_name(step), rel) if p]
+        return "/".join(parts)
+
+    def _list(self, **kwargs: Any) -> list[dict[str, Any]]:
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, **kwargs)
+        return list(pages)
+
+    def list_steps(self) -> list[int]:
+        root = f"{self.prefix}/" if self.prefix else ""
+        steps = []
+        for page in self._list(Prefix=root, Delimiter="/"):
+            for common in page.get("CommonPrefixes", []):
+                name = common["Prefix"][len(root) :].rstrip("/")
+                if m := _STEP_RE.match(name):
+                    steps.append(int(m.group(1)))
+        return sorted(steps)
+
+    def list_files(self, step: int) -> dict[str, int]:
+        base = self._key(step) + "/"
+        files = {}
+        for page in self._list(Prefix=base):
+            for obj in page.get("Contents", []):
+                rel = obj["Key"][len(base) :]
+                if rel != MARKER:
+                    files[rel] = obj["Size"]
+        return files
+
+    def read_bytes(self, step: int, rel: str) -> bytes | None:
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(step, rel))[
+                "Body"
+            ].read()
+        except self.client.exceptions.NoSuchKey:
+            return None
+
+    def write_bytes(self, step: int, rel: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=self._key(step, rel), Body=data)
+
+    def upload(self, step: int, rel: str, local: Path) -> None:
+        self.client.upload_file(str(local), self.bucket, self._key(step, rel), Config=self.transfer)
+
+    def download(self, step: int, rel: str, local: Path) -> None:
+        self.client.download_file(
+            self.bucket, self._key(step, rel), str(local), Config=self.transfer
+        )
+
+    def delete_step(self, step: int) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(step, MARKER))
+        keys = [
+            obj["Key"]
+            for page in self._list(Prefix=self._key(step) + "/")
+            for obj in page.get("Contents", [])
+        ]
+        for i in range(0, len(keys), 1000):
+            batch = [{"Key": k} for k in keys[i : i + 1000]]
+            self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch})
+
+
+def open_storage(path: str) -> CheckpointStorage:
+    """The storage for a manifest's ``checkpoint.path``."""
+    return S3Storage(path) if path.startswith("s3://") else FilesystemStorage(path)

@@ -1,0 +1,177 @@
+"""This rank's share of every global batch: its loader shards, then grouped reordering.
+
+Decentralized loading (PAPER.md technique 7): each data-parallel rank runs the loaders it hosts
+and never sees the rest of the global batch. Inside a reorder group (network-local data-parallel
+ranks) the ranks all-gather only metadata (one cost and size per sequence), compute the same
+Karmarkar-Karp plan, and move whole packed sequences with one all-to-all. Reordering between
+data-parallel replicas does not change the math: the loss is a sum over the global batch.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from omni_trainer.balance.cost import cost_from_config, cost_from_llm_config
+from omni_trainer.balance.reorder import ItemMeta, ReorderPlan, plan_reorder
+from omni_trainer.config import TrainerConfig
+from omni_trainer.data.loader import MultimodalStream, hosted_shards
+from omni_trainer.data.packing import PackedSequence
+from omni_trainer.models.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class ReorderStats:
+    """One step of one group: balance before and after, and the traffic it cost."""
+
+    bytes_moved: int
+    max_over_mean_before: float
+    max_over_mean_after: float
+
+
+def sequence_cost(model: ModelConfig) -> Callable[[PackedSequence], float]:
+    """FLOPs a packed sequence costs its rank: LLM over its samples plus their encoders."""
+    llm = cost_from_llm_config(model.llm)
+    encoders = {
+        m: cost_from_config(getattr(model.encoders, m))
+        for m in ("image", "audio")
+        if getattr(model.encoders, m) is not None
+    }
+
+    def cost(seq: PackedSequence) -> float:
+        total = 0.0
+        for seg in seq.segments:
+            total += llm(seg.length)
+            if seg.media_tokens:
+                total += encoders[seg.modality](seg.media_tokens)
+        return total
+
+    return cost
+
+
+def sequence_bytes(seq: PackedSequence) -> int:
+    """What moving the sequence costs: its token ids and media arrays."""
+    total = 0
+    for sample in seq.samples:
+        total += sample.text.nbytes + (sample.media.nbytes if sample.media is not None else 0)
+    return total
+
+
+class DataPlane:
+    """The loaders of one data-parallel rank and its reorder group."""
+
+    def __init__(
+        self,
+        cfg: TrainerConfig,
+        *,
+        dp_rank: int,
+        dp_size: int,
+        group: dist.ProcessGroup | None,
+        device: torch.device,
+    ) -> None:
+        data = cfg.data
+        num_shards = data.shards_for(dp_size)
+        self.streams = [
+            MultimodalStream(
+                data,
+                seed=cfg.seed,
+                vocab_size=cfg.model.llm.vocab_size,
+                geometry=cfg.media_geometry(),
+                shard=s,
+                num_shards=num_shards,
+            )
+            for s in hosted_shards(num_shards, dp_rank, dp_size)
+        ]
+        self.group = group
+        self.group_size = dist.get_world_size(group) if group is not None else 1
+        self.group_rank = dist.get_rank(group) if group is not None else 0
+        self.method = data.reorder.method
+        self.cost = sequence_cost(cfg.model)
+        self.device = device
+        self.last_stats: ReorderStats | None = None
+
+    def next_local_batch(self) -> list[PackedSequence]:
+        """This rank's ``globalBatchSize / dp`` sequences of the next step, reordered."""
+        local = [seq for stream in self.streams for seq in stream.next_batch()]
+        if self.group_size == 1 or self.method == "none":
+            return local
+        metas = [(self.cost(seq), sequence_bytes(seq)) for seq in local]
+        gathered: list = [None] * self.group_size
+        dist.all_gather_object(gathered, metas, group=self.group)
+        costs = {
+            f"{r}:{i}": c for r, items in enumerate(gathered) for i, (c, _) in enumerate(items)
+        }
+        plan = plan_reorder(
+            [
+                [ItemMeta(f"{r}:{i}", 0, "sequence", nbytes) for i, (_, nbytes) in enumerate(items)]
+                for r, items in enumerate(gathered)
+            ],
+            cost=lambda item: costs[item.sample_id],
+            equal_cardinality=True,
+            method=self.method,
+        )
+        self.last_stats = ReorderStats(
+            bytes_moved=plan.bytes_moved,
+            max_over_mean_before=_max_over_mean(plan.loads_before),
+            max_over_mean_after=plan.max_over_mean,
+        )
+        return self._exchange(local, plan)
+
+    def _exchange(self, local: list[PackedSequence], plan: ReorderPlan) -> list[PackedSequence]:
+        """One all-to-all of pickled sequences; every rank ends with ``plan.assignments[me]``."""
+        me = self.group_rank
+        sends = plan.sends(me)
+        payloads = [pickle.dumps([local[i] for i in idx]) for idx in sends]
+        send_sizes = torch.tensor([len(p) for p in payloads], dtype=torch.int64)
+        recv_sizes = torch.empty_like(send_sizes)
+        dist.all_to_all_single(recv_sizes, send_sizes, group=self.group)
+        send = torch.frombuffer(bytearray(b"".join(payloads)), dtype=torch.uint8)
+        recv = torch.empty(int(recv_sizes.sum()), dtype=torch.uint8)
+        dist.all_to_all_single(
+            recv,
+            send,
+            output_split_sizes=recv_sizes.tolist(),
+            input_split_sizes=send_sizes.tolist(),
+            group=self.group,
+        )
+        by_source: dict[tuple[int, int], PackedSequence] = {}
+        for src, chunk in enumerate(torch.split(recv, recv_sizes.tolist())):
+            seqs = pickle.loads(chunk.numpy().tobytes())
+            for seq, index in zip(seqs, _sent_indices(plan, src, me), strict=True):
+                by_source[(src, index)] = seq
+        return [by_source[key] for key in plan.assignments[me]]
+
+    @property
+    def counters(self) -> dict:
+        """This rank's loaders' counters, summed (global figures need a sum over ranks)."""
+        total: dict = {}
+        for stream in self.streams:
+            for key, value in stream.counters.items():
+                if isinstance(value, dict):
+                    bucket = total.setdefault(key, {})
+                    for k, v in value.items():
+                        bucket[k] = bucket.get(k, 0) + v
+                else:
+                    total[key] = total.get(key, 0) + value
+        return total
+
+    def state_dict(self) -> dict:
+        return {"shards": {str(s.shard): s.state_dict() for s in self.streams}}
+
+    def load_state_dict(self, state: dict) -> None:
+        for stream in self.streams:
+            stream.load_state_dict(state["shards"][str(stream.shard)])
+
+
+def _sent_indices(plan: ReorderPlan, src: int, dst: int) -> tuple[int, ...]:
+    """Indices (on ``src``) of the items ``src`` sends to ``dst``, in sending order."""
+    return plan.sends(src)[dst]
+
+
+def _max_over_mean(loads) -> float:
+    total = sum(loads)
+    return max(loads) * len(loads) / total if total > 0 else 1.0
