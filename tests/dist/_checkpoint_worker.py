@@ -69,13 +69,13 @@ def run(spec: dict) -> None:
     from omni_trainer.checkpoint.state import ModelState
 
     steps, out = spec["steps"], Path(spec["out"])
-    rank = dist.get_rank() if dist.is_initialized() else 0
     group = None
     report: dict[str, dict] = {}
     for name, scenario in spec["scenarios"].items():
         trainer = build(scenario["save"], steps + 1)
         if group is None:
             group = dist.new_group(backend="gloo")  # one checkpoint group for the whole launch
+        rank = dist.get_rank()
         config = CheckpointConfig(path=scenario["path"], interval_steps=steps, keep_last=2)
         ckpt = Checkpointer(config, group=group, layout=trainer.groups.dims.as_dict())
         for step in range(steps):

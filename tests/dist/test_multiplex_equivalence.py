@@ -9,16 +9,13 @@ every gradient after the first step within 1e-5 absolute + 1e-4 relative.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 from ..conftest import EXAMPLES
+from .harness import assert_same_training, launch, run_reference
 
 pytestmark = pytest.mark.dist
 
@@ -28,7 +25,6 @@ LAYOUTS = {  # world size -> layouts run in one launch
     2: [("tp2", 2, 1, 1), ("pp2", 1, 2, 1), ("pp2xvpp2", 1, 2, 2)],
     4: [("tp2xpp2", 2, 2, 1), ("pp2xdp2", 1, 2, 1), ("pp4", 1, 4, 1)],
 }
-WORKER = Path(__file__).with_name("_multiplex_worker.py")
 
 
 def job(
@@ -52,23 +48,12 @@ def job(
 
 @pytest.fixture(scope="module")
 def reference() -> dict:
-    sys.path.insert(0, str(WORKER.parent))
-    try:
-        from _multiplex_worker import run_scenario
-    finally:
-        sys.path.pop(0)
-    from omni_trainer.mcore.parallel import destroy_distributed
-
-    try:
-        return run_scenario(job(), STEPS, None)
-    finally:
-        destroy_distributed()
+    return run_reference(job(), STEPS)
 
 
 @pytest.fixture(scope="module", params=sorted(LAYOUTS))
-def launch(request, tmp_path_factory) -> tuple[int, Path]:
+def launched(request, tmp_path_factory) -> tuple[int, Path]:
     world = request.param
-    out = tmp_path_factory.mktemp(f"world{world}")
     scenarios = {
         f"{name}-{policy}": job(tp, pp, vpp, policy)
         for name, tp, pp, vpp in LAYOUTS[world]
@@ -77,42 +62,14 @@ def launch(request, tmp_path_factory) -> tuple[int, Path]:
     # ZeRO-2 encoders: gradients reduced to owners, weights broadcast back after each step.
     name, tp, pp, vpp = LAYOUTS[world][0]
     scenarios[f"{name}-zero2"] = job(tp, pp, vpp, "uniform", zero=2)
-    spec = out / "spec.json"
-    spec.write_text(json.dumps({"steps": STEPS, "out": str(out), "scenarios": scenarios}))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={world}",
-            str(WORKER),
-            str(spec),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return world, out
+    return world, launch(world, scenarios, STEPS, tmp_path_factory.mktemp(f"world{world}"))
 
 
-def test_every_layout_and_policy_equals_one_process(launch, reference) -> None:
-    world, out = launch
+def test_every_layout_and_policy_equals_one_process(launched, reference) -> None:
+    world, out = launched
     names = [f"{n}-{p}" for n, *_ in LAYOUTS[world] for p in POLICIES]
-    names.append(f"{LAYOUTS[world][0][0]}-zero2")
-    for name in names:
-        scenario = out / name
-        losses = json.loads((scenario / "losses.json").read_text())
-        assert losses == pytest.approx(reference["losses"], abs=1e-6), name
-        grads: dict[str, torch.Tensor] = {}
-        for f in sorted(scenario.glob("rank*.pt")):
-            grads.update(torch.load(f))
-        assert grads.keys() == reference["grads"].keys(), name
-        for key, expected in reference["grads"].items():
-            torch.testing.assert_close(
-                grads[key], expected, atol=1e-5, rtol=1e-4, msg=f"{name}: {key}"
-            )
+    for name in [*names, f"{LAYOUTS[world][0][0]}-zero2"]:
+        assert_same_training(out / name, reference)
 
 
 def test_gradients_are_not_trivially_equal(reference) -> None:

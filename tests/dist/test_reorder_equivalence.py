@@ -10,20 +10,17 @@ order differs).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 from ..conftest import EXAMPLES
+from .harness import assert_same_training, launch, run_reference
 
 pytestmark = pytest.mark.dist
 
 STEPS = 3
-WORKER = Path(__file__).with_name("_multiplex_worker.py")
 SCENARIOS = {  # name -> (pipeline, reorder group size, method); 4 ranks
     "dp4-group2-kk": (1, 2, "kk"),
     "dp4-group4-kk": (1, 4, "kk"),
@@ -47,54 +44,18 @@ def job(pipeline: int = 1, group: int = 1, method: str = "kk") -> dict:
 
 @pytest.fixture(scope="module")
 def reference() -> dict:
-    sys.path.insert(0, str(WORKER.parent))
-    try:
-        from _multiplex_worker import run_scenario
-    finally:
-        sys.path.pop(0)
-    from omni_trainer.mcore.parallel import destroy_distributed
-
-    try:
-        return run_scenario(job(), STEPS, None)
-    finally:
-        destroy_distributed()
+    return run_reference(job(), STEPS)
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("reorder")
-    spec = out / "spec.json"
     scenarios = {name: job(*args) for name, args in SCENARIOS.items()}
-    spec.write_text(json.dumps({"steps": STEPS, "out": str(out), "scenarios": scenarios}))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node=4",
-            str(WORKER),
-            str(spec),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return out
+    return launch(4, scenarios, STEPS, tmp_path_factory.mktemp("reorder"))
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_reordered_run_equals_one_process(results: Path, reference: dict, name: str) -> None:
-    scenario = results / name
-    losses = json.loads((scenario / "losses.json").read_text())
-    assert losses == pytest.approx(reference["losses"], abs=1e-6)
-    grads: dict[str, torch.Tensor] = {}
-    for f in sorted(scenario.glob("rank*.pt")):
-        grads.update(torch.load(f))
-    assert grads.keys() == reference["grads"].keys()
-    for key, expected in reference["grads"].items():
-        torch.testing.assert_close(grads[key], expected, atol=1e-5, rtol=1e-4, msg=key)
+    assert_same_training(results / name, reference)
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))

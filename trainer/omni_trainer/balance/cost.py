@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from omni_trainer.components.flops import transformer_flops
 from omni_trainer.models.config import LLMConfig
 
 
@@ -87,16 +86,6 @@ def cost_from_llm_config(llm: LLMConfig, *, causal: bool = False) -> EncoderCost
     """
 
     def flops(lengths: list[int]) -> float:
-        return transformer_flops(
-            num_layers=llm.num_layers,
-            hidden_size=llm.hidden_size,
-            ffn_hidden_size=llm.ffn_hidden_size,
-            num_heads=llm.num_attention_heads,
-            num_query_groups=llm.num_query_groups,
-            gated_mlp=bool(llm.gated_mlp),
-            vocab_size=llm.vocab_size,
-            seq_lengths=lengths,
-            causal=causal,
-        )
+        return llm.flops(lengths, causal=causal)
 
     return _fit(flops([1]), flops([2]))

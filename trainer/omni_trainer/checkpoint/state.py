@@ -129,24 +129,32 @@ def _pieces(param: nn.Parameter, *, tp_rank: int, tp_size: int) -> tuple[list[in
 def _sharded(
     local: torch.Tensor, param: nn.Parameter, *, rank: int, tp_rank: int, tp_size: int
 ) -> ShardedTensor:
-    """``local`` (this rank's shard of ``param``'s layout) as chunks of the full tensor."""
-    full, dim, pieces = _pieces(param, tp_rank=tp_rank, tp_size=tp_size)
-    shards = []
-    for offset, start, length in pieces:
-        tensor = local.narrow(dim, start, length)
-        if not tensor.is_contiguous():
-            tensor = tensor.contiguous()
-        offsets = [0] * len(full)
-        offsets[dim] = offset
-        meta = ShardMetadata(
-            shard_offsets=offsets,
-            shard_sizes=list(tensor.shape),
-            placement=f"rank:{rank}/{tensor.device}",
-        )
-        shards.append(Shard(tensor=tensor, metadata=meta))
+    """``local`` (this rank's shard of ``param``'s layout) as chunks of the full tensor.
+
+    The metadata lists every TP rank's chunks (it must cover the tensor); peers are placed at
+    ``rank - tp_rank + t``, megatron's order (TP fastest), which ``build_anchor_groups`` checks.
+    """
+    shards: list[Shard] = []
+    everyone: list[ShardMetadata] = []
+    for t in range(tp_size):
+        full, dim, pieces = _pieces(param, tp_rank=t, tp_size=tp_size)
+        for offset, start, length in pieces:
+            offsets = [0] * len(full)
+            offsets[dim] = offset
+            sizes = list(full)
+            sizes[dim] = length
+            meta = ShardMetadata(
+                shard_offsets=offsets,
+                shard_sizes=sizes,
+                placement=f"rank:{rank - tp_rank + t}/{local.device}",
+            )
+            everyone.append(meta)
+            if t == tp_rank:
+                tensor = local.narrow(dim, start, length)
+                shards.append(Shard(tensor=tensor.contiguous(), metadata=meta))
     props = TensorProperties(dtype=local.dtype, layout=local.layout, requires_grad=False)
     meta = ShardedTensorMetadata(
-        shards_metadata=[s.metadata for s in shards], size=torch.Size(full), tensor_properties=props
+        shards_metadata=everyone, size=torch.Size(full), tensor_properties=props
     )
     return ShardedTensor._init_from_local_shards_and_global_metadata(
         shards, meta, process_group=dist.group.WORLD

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from omni_trainer.components.flops import matmul_flops, training_flops, transformer_flops
+from omni_trainer.components.flops import matmul_flops, training_flops
 from omni_trainer.models.config import ModelConfig
 
 
@@ -37,17 +37,7 @@ def _segments(sequences) -> tuple[list[int], dict[str, list[int]]]:
 
 def llm_forward_flops(model: ModelConfig, sequences) -> float:
     """Forward FLOPs of the LLM over packed sequences (attention per packed sample)."""
-    llm = model.llm
-    return transformer_flops(
-        num_layers=llm.num_layers,
-        hidden_size=llm.hidden_size,
-        ffn_hidden_size=llm.ffn_hidden_size,
-        num_heads=llm.num_attention_heads,
-        num_query_groups=llm.num_query_groups,
-        gated_mlp=llm.gated_mlp,
-        vocab_size=llm.vocab_size,
-        seq_lengths=_segments(sequences)[0],
-    )
+    return model.llm.flops(_segments(sequences)[0])
 
 
 def step_flops(model: ModelConfig, global_batch) -> StepFlops:

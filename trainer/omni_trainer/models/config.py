@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import Field, model_validator
 
+from omni_trainer.components.flops import transformer_flops
 from omni_trainer.config_base import Spec
 from omni_trainer.models.encoders.config import AudioEncoderConfig, VisionEncoderConfig
 
@@ -108,6 +110,20 @@ class LLMConfig(Spec):
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    def flops(self, seq_lengths: Sequence[int], *, causal: bool = False) -> float:
+        """Forward FLOPs over independent sequences (packed samples), LM head included."""
+        return transformer_flops(
+            num_layers=self.num_layers,
+            hidden_size=self.hidden_size,
+            ffn_hidden_size=self.ffn_hidden_size,
+            num_heads=self.num_attention_heads,
+            num_query_groups=self.num_query_groups,
+            gated_mlp=bool(self.gated_mlp),
+            vocab_size=self.vocab_size,
+            seq_lengths=seq_lengths,
+            causal=causal,
+        )
 
 
 class EncodersConfig(Spec):
