@@ -51,3 +51,11 @@ crds: setup
 # Grouped Karmarkar-Karp reordering vs greedy and no reordering (PAPER.md technique 7).
 bench-balance: setup
 	$(BIN)/python bench/balance.py
+
+.PHONY: bench-checkpoint
+
+# Async loader snapshot vs synchronous save (1 MB, 100 MB; BENCH_ARGS=--big adds 1 GB) and
+# first vs later DCP saves with plan caching on and off (PAPER.md techniques 8, 13-15).
+BENCH_ARGS ?=
+bench-checkpoint: setup
+	$(BIN)/python bench/checkpoint.py $(BENCH_ARGS)

@@ -84,8 +84,9 @@ class Checkpointer:
     Args:
         config: the manifest's ``checkpoint`` section.
         storage: where to store (default: from ``config.path``).
-        group: process group for checkpoint collectives; default: a new gloo group over all
-            ranks, created here (so call the constructor on every rank at the same point).
+        group: process group over ALL ranks for checkpoint collectives (rank 0 coordinates);
+            default: a new gloo group, created here (so construct on every rank at the same
+            point). Its own group keeps the background thread's collectives apart from training.
         layout: the parallel layout, recorded in the commit marker (informational: loading
             works into any layout).
         loader_scope: ``"shared"`` (every rank's loader state is identical: rank 0 writes it)
@@ -119,7 +120,7 @@ class Checkpointer:
         self.scratch = scratch / f"omni-ckpt-{tag}" / f"rank-{self.rank:05d}"
         self.planner = make_planner(cache_plans=cache_plans, key=f"omni-ckpt-{tag}-{id(self)}")
         self._saver = BackgroundSaver()
-        self._blocking = 0.0
+        self._last_sync: SaveResult | None = None
 
     # -- saving ----------------------------------------------------------------------------
     def save(
@@ -152,7 +153,7 @@ class Checkpointer:
     def wait(self) -> SaveResult | None:
         """Wait for the save in flight; its result (None when there was none)."""
         if not self.config.async_save:
-            result, self._last_sync = getattr(self, "_last_sync", None), None
+            result, self._last_sync = self._last_sync, None
             return result
         return self._saver.wait()
 

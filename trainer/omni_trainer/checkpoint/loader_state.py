@@ -44,8 +44,34 @@ def loader_file(rank: int) -> str:
 
 
 def serialize(state: Any) -> bytes:
-    """JSON bytes of a snapshot (floats round-trip exactly through ``json``)."""
-    return json.dumps(state, separators=(",", ":"), default=_array_to_list).encode()
+    """JSON bytes of a snapshot (floats round-trip exactly through ``json``).
+
+    Long lists are encoded in slices: ``json.dumps`` runs in C without releasing the GIL, so one
+    call on a 100 MB list would stall the training loop's thread for a second; between slices
+    the interpreter can switch back to it.
+    """
+    return "".join(_encode(state)).encode()
+
+
+def _encode(obj: Any) -> list[str]:
+    if isinstance(obj, dict):
+        parts = ["{"]
+        for i, (key, value) in enumerate(obj.items()):
+            parts.append(("," if i else "") + json.dumps(str(key)) + ":")
+            parts.extend(_encode(value))
+        parts.append("}")
+        return parts
+    if isinstance(obj, list | tuple) and len(obj) > _SLICE:
+        pieces = [_dumps(obj[i : i + _SLICE])[1:-1] for i in range(0, len(obj), _SLICE)]
+        return ["[", ",".join(pieces), "]"]
+    return [_dumps(obj)]
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), default=_array_to_list)
+
+
+_SLICE = 16384
 
 
 def deserialize(data: bytes) -> Any:
