@@ -55,19 +55,30 @@ def train(
     ] = None,
     nproc: Annotated[int, typer.Option(min=1, help="local processes (one per GPU on GPUs)")] = 1,
     summary: Annotated[Path | None, typer.Option(help="write a JSON summary here")] = None,
+    resume: Annotated[
+        str,
+        typer.Option(
+            envvar="OMNI_RESUME",
+            help="auto: continue from the latest complete checkpoint (if any); none: start fresh",
+        ),
+    ] = "none",
 ) -> None:
     """Train the manifest's job on this machine (torchrun: gloo on CPU, NCCL on GPUs)."""
     from omni_trainer.launch import inside_torchrun, launch_torchrun, run_worker
 
+    if resume not in ("auto", "none"):
+        raise _fail(f"--resume must be 'auto' or 'none', not {resume!r}")
     job = _load(manifest)
     if nproc > 1 and not inside_torchrun():
         forwarded = [
             *(["--steps", str(steps)] if steps else []),
             *(["--summary", str(summary)] if summary else []),
+            "--resume",
+            resume,
         ]
         raise typer.Exit(launch_torchrun(manifest, nproc=nproc, forwarded=forwarded))
     try:
-        result = run_worker(job, steps=steps, summary_path=summary)
+        result = run_worker(job, steps=steps, summary_path=summary, resume=resume == "auto")
     except ManifestError as err:
         raise _fail(str(err)) from None
     if result and _is_rank0():
@@ -124,7 +135,10 @@ def _is_rank0() -> bool:
 def _print_summary(s: dict) -> None:
     table = Table(title=f"summary: {s['job']}", show_header=False)
     rows = [
-        ("steps", str(s["steps"])),
+        (
+            "steps",
+            f"{s['steps']}" + (f" (resumed at {s['first_step']})" if s["first_step"] else ""),
+        ),
         ("loss", f"{s['initial_loss']:.4f} -> {s['final_loss']:.4f}"),
         ("tokens/s", f"{s['tokens_per_second']:,.0f}"),
         (

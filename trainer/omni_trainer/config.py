@@ -13,6 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
+from omni_trainer.checkpoint.config import CheckpointConfig
 from omni_trainer.config_base import Spec
 from omni_trainer.data.config import DataConfig
 from omni_trainer.data.sample import MediaGeometry
@@ -66,6 +67,7 @@ class TrainerConfig(Spec):
     optimizer: OptimizerConfig = OptimizerConfig()
     lr_schedule: LRScheduleConfig = LRScheduleConfig()
     train: TrainConfig = TrainConfig()
+    checkpoint: CheckpointConfig | None = None
 
     def media_geometry(self) -> MediaGeometry:
         """The data pipeline's view of the encoders: pixels per patch, frames per token, mels."""

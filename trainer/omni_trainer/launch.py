@@ -42,7 +42,13 @@ _KNOWN_NOISE = (
 )
 
 
-def run_worker(manifest: JobManifest, *, steps: int | None, summary_path: Path | None) -> dict:
+def run_worker(
+    manifest: JobManifest,
+    *,
+    steps: int | None,
+    summary_path: Path | None,
+    resume: bool = False,
+) -> dict:
     """Train on this rank; rank 0 writes the summary. Returns the summary (all ranks)."""
     import torch
 
@@ -65,7 +71,9 @@ def run_worker(manifest: JobManifest, *, steps: int | None, summary_path: Path |
         dims = layout_for(cfg, world_size)
         groups = build_process_groups(dims, device, reorder_group_size=cfg.data.reorder.group_size)
         reporter = ConsoleReporter() if rank == 0 else NullReporter()
-        trainer = Trainer(cfg, groups=groups, steps=steps or cfg.train.steps, reporter=reporter)
+        trainer = Trainer(
+            cfg, groups=groups, steps=steps or cfg.train.steps, reporter=reporter, resume=resume
+        )
         summary = asdict(trainer.train())
         summary["job"] = manifest.metadata.name
         if rank == 0 and summary_path is not None:

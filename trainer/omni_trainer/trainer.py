@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -9,6 +10,8 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
+from omni_trainer.checkpoint.checkpointer import Checkpointer
+from omni_trainer.checkpoint.state import ModelState
 from omni_trainer.components.dataplane import DataPlane
 from omni_trainer.components.encoder_zero import EncoderZero
 from omni_trainer.components.model_flops import StepFlops, step_flops
@@ -30,7 +33,14 @@ from omni_trainer.multiplex.anchor import EncoderAnchor, EncoderWork, build_work
 from omni_trainer.multiplex.dataflow import PRE, DataflowTable, EncoderMicroBatch, plan_dataflow
 from omni_trainer.multiplex.workload import encoder_micro_batches
 
-PHASES = ("data", "encoder", "encoder_wait", "llm", "pipeline_wait", "sync")
+PHASES = ("data", "encoder", "encoder_wait", "llm", "pipeline_wait", "sync", "checkpoint")
+
+
+_FINGERPRINT_MOD = 1 << 40  # a sum over up to 2**23 ranks still fits an int64
+
+
+def _id_hash(sample_id: str) -> int:
+    return int.from_bytes(hashlib.blake2b(sample_id.encode(), digest_size=8).digest(), "little")
 
 
 @dataclass
@@ -42,7 +52,8 @@ class StepResult:
     seconds: float
     tokens: int
     flops: float
-    phases: dict[str, float]  # data, encoder, encoder_wait, pipeline_wait, sync, llm (seconds)
+    phases: dict[str, float]  # PHASES, seconds
+    fingerprint: str  # of the set of samples the global batch consumed
     encoder_activation_peak_bytes: int
 
 
@@ -51,9 +62,13 @@ class RunSummary:
     """What ``--summary`` writes; every field is measured in this run."""
 
     steps: int
+    first_step: int
+    """0, or the checkpoint step a resumed run continued from."""
     initial_loss: float
     final_loss: float
     loss_curve: list[float]
+    batch_fingerprints: list[str]
+    """Per step, an order-free fingerprint of the samples consumed (equal: same data)."""
     grad_norm_curve: list[float]
     lr_curve: list[float]
     tokens_per_second: float
@@ -98,6 +113,7 @@ class Trainer:
         groups: ProcessGroups,
         steps: int,
         reporter: StepReporter | None = None,
+        resume: bool = False,
     ) -> None:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -144,11 +160,35 @@ class Trainer:
             cfg, dp_rank=groups.dp_rank, dp_size=dims.dp, group=groups.reorder, device=self.device
         )
         self.reorder_bytes: list[int] = []
+        self.checkpointer = (
+            Checkpointer(cfg.checkpoint, layout=dims.as_dict()) if cfg.checkpoint else None
+        )
+        self.start_step = self._resume() if resume else 0
         self.peak_flops, self.peak_source = resolve_peak_flops(
             self.device,
             world_size=dims.world_size,
             override_per_device=cfg.train.peak_flops_per_device,
         )
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def _resume(self) -> int:
+        """Load the latest complete checkpoint, if any; the step to continue from."""
+        if self.checkpointer is None:
+            return 0
+        found = self.checkpointer.load_latest(ModelState.from_trainer(self))
+        if found is None:
+            return 0
+        self.data.load_state_dict(found.loader_state)
+        return found.step
+
+    def _save(self, step: int) -> None:
+        """Asynchronous checkpoint after ``step`` completed steps; the loop waits for the host
+        copy only. The loader state saved is every shard's, so any layout can resume it."""
+        everyone: list = [None] * self.groups.dims.dp
+        dist.all_gather_object(everyone, self.data.state_dict(), group=self.groups.dp)
+        shards = {k: v for state in everyone for k, v in state["shards"].items()}
+        with self.timer.span("checkpoint"):
+            self.checkpointer.save(step, ModelState.from_trainer(self), {"shards": shards})
 
     # -- the loop ---------------------------------------------------------------------------
     def train(self) -> RunSummary:
@@ -161,7 +201,7 @@ class Trainer:
         results: list[StepResult] = []
         t0 = time.perf_counter()
         try:
-            for step in range(self.steps):
+            for step in range(self.start_step, self.steps):
                 r = self.train_step(step)
                 results.append(r)
                 self.reporter.update(
@@ -172,13 +212,19 @@ class Trainer:
                 )
         finally:
             self.reporter.close()
+            if self.checkpointer:
+                last = self.checkpointer.close()
+                if last is not None and not last.committed:
+                    raise RuntimeError(f"the last checkpoint failed: {last.errors}")
         return self._summary(results, time.perf_counter() - t0)
 
     def train_step(self, step: int) -> StepResult:
         start = time.perf_counter()
         with self.timer.span("data"):
             local = self.data.next_local_batch()
-            tokens, training_flops = self._global_work(step_flops(self.cfg.model, local))
+            tokens, training_flops, fingerprint = self._global_work(
+                step_flops(self.cfg.model, local), local
+            )
             if self.data.last_stats is not None:
                 self.reorder_bytes.append(self.data.last_stats.bytes_moved)
         lr = lr_at(step, opt=self.cfg.optimizer, sched=self.cfg.lr_schedule, total_steps=self.steps)
@@ -198,6 +244,8 @@ class Trainer:
             self.optimizer.step()
             if self.encoder_zero:
                 self.encoder_zero.broadcast_parameters()
+        if self.checkpointer and self.cfg.checkpoint.due(step + 1):
+            self._save(step + 1)
         seconds = time.perf_counter() - start
         phases = self.timer.take()
         # What no span covers is the LLM's own forward/backward compute (and Python overhead).
@@ -210,16 +258,23 @@ class Trainer:
             seconds=seconds,
             tokens=tokens,
             flops=training_flops,
+            fingerprint=fingerprint,
             phases=phases,
             encoder_activation_peak_bytes=self.anchor.memory.take_peak(),
         )
 
-    def _global_work(self, local: StepFlops) -> tuple[int, float]:
-        """Tokens and training FLOPs of the whole global batch (each replica saw its share)."""
-        work = torch.tensor([float(local.tokens), local.training], dtype=torch.float64)
+    def _global_work(self, flops: StepFlops, local: list[PackedSequence]) -> tuple[int, float, str]:
+        """Tokens, training FLOPs and sample fingerprint of the whole global batch (each replica
+        saw its share). The fingerprint is order-free, so it names the set of samples a step
+        consumed whatever rank consumed them: equal fingerprints, equal data."""
+        ids = [s.sample_id for seq in local for s in seq.samples]
+        work = torch.tensor([float(flops.tokens), flops.training], dtype=torch.float64)
+        digest = torch.tensor([sum(_id_hash(i) for i in ids) % _FINGERPRINT_MOD], dtype=torch.int64)
         if self.groups.dims.dp > 1:
             dist.all_reduce(work, group=self.groups.dp)
-        return int(work[0].item()), float(work[1].item())
+            dist.all_reduce(digest, group=self.groups.dp)
+        fingerprint = int(digest.item()) % _FINGERPRINT_MOD
+        return int(work[0].item()), float(work[1].item()), f"{fingerprint:010x}"
 
     def forward_backward_step(self, local: list[PackedSequence]) -> float:
         """Forward and backward of this replica's micro-batches; returns the global mean loss.
@@ -387,9 +442,11 @@ class Trainer:
         dist.all_gather_object(breakdown, mine)
         return RunSummary(
             steps=len(results),
+            first_step=self.start_step,
             initial_loss=results[0].loss,
             final_loss=results[-1].loss,
             loss_curve=[r.loss for r in results],
+            batch_fingerprints=[r.fingerprint for r in results],
             grad_norm_curve=[r.grad_norm for r in results],
             lr_curve=[r.lr for r in results],
             tokens_per_second=tokens_per_s,
