@@ -62,6 +62,13 @@ def train(
             help="auto: continue from the latest complete checkpoint (if any); none: start fresh",
         ),
     ] = "none",
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            envvar="OMNI_METRICS_PORT",
+            help="serve Prometheus metrics on this port (first process of the machine)",
+        ),
+    ] = None,
 ) -> None:
     """Train the manifest's job on this machine (torchrun: gloo on CPU, NCCL on GPUs)."""
     from omni_trainer.launch import inside_torchrun, launch_torchrun, run_worker
@@ -78,7 +85,13 @@ def train(
         ]
         raise typer.Exit(launch_torchrun(manifest, nproc=nproc, forwarded=forwarded))
     try:
-        result = run_worker(job, steps=steps, summary_path=summary, resume=resume == "auto")
+        result = run_worker(
+            job,
+            steps=steps,
+            summary_path=summary,
+            resume=resume == "auto",
+            metrics_port=metrics_port,
+        )
     except ManifestError as err:
         raise _fail(str(err)) from None
     if result and _is_rank0():

@@ -48,10 +48,12 @@ def run_worker(
     steps: int | None,
     summary_path: Path | None,
     resume: bool = False,
+    metrics_port: int | None = None,
 ) -> dict:
     """Train on this rank; rank 0 writes the summary. Returns the summary (all ranks)."""
     import torch
 
+    from omni_trainer.components.metrics import NullTrainerMetrics
     from omni_trainer.components.progress import ConsoleReporter, NullReporter
     from omni_trainer.distributed.layout import layout_for
     from omni_trainer.mcore.parallel import (
@@ -67,12 +69,19 @@ def run_worker(
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     cfg = manifest.spec.trainer
     rank, world_size, device = init_distributed()
+    metrics = NullTrainerMetrics()
     try:
         dims = layout_for(cfg, world_size)
         groups = build_process_groups(dims, device, reorder_group_size=cfg.data.reorder.group_size)
         reporter = ConsoleReporter() if rank == 0 else NullReporter()
+        metrics = _metrics(job=manifest.metadata.name, rank=rank, port=metrics_port)
         trainer = Trainer(
-            cfg, groups=groups, steps=steps or cfg.train.steps, reporter=reporter, resume=resume
+            cfg,
+            groups=groups,
+            steps=steps or cfg.train.steps,
+            reporter=reporter,
+            resume=resume,
+            metrics=metrics,
         )
         summary = asdict(trainer.train())
         summary["job"] = manifest.metadata.name
@@ -81,4 +90,19 @@ def run_worker(
             summary_path.write_text(json.dumps(summary, indent=2) + "\n")
         return summary
     finally:
+        metrics.close()
         destroy_distributed()
+
+
+def _metrics(*, job: str, rank: int, port: int | None):
+    """The first process of each pod (local rank 0) serves Prometheus metrics on ``port``;
+    ``None`` (the local default) serves nothing."""
+    from omni_trainer.components.metrics import NullTrainerMetrics, TrainerMetrics
+
+    if port is None or os.environ.get("LOCAL_RANK", "0") != "0":
+        return NullTrainerMetrics()
+    from megatron.core import parallel_state as ps
+
+    metrics = TrainerMetrics(job=job, rank=rank, stage=ps.get_pipeline_model_parallel_rank())
+    metrics.serve(port)
+    return metrics

@@ -14,6 +14,8 @@ from omni_trainer.checkpoint.checkpointer import Checkpointer
 from omni_trainer.checkpoint.state import ModelState
 from omni_trainer.components.dataplane import DataPlane
 from omni_trainer.components.encoder_zero import EncoderZero
+from omni_trainer.components.metrics import TRAINER_PHASES as PHASES
+from omni_trainer.components.metrics import MetricsSink, NullTrainerMetrics
 from omni_trainer.components.model_flops import StepFlops, step_flops
 from omni_trainer.components.optim import (
     all_reduce_grads,
@@ -33,14 +35,20 @@ from omni_trainer.multiplex.anchor import EncoderAnchor, EncoderWork, build_work
 from omni_trainer.multiplex.dataflow import PRE, DataflowTable, EncoderMicroBatch, plan_dataflow
 from omni_trainer.multiplex.workload import encoder_micro_batches
 
-PHASES = ("data", "encoder", "encoder_wait", "llm", "pipeline_wait", "sync", "checkpoint")
-
-
 _FINGERPRINT_MOD = 1 << 40  # a sum over up to 2**23 ranks still fits an int64
 
 
 def _id_hash(sample_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(sample_id.encode(), digest_size=8).digest(), "little")
+
+
+def _samples_per_modality(batch: list[PackedSequence]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for seq in batch:
+        for seg, sample in zip(seq.segments, seq.samples, strict=True):
+            if sample.chunk <= 0:  # a long text's later chunks are the same sample
+                counts[seg.modality] = counts.get(seg.modality, 0) + 1
+    return counts
 
 
 @dataclass
@@ -54,6 +62,7 @@ class StepResult:
     flops: float
     phases: dict[str, float]  # PHASES, seconds
     fingerprint: str  # of the set of samples the global batch consumed
+    samples: dict[str, int]  # per modality, this replica's share of the step
     encoder_activation_peak_bytes: int
 
 
@@ -73,6 +82,8 @@ class RunSummary:
     lr_curve: list[float]
     tokens_per_second: float
     mfu: float
+    tokens_per_second_curve: list[float]
+    mfu_curve: list[float]
     peak_flops: float
     peak_flops_source: str
     samples_per_modality: dict[str, int]
@@ -114,6 +125,7 @@ class Trainer:
         steps: int,
         reporter: StepReporter | None = None,
         resume: bool = False,
+        metrics: MetricsSink | None = None,
     ) -> None:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -123,6 +135,7 @@ class Trainer:
         self.groups = groups
         self.steps = steps
         self.reporter = reporter or NullReporter()
+        self.metrics = metrics or NullTrainerMetrics()
         self.device = groups.device
         seed_everything(cfg.seed)
         self.model = OmniModel(
@@ -184,10 +197,16 @@ class Trainer:
     def _save(self, step: int) -> None:
         """Asynchronous checkpoint after ``step`` completed steps; the loop waits for the host
         copy only. The loader state saved is every shard's, so any layout can resume it."""
+        previous = self.checkpointer.wait()  # save() would wait for it too; we report it
+        if previous is not None and previous.committed:
+            self.metrics.record_checkpoint(
+                seconds=previous.blocking_s + previous.background_s,
+                blocking_seconds=previous.blocking_s,
+            )
         everyone: list = [None] * self.groups.dims.dp
         dist.all_gather_object(everyone, self.data.state_dict(), group=self.groups.dp)
         shards = {k: v for state in everyone for k, v in state["shards"].items()}
-        with self.timer.span("checkpoint"):
+        with self.timer.span("checkpoint_blocking"):
             self.checkpointer.save(step, ModelState.from_trainer(self), {"shards": shards})
 
     # -- the loop ---------------------------------------------------------------------------
@@ -204,6 +223,7 @@ class Trainer:
             for step in range(self.start_step, self.steps):
                 r = self.train_step(step)
                 results.append(r)
+                self._export(r)
                 self.reporter.update(
                     step + 1,
                     loss=r.loss,
@@ -259,6 +279,7 @@ class Trainer:
             tokens=tokens,
             flops=training_flops,
             fingerprint=fingerprint,
+            samples=_samples_per_modality(local),
             phases=phases,
             encoder_activation_peak_bytes=self.anchor.memory.take_peak(),
         )
@@ -392,6 +413,22 @@ class Trainer:
                 all_reduce_grads(self.encoder_params, self.groups.world)
 
     # -- results ----------------------------------------------------------------------------
+    def _export(self, r: StepResult) -> None:
+        """Prometheus figures of a finished step (the same ones the summary is built from)."""
+        stream = self.data.streams[0]
+        self.metrics.record_step(
+            step=r.step + 1,
+            loss=r.loss,
+            lr=r.lr,
+            tokens_per_s=r.tokens / r.seconds,
+            mfu=r.flops / r.seconds / self.peak_flops,
+            step_seconds=r.seconds,
+            phases={k: v for k, v in r.phases.items() if k != "checkpoint_blocking"},
+            samples=r.samples,
+            mixture=stream.mixer.schedule.weights(stream.mixer.total),
+            encoder_activation_peak_bytes=r.encoder_activation_peak_bytes,
+        )
+
     def _global_counters(self) -> dict[str, dict[str, int]]:
         """Samples and tokens per modality over all data-parallel replicas."""
         mine = self.data.counters
@@ -451,6 +488,8 @@ class Trainer:
             lr_curve=[r.lr for r in results],
             tokens_per_second=tokens_per_s,
             mfu=achieved / self.peak_flops,
+            tokens_per_second_curve=[r.tokens / r.seconds for r in results],
+            mfu_curve=[r.flops / r.seconds / self.peak_flops for r in results],
             peak_flops=self.peak_flops,
             peak_flops_source=self.peak_source,
             samples_per_modality=dict(sorted(counters["samples_per_modality"].items())),

@@ -1,0 +1,125 @@
+"""The operator's Prometheus metrics: jobs by phase, restarts, recovery time, reconcile health.
+
+One :class:`OperatorMetrics` per operator process, with its own ``CollectorRegistry`` (tests build
+as many as they like). Pure: imports neither kopf nor a Kubernetes client; the handlers call it
+(``with metrics.reconcile("create"): ...``) and the startup handler calls :meth:`serve`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import get_args
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from omni_operator.status import Phase
+
+PREFIX = "omni_operator_"
+PHASES: tuple[str, ...] = get_args(Phase)
+"""Every phase gets a series (0 when no job is in it), so a phase emptying shows as 0."""
+DEFAULT_PORT = 9090
+
+_RECOVER_BUCKETS = (5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
+_RECONCILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class OperatorMetrics:
+    """Prometheus metrics of the operator process."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+        r = self.registry
+        self.jobs = Gauge(PREFIX + "jobs", "OmniTrainingJobs by phase.", ("phase",), registry=r)
+        self.restarts = Counter(
+            PREFIX + "restarts",
+            "Whole-job restarts the operator performed, by classified failure reason.",
+            ("reason",),
+            registry=r,
+        )
+        self.time_to_recover = Histogram(
+            PREFIX + "time_to_recover_seconds",
+            "From failure detection until the restarted job trains again.",
+            buckets=_RECOVER_BUCKETS,
+            registry=r,
+        )
+        self.reconcile_seconds = Histogram(
+            PREFIX + "reconcile_duration_seconds",
+            "Latency of one handler invocation.",
+            ("handler",),
+            buckets=_RECONCILE_BUCKETS,
+            registry=r,
+        )
+        self.reconcile_errors = Counter(
+            PREFIX + "reconcile_errors",
+            "Handler invocations that raised, by handler and exception type.",
+            ("handler", "error"),
+            registry=r,
+        )
+        self.quarantined_nodes = Gauge(
+            PREFIX + "quarantined_nodes",
+            "Nodes the operator avoids after failures attributed to them.",
+            registry=r,
+        )
+        self.set_jobs_by_phase({})
+
+    def serve(self, port: int = DEFAULT_PORT, *, addr: str = "0.0.0.0") -> int:
+        """Serve ``/metrics`` in a daemon thread; ``port=0`` picks a free port. Returns the port."""
+        if self._server is not None:
+            raise RuntimeError("metrics endpoint already serving")
+        self._server, self._thread = start_http_server(port, addr=addr, registry=self.registry)
+        return int(self._server.server_port)
+
+    def close(self) -> None:
+        """Stop serving (idempotent)."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def set_jobs_by_phase(self, counts: Mapping[str, int]) -> None:
+        """Replace the per-phase job counts (a timer or index recounts; phases absent -> 0).
+
+        Raises:
+            ValueError: for a phase the status model does not know (bounded label values).
+        """
+        unknown = set(counts) - set(PHASES)
+        if unknown:
+            raise ValueError(f"unknown phases {sorted(unknown)}; known: {list(PHASES)}")
+        for phase in PHASES:
+            self.jobs.labels(phase).set(counts.get(phase, 0))
+
+    def record_restart(self, reason: str) -> None:
+        """Count one whole-job restart; ``reason`` is the failure class (node_lost, ...)."""
+        self.restarts.labels(reason).inc()
+
+    def observe_recovery(self, seconds: float) -> None:
+        """Time from detecting a failure to the restarted job's first step."""
+        self.time_to_recover.observe(seconds)
+
+    def set_quarantined_nodes(self, count: int) -> None:
+        self.quarantined_nodes.set(count)
+
+    @contextmanager
+    def reconcile(self, handler: str) -> Iterator[None]:
+        """Time a handler body; an exception is counted by type and re-raised unchanged.
+
+        ``kopf.TemporaryError`` ("not ready yet") is counted too, under its own ``error``
+        label, so dashboards can tell waiting from failing.
+        """
+        start = time.perf_counter()
+        try:
+            yield
+        except BaseException as err:
+            self.reconcile_errors.labels(handler, type(err).__name__).inc()
+            raise
+        finally:
+            self.reconcile_seconds.labels(handler).observe(time.perf_counter() - start)

@@ -1,0 +1,327 @@
+"""The trainer's Prometheus endpoint: throughput, MFU, where step time goes, data mix, checkpoints.
+
+One :class:`TrainerMetrics` per exporting rank, each with its own ``CollectorRegistry`` (no
+process-global state: tests and several ranks in one process never collide). Ranks that do not
+export get :class:`NullTrainerMetrics`, which has the same methods and does nothing, so the
+training loop never branches on "is metrics enabled".
+
+Job-wide figures (loss, tokens/s, MFU, mixture) carry only the ``training_job`` label; what
+differs between ranks (step-time phases, encoder activation peak) also carries ``rank`` and
+``stage`` (pipeline stage). Prometheus adds ``pod``/``namespace`` through the PodMonitor. The
+label is ``training_job``, not ``job``, because Prometheus owns ``job`` (the scrape job).
+
+Everything here takes plain numbers: the module imports neither torch nor the trainer, so the
+operator image and the unit tests can load it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Mapping
+from typing import Protocol
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+PREFIX = "omni_trainer_"
+TRAINER_PHASES = (
+    "data",
+    "encoder",
+    "encoder_wait",
+    "llm",
+    "pipeline_wait",
+    "sync",
+    "checkpoint_blocking",
+)
+"""Where a trainer step's time goes (``PhaseTimer`` spans; ``llm`` is what no span covers)."""
+PHASES = (*TRAINER_PHASES, "loader_snapshot")
+"""Step-time phases: the trainer's via :meth:`record_step` (all but the checkpoint blocking),
+the checkpoint blocking and loader snapshot via :meth:`TrainerMetrics.record_checkpoint`. A fixed
+set keeps label cardinality bounded; an unknown phase is a programming error."""
+DEFAULT_PORT = 9464
+"""The trainer pod's container port named ``metrics`` (dockerfiles/trainer.Dockerfile EXPOSEs it,
+the chart's PodMonitor scrapes the port by that name)."""
+RESTART_ENV = "OMNI_RESTART_ATTEMPT"
+"""Set by the operator on every pod of a restarted job (0 for the first attempt)."""
+
+_STEP_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128)
+_CHECKPOINT_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
+
+
+class MetricsSink(Protocol):
+    """What the training loop calls; :class:`TrainerMetrics` and :class:`NullTrainerMetrics`."""
+
+    def serve(self, port: int = 0, *, addr: str = "0.0.0.0") -> int: ...
+
+    def record_step(
+        self,
+        *,
+        step: int,
+        loss: float,
+        lr: float,
+        tokens_per_s: float,
+        mfu: float,
+        step_seconds: float,
+        phases: Mapping[str, float],
+        samples: Mapping[str, int],
+        mixture: Mapping[str, float],
+        encoder_activation_peak_bytes: int,
+    ) -> None: ...
+
+    def record_checkpoint(
+        self,
+        *,
+        seconds: float,
+        blocking_seconds: float,
+        age: float = 0.0,
+        loader_snapshot_seconds: float = 0.0,
+    ) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def restart_attempt_from_env(environ: Mapping[str, str] | None = None) -> int:
+    """The restart attempt the operator stamped on this pod (``OMNI_RESTART_ATTEMPT``), else 0."""
+    raw = (os.environ if environ is None else environ).get(RESTART_ENV, "0").strip() or "0"
+    try:
+        return max(0, int(raw))
+    except ValueError as err:
+        raise ValueError(f"{RESTART_ENV} must be a non-negative integer, got {raw!r}") from err
+
+
+class TrainerMetrics:
+    """Prometheus metrics of one trainer rank, served over HTTP by :meth:`serve`.
+
+    Args:
+        job: the OmniTrainingJob name (label ``training_job`` on every series).
+        rank: global rank of this process (label ``rank`` on per-rank series).
+        stage: pipeline stage of this rank (label ``stage`` on per-rank series).
+        restart_attempt: exported as ``omni_trainer_restart_attempt``; ``None`` reads
+            ``OMNI_RESTART_ATTEMPT`` from the environment (default 0).
+    """
+
+    def __init__(
+        self,
+        *,
+        job: str,
+        rank: int = 0,
+        stage: int = 0,
+        restart_attempt: int | None = None,
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+        self._job = job
+        self._rank_labels = {"training_job": job, "rank": str(rank), "stage": str(stage)}
+        job_l = ("training_job",)
+        rank_l = ("training_job", "rank", "stage")
+        r = self.registry
+
+        def gauge(name: str, doc: str, labels: tuple[str, ...] = job_l) -> Gauge:
+            return Gauge(PREFIX + name, doc, labels, registry=r)
+
+        self.step = gauge("step", "Last completed training step (1-based).")
+        self.steps = Counter(
+            PREFIX + "steps", "Training steps completed by this process.", job_l, registry=r
+        )
+        self.loss = gauge("loss", "Training loss of the last step (global batch mean).")
+        self.lr = gauge("learning_rate", "Learning rate used by the last step.")
+        self.tokens_per_s = gauge(
+            "tokens_per_second", "Job-wide LLM tokens per second of the last step."
+        )
+        self.mfu = gauge(
+            "mfu_ratio",
+            "Model FLOPs utilisation of the last step (encoder FLOPs counted), 0..1.",
+        )
+        self.step_seconds = Histogram(
+            PREFIX + "step_duration_seconds",
+            "Wall time of a training step on this rank.",
+            rank_l,
+            buckets=_STEP_BUCKETS,
+            registry=r,
+        )
+        self.phase_seconds = Counter(
+            PREFIX + "phase_seconds",
+            "Seconds this rank spent in each step phase (rate() = share of wall time).",
+            (*rank_l, "phase"),
+            registry=r,
+        )
+        self.samples = Counter(
+            PREFIX + "samples",
+            "Samples trained on, per modality.",
+            (*job_l, "modality"),
+            registry=r,
+        )
+        self.mixture = gauge(
+            "mixture_share",
+            "Current share of each modality in the data mixture schedule, 0..1.",
+            (*job_l, "modality"),
+        )
+        self.activation_peak = gauge(
+            "encoder_activation_peak_bytes",
+            "Peak bytes encoder forwards kept for backward during the last step.",
+            rank_l,
+        )
+        self.checkpoint_seconds = Histogram(
+            PREFIX + "checkpoint_duration_seconds",
+            "Time from checkpoint start to its commit marker (background upload included).",
+            job_l,
+            buckets=_CHECKPOINT_BUCKETS,
+            registry=r,
+        )
+        self.checkpoint_blocking = Histogram(
+            PREFIX + "checkpoint_blocking_seconds",
+            "Time a checkpoint stopped training (the synchronous part).",
+            job_l,
+            buckets=_CHECKPOINT_BUCKETS,
+            registry=r,
+        )
+        self.checkpoint_state_time = gauge(
+            "checkpoint_last_complete_timestamp_seconds",
+            "Unix time of the training state held by the latest complete checkpoint "
+            "(time() minus this is the checkpoint age).",
+        )
+        self.restart_attempt = gauge(
+            "restart_attempt", "Restart attempt of this job run (0 = never restarted)."
+        )
+        attempt = restart_attempt_from_env() if restart_attempt is None else restart_attempt
+        self.restart_attempt.labels(job).set(attempt)
+        # Series that exist before the first step, so dashboards and alerts see 0, not "no data".
+        self.steps.labels(job)
+        for phase in PHASES:
+            self.phase_seconds.labels(**self._rank_labels, phase=phase)
+
+    # -- serving ----------------------------------------------------------------------------
+    def serve(self, port: int = 0, *, addr: str = "0.0.0.0") -> int:
+        """Serve ``/metrics`` in a daemon thread; ``port=0`` picks a free port.
+
+        Returns:
+            The port actually bound (what the pod's PodMonitor or a test scrapes).
+        """
+        if self._server is not None:
+            raise RuntimeError("metrics endpoint already serving")
+        self._server, self._thread = start_http_server(port, addr=addr, registry=self.registry)
+        return int(self._server.server_port)
+
+    def close(self) -> None:
+        """Stop serving (idempotent); the registry keeps its values."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    # -- recording --------------------------------------------------------------------------
+    def record_step(
+        self,
+        *,
+        step: int,
+        loss: float,
+        lr: float,
+        tokens_per_s: float,
+        mfu: float,
+        step_seconds: float,
+        phases: Mapping[str, float],
+        samples: Mapping[str, int],
+        mixture: Mapping[str, float],
+        encoder_activation_peak_bytes: int,
+    ) -> None:
+        """Record one finished step.
+
+        Args:
+            step: 1-based number of the step just completed.
+            loss, lr, tokens_per_s, mfu: as the run summary reports them (MFU as a ratio).
+            step_seconds: wall time of the step on this rank.
+            phases: seconds per phase of this step (keys from :data:`PHASES`); counters, so
+                ``rate()`` gives each phase's share of wall time however often Prometheus scrapes.
+            samples: samples of this step per modality (added to the counters).
+            mixture: current mixture share per modality.
+            encoder_activation_peak_bytes: this rank's peak during the step.
+        """
+        unknown = set(phases) - set(PHASES)
+        if unknown:
+            raise ValueError(f"unknown step phases {sorted(unknown)}; known: {list(PHASES)}")
+        job = self._job
+        self.step.labels(job).set(step)
+        self.steps.labels(job).inc()
+        self.loss.labels(job).set(loss)
+        self.lr.labels(job).set(lr)
+        self.tokens_per_s.labels(job).set(tokens_per_s)
+        self.mfu.labels(job).set(mfu)
+        self.step_seconds.labels(**self._rank_labels).observe(step_seconds)
+        for phase, seconds in phases.items():
+            self.phase_seconds.labels(**self._rank_labels, phase=phase).inc(max(0.0, seconds))
+        for modality, count in samples.items():
+            self.samples.labels(job, modality).inc(count)
+        for modality, share in mixture.items():
+            self.mixture.labels(job, modality).set(share)
+        self.activation_peak.labels(**self._rank_labels).set(encoder_activation_peak_bytes)
+
+    def record_checkpoint(
+        self,
+        *,
+        seconds: float,
+        blocking_seconds: float,
+        age: float = 0.0,
+        loader_snapshot_seconds: float = 0.0,
+    ) -> None:
+        """Record a checkpoint that just became complete (its commit marker is written).
+
+        Args:
+            seconds: start to commit, background upload included.
+            blocking_seconds: the part that stopped training (also a step phase).
+            age: seconds between the training state it holds and now (the async upload lag);
+                the checkpoint-age panel is ``time() - <state timestamp>``, so it keeps growing
+                between checkpoints without anyone calling this method.
+            loader_snapshot_seconds: blocking time of capturing the loader state (a step phase).
+        """
+        job = self._job
+        self.checkpoint_seconds.labels(job).observe(seconds)
+        self.checkpoint_blocking.labels(job).observe(blocking_seconds)
+        self.checkpoint_state_time.labels(job).set(time.time() - age)
+        self.phase_seconds.labels(**self._rank_labels, phase="checkpoint_blocking").inc(
+            max(0.0, blocking_seconds)
+        )
+        self.phase_seconds.labels(**self._rank_labels, phase="loader_snapshot").inc(
+            max(0.0, loader_snapshot_seconds)
+        )
+
+
+class NullTrainerMetrics:
+    """For ranks that do not export: same methods as :class:`TrainerMetrics`, no effect."""
+
+    def serve(self, port: int = 0, *, addr: str = "0.0.0.0") -> int:
+        return 0
+
+    def record_step(
+        self,
+        *,
+        step: int,
+        loss: float,
+        lr: float,
+        tokens_per_s: float,
+        mfu: float,
+        step_seconds: float,
+        phases: Mapping[str, float],
+        samples: Mapping[str, int],
+        mixture: Mapping[str, float],
+        encoder_activation_peak_bytes: int,
+    ) -> None:
+        pass
+
+    def record_checkpoint(
+        self,
+        *,
+        seconds: float,
+        blocking_seconds: float,
+        age: float = 0.0,
+        loader_snapshot_seconds: float = 0.0,
+    ) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
