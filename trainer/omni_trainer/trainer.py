@@ -169,9 +169,7 @@ class Trainer:
         self.forward_backward = get_forward_backward_func()
         self.chunks[0].config.finalize_model_grads_func = self._finalize_grads
         self._schedule_kwargs = schedule_kwargs(self.chunks[0].config, self.timer)
-        self.data = DataPlane(
-            cfg, dp_rank=groups.dp_rank, dp_size=dims.dp, group=groups.reorder, device=self.device
-        )
+        self.data = DataPlane(cfg, dp_rank=groups.dp_rank, dp_size=dims.dp, group=groups.reorder)
         self.reorder_bytes: list[int] = []
         self.checkpointer = (
             Checkpointer(cfg.checkpoint, layout=dims.as_dict()) if cfg.checkpoint else None
@@ -197,17 +195,17 @@ class Trainer:
     def _save(self, step: int) -> None:
         """Asynchronous checkpoint after ``step`` completed steps; the loop waits for the host
         copy only. The loader state saved is every shard's, so any layout can resume it."""
-        previous = self.checkpointer.wait()  # save() would wait for it too; we report it
+        with self.timer.span("checkpoint_blocking"):
+            previous = self.checkpointer.wait()  # save() would wait for it too; we report it
+            everyone: list = [None] * self.groups.dims.dp
+            dist.all_gather_object(everyone, self.data.state_dict(), group=self.groups.dp)
+            shards = {k: v for state in everyone for k, v in state["shards"].items()}
+            self.checkpointer.save(step, ModelState.from_trainer(self), {"shards": shards})
         if previous is not None and previous.committed:
             self.metrics.record_checkpoint(
                 seconds=previous.blocking_s + previous.background_s,
                 blocking_seconds=previous.blocking_s,
             )
-        everyone: list = [None] * self.groups.dims.dp
-        dist.all_gather_object(everyone, self.data.state_dict(), group=self.groups.dp)
-        shards = {k: v for state in everyone for k, v in state["shards"].items()}
-        with self.timer.span("checkpoint_blocking"):
-            self.checkpointer.save(step, ModelState.from_trainer(self), {"shards": shards})
 
     # -- the loop ---------------------------------------------------------------------------
     def train(self) -> RunSummary:

@@ -71,7 +71,6 @@ class DataPlane:
         dp_rank: int,
         dp_size: int,
         group: dist.ProcessGroup | None,
-        device: torch.device,
     ) -> None:
         data = cfg.data
         num_shards = data.shards_for(dp_size)
@@ -91,7 +90,6 @@ class DataPlane:
         self.group_rank = dist.get_rank(group) if group is not None else 0
         self.method = data.reorder.method
         self.cost = sequence_cost(cfg.model)
-        self.device = device
         self.last_stats: ReorderStats | None = None
 
     def next_local_batch(self) -> list[PackedSequence]:
