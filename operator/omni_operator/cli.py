@@ -12,6 +12,56 @@ import yaml
 def register(app: typer.Typer) -> None:
     """Add the operator's commands to ``omni``."""
     app.command(name="render")(render)
+    app.command(name="operator")(operator)
+
+
+def operator(
+    standalone: Annotated[
+        bool, typer.Option(help="no peering (one operator; tests, the sandbox)")
+    ] = False,
+    peering: Annotated[
+        str | None, typer.Option(help="kopf peering object: replicas sharing it never both act")
+    ] = None,
+    priority: Annotated[int, typer.Option(help="peering priority (the highest one acts)")] = 0,
+    namespace: Annotated[
+        list[str] | None, typer.Option(help="namespace to watch (repeatable); default: all")
+    ] = None,
+    server: Annotated[
+        str | None, typer.Option(help="API server URL without credentials (sandbox emulator)")
+    ] = None,
+    liveness: Annotated[
+        str | None, typer.Option(help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    ] = None,
+    verbose: Annotated[bool, typer.Option(help="debug logging")] = False,
+) -> None:
+    """Run the OmniTrainingJob operator (kopf) until interrupted.
+
+    The same as `kopf run -m omni_operator.handlers` with these options; credentials come from
+    the service account in a pod, else from the kubeconfig.
+    """
+    import asyncio
+    import logging
+    import os
+
+    import kopf
+
+    if server:
+        os.environ["OMNI_API_SERVER"] = server
+    import omni_operator.handlers  # noqa: F401  (registers the handlers with kopf)
+
+    kopf.configure(verbose=verbose)
+    if not verbose:
+        logging.getLogger().setLevel(logging.INFO)
+    asyncio.run(
+        kopf.operator(
+            standalone=standalone,
+            peering_name=peering,
+            priority=priority,
+            clusterwide=not namespace,
+            namespaces=namespace or (),
+            liveness_endpoint=liveness,
+        )
+    )
 
 
 def render(

@@ -166,6 +166,12 @@ class RestartPolicyConfig(Spec):
     node_lost_grace_seconds: int = Field(
         60, ge=5, description="a node NotReady/unreachable this long counts as lost"
     )
+    quarantine_after_failures: int = Field(
+        2,
+        ge=1,
+        description="a node blamed for this many failures (node lost, crash, eviction) is "
+        "avoided by later placements of the job",
+    )
 
 
 class OmniTrainingJobSpec(Spec):

@@ -34,6 +34,7 @@ class RestartRecord(Spec):
     time: str | None = None
     nodes: list[str] = Field(default_factory=list, description="nodes involved in the failure")
     from_step: int | None = Field(None, description="checkpoint step the restart resumes from")
+    delay_seconds: float = Field(0.0, ge=0, description="backoff before the new pods were created")
 
 
 class CheckpointStatus(Spec):
@@ -54,6 +55,9 @@ class OmniTrainingJobStatus(Spec):
     restarts: int = Field(0, ge=0)
     restart_budget_left: int | None = None
     step: int | None = None
+    last_progress_time: str | None = Field(
+        None, description="when the step last advanced (or the attempt started); hang detection"
+    )
     tokens_per_second: float | None = None
     mfu: float | None = None
     last_checkpoint: CheckpointStatus | None = None

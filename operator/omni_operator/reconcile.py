@@ -1,0 +1,557 @@
+"""Reconciliation: from what is observed to what to do (a pure function over plain data).
+
+The kopf handlers (``omni_operator.handlers``) read the job, the objects it owns, the Nodes and
+the trainer's progress, call :func:`reconcile`, and apply the returned :class:`Actions` (creates,
+deletes, adoptions, one status merge patch, Events). Everything is derived from the observation
+and the job's own status, never from memory, so the same observation always yields the same
+actions: an operator restarted in the middle of a reconcile finds the pods it created by name
+and neither duplicates nor forgets them.
+
+Phases::
+
+    Pending ─► Placing ─► Running ─► Succeeded
+      │          ▲  │        │
+      │          │  └───◄────┤ failure: Restarting (backoff) ─► Placing/Running (attempt + 1)
+      │          │           └ user error / budget spent: Failed
+      └─ spec.suspend: Suspended (pods deleted) ─ resume: a new attempt
+
+``Running`` means the attempt's pods exist; condition ``PodsRunning`` says whether all of them
+run. Pods are named per attempt (``<job>-a<attempt>-n<rank>``), so a restart never waits for a
+pod stuck Terminating on a lost node: those are force-deleted (grace 0) instead.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from omni_operator import recovery
+from omni_operator.placement import PlacedNode, Placement, PlacementError, place
+from omni_operator.render import LABEL_ATTEMPT, render_all
+from omni_operator.spec import OmniTrainingJob
+from omni_operator.status import CheckpointStatus, Condition, OmniTrainingJobStatus, Phase
+
+Obj = dict[str, Any]
+TERMINAL: frozenset[str] = frozenset({"Succeeded", "Failed"})
+PRUNED_KINDS = ("Pod", "PodGroup")
+"""Kinds that belong to one attempt: objects of these kinds that are not desired are deleted."""
+HISTORY_LIMIT = 50
+"""Restart records kept in status (quarantine counts what is kept)."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the trainer last reported (its metrics endpoint)."""
+
+    step: int | None = None
+    checkpoint_step: int | None = None
+    checkpoint_path: str | None = None
+    tokens_per_second: float | None = None
+    mfu: float | None = None
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything one reconcile looks at."""
+
+    job: OmniTrainingJob
+    status: OmniTrainingJobStatus
+    owned: Sequence[Obj]
+    """Objects labelled with the job (pods of every attempt, ConfigMap, Service, PodGroups)."""
+    nodes: Sequence[Obj]
+    now: dt.datetime
+    progress: Progress | None = None
+    tracks_progress: bool = False
+    """A progress source is configured: hang detection and "crash before the first step" need it."""
+    generation: int | None = None
+
+
+@dataclass(frozen=True)
+class Event:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Delete:
+    obj: Obj
+    grace_seconds: int | None = None
+    """0 forces the deletion (a pod on a lost node never confirms it)."""
+
+
+@dataclass
+class Actions:
+    """What to do, in order: delete, adopt (merge-patch), create, then patch the status."""
+
+    create: list[Obj] = field(default_factory=list)
+    delete: list[Delete] = field(default_factory=list)
+    adopt: list[Obj] = field(default_factory=list)
+    """Merge patches for existing objects (kind, metadata.name/namespace plus the changes)."""
+    status: dict[str, Any] = field(default_factory=dict)
+    """A merge patch of ``status`` (camelCase keys; None removes a field)."""
+    events: list[Event] = field(default_factory=list)
+    requeue_after: float | None = None
+    """Reconcile again after this many seconds (a backoff ends), if not sooner."""
+
+
+# -- desired vs actual --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Diff:
+    create: tuple[Obj, ...] = ()
+    delete: tuple[Obj, ...] = ()
+    adopt: tuple[Obj, ...] = ()
+    waiting: tuple[Obj, ...] = ()
+    """Desired objects whose name is still taken by one being deleted."""
+
+
+def object_key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    return obj["kind"], obj["metadata"]["name"]
+
+
+def diff(
+    desired: Sequence[Obj], existing: Sequence[Obj], *, prune_kinds: Sequence[str] = PRUNED_KINDS
+) -> Diff:
+    """Creates, deletes and adoptions that turn ``existing`` into ``desired`` (matched by kind
+    and name). Existing objects of ``prune_kinds`` that are not desired are deleted; others
+    (ConfigMap, Service) are never deleted here. An existing desired object without the job's
+    ownerReference is adopted (the reference and labels patched in), never recreated."""
+    have = {object_key(o): o for o in existing}
+    want = {object_key(o): o for o in desired}
+    create, adopt, waiting = [], [], []
+    for key, obj in want.items():
+        cur = have.get(key)
+        if cur is None:
+            create.append(obj)
+        elif cur["metadata"].get("deletionTimestamp"):
+            waiting.append(obj)
+        elif _needs_adoption(obj, cur):
+            adopt.append(
+                {
+                    "apiVersion": obj["apiVersion"],
+                    "kind": obj["kind"],
+                    "metadata": {
+                        "name": obj["metadata"]["name"],
+                        "namespace": obj["metadata"].get("namespace"),
+                        "labels": obj["metadata"].get("labels", {}),
+                        "ownerReferences": obj["metadata"]["ownerReferences"],
+                    },
+                }
+            )
+    delete = [
+        o
+        for key, o in have.items()
+        if key not in want
+        and o["kind"] in prune_kinds
+        and not o["metadata"].get("deletionTimestamp")
+    ]
+    return Diff(tuple(create), tuple(delete), tuple(adopt), tuple(waiting))
+
+
+def _needs_adoption(desired: Obj, current: Obj) -> bool:
+    refs = desired["metadata"].get("ownerReferences") or []
+    if not refs:
+        return False
+    have = {r.get("uid") for r in current["metadata"].get("ownerReferences") or []}
+    labels = current["metadata"].get("labels") or {}
+    want_labels = desired["metadata"].get("labels") or {}
+    return refs[0]["uid"] not in have or any(labels.get(k) != v for k, v in want_labels.items())
+
+
+# -- conditions ---------------------------------------------------------------------------------
+
+
+def set_condition(
+    conditions: Sequence[Condition],
+    *,
+    type: str,
+    status: Literal["True", "False", "Unknown"],
+    reason: str,
+    message: str = "",
+    now: str,
+    generation: int | None = None,
+) -> list[Condition]:
+    """The conditions with one set (idempotent: an unchanged condition is returned as it was;
+    ``lastTransitionTime`` moves only when ``status`` changes). Order is kept, new ones last."""
+    out: list[Condition] = []
+    found = False
+    for c in conditions:
+        if c.type != type:
+            out.append(c)
+            continue
+        found = True
+        same = c.status == status
+        new = Condition(
+            type=type,
+            status=status,
+            reason=reason,
+            message=message,
+            last_transition_time=c.last_transition_time if same else now,
+            observed_generation=generation,
+        )
+        out.append(c if new == c else new)
+    if not found:
+        out.append(
+            Condition(
+                type=type,
+                status=status,
+                reason=reason,
+                message=message,
+                last_transition_time=now,
+                observed_generation=generation,
+            )
+        )
+    return out
+
+
+def get_condition(conditions: Sequence[Condition], type: str) -> Condition | None:
+    return next((c for c in conditions if c.type == type), None)
+
+
+# -- the reconcile step -------------------------------------------------------------------------
+
+
+def parse_status(raw: Mapping[str, Any] | None) -> OmniTrainingJobStatus:
+    """The status as the operator wrote it; fields it does not know (or a mangled status) are
+    dropped rather than stopping the job."""
+    data = dict(raw or {})
+    known = {f.alias or n for n, f in OmniTrainingJobStatus.model_fields.items()}
+    data = {k: v for k, v in data.items() if k in known}
+    try:
+        return OmniTrainingJobStatus.model_validate(data)
+    except ValueError:
+        return OmniTrainingJobStatus()
+
+
+def status_patch(
+    old: OmniTrainingJobStatus, new: OmniTrainingJobStatus, *, full: bool = False
+) -> dict[str, Any]:
+    """A merge patch with the top-level status fields that changed (kopf's own ``kopf`` field
+    is never touched); ``full`` also writes unchanged defaults (the first write, so that
+    ``kubectl get`` shows restarts 0 rather than nothing)."""
+    a = old.model_dump(mode="json", by_alias=True, exclude={"kopf"})
+    b = new.model_dump(mode="json", by_alias=True, exclude={"kopf"})
+    return {
+        k: b.get(k)
+        for k in sorted(set(a) | set(b))
+        if a.get(k) != b.get(k) or (full and b.get(k) is not None)
+    }
+
+
+class _Step:
+    """One reconcile: accumulates the new status, actions and Events."""
+
+    def __init__(self, obs: Observed) -> None:
+        self.obs = obs
+        self.job = obs.job
+        self.spec = obs.job.spec
+        self.old = obs.status
+        self.st = obs.status
+        self.now = obs.now
+        self.now_s = recovery.format_time(obs.now)
+        self.actions = Actions()
+        self.nodes = {n["metadata"]["name"]: n for n in obs.nodes}
+
+    # status helpers
+    def set(self, **changes: Any) -> None:
+        self.st = self.st.model_copy(update=changes)
+
+    def condition(
+        self, type: str, status: Literal["True", "False", "Unknown"], reason: str, msg: str = ""
+    ) -> None:
+        conds = set_condition(
+            self.st.conditions,
+            type=type,
+            status=status,
+            reason=reason,
+            message=msg,
+            now=self.now_s,
+            generation=self.obs.generation,
+        )
+        self.set(conditions=conds)
+
+    def phase(self, phase: Phase, message: str, *, event: Event | None = None) -> None:
+        changed = self.st.phase != phase or self.st.message != message
+        if changed and event is not None:
+            self.actions.events.append(event)
+        self.set(phase=phase, message=message)
+
+    def event(self, type: Literal["Normal", "Warning"], reason: str, message: str) -> None:
+        self.actions.events.append(Event(type, reason, message))
+
+    def finish(self) -> Actions:
+        self.set(observed_generation=self.obs.generation)
+        self.actions.status = status_patch(self.old, self.st, full=self.old.phase is None)
+        return self.actions
+
+    # pods
+    def pods(self) -> list[Obj]:
+        return [o for o in self.obs.owned if o["kind"] == "Pod"]
+
+    def attempt_pods(self) -> list[Obj]:
+        mine = str(self.st.attempt)
+        return [
+            p for p in self.pods() if p["metadata"].get("labels", {}).get(LABEL_ATTEMPT) == mine
+        ]
+
+    def delete_pods(self, pods: Sequence[Obj]) -> None:
+        """Delete pods; those on lost (or missing) nodes are forced, including the ones already
+        stuck Terminating there."""
+        for pod in pods:
+            node = recovery.pod_node(pod, self.st.placement)
+            lost = node is not None and (
+                node not in self.nodes
+                or recovery.node_not_ready_since(self.nodes[node], self.now) is not None
+            )
+            if pod["metadata"].get("deletionTimestamp") and not lost:
+                continue  # already going, nothing to force
+            self.actions.delete.append(Delete(pod, 0 if lost else None))
+
+
+def reconcile(obs: Observed) -> Actions:
+    """The actions that move the job one step towards its spec (see the module docstring).
+
+    Args:
+        obs: the job, its status, owned objects, Nodes, trainer progress and the time.
+
+    Returns:
+        Creates, deletes, adoptions, a status merge patch, Events and when to look again.
+    """
+    s = _Step(obs)
+    if s.st.phase in TERMINAL:
+        return s.actions  # kept as they ended (pods stay for their logs)
+    if s.st.start_time is None:
+        s.set(start_time=s.now_s)
+    if s.st.restart_budget_left is None:
+        s.set(restart_budget_left=s.spec.restart_policy.budget)
+    s.condition("Valid", "True", "SpecValid", "the spec passed validation")
+
+    stale = [p for p in s.pods() if p not in s.attempt_pods()]
+    s.delete_pods(stale)
+
+    if s.spec.suspend:
+        return _suspend(s)
+    if s.st.phase == "Suspended":  # resumed: a fresh attempt, so no pod name is reused
+        s.set(attempt=s.st.attempt + 1, last_progress_time=None)
+        s.condition("Suspended", "False", "Resumed", "spec.suspend is false")
+        s.event("Normal", "Resumed", f"resuming as attempt {s.st.attempt}")
+        s.set(phase="Pending")
+
+    if s.st.phase == "Restarting" and s.st.restart_history:
+        last = s.st.restart_history[-1]
+        due = recovery.parse_time(last.time)
+        if due is not None:
+            due += dt.timedelta(seconds=last.delay_seconds)
+            if s.now < due:
+                s.actions.requeue_after = (due - s.now).total_seconds()
+                return s.finish()
+
+    pods = s.attempt_pods()
+    if not pods or s.st.phase != "Running":
+        # Also when some pods exist but the status never recorded the attempt as started (the
+        # operator stopped between creating pods and writing the status): placement is
+        # deterministic, so the diff adopts what exists and creates only what is missing.
+        return _start_attempt(s)
+    return _watch_attempt(s, pods)
+
+
+def _suspend(s: _Step) -> Actions:
+    s.delete_pods(s.attempt_pods())
+    s.condition("Suspended", "True", "Suspended", "spec.suspend is true: pods deleted")
+    s.condition("PodsRunning", "False", "Suspended", "")
+    s.phase(
+        "Suspended",
+        "suspended by spec.suspend; the job resumes from its latest checkpoint when unset",
+        event=Event("Normal", "Suspended", "spec.suspend is true: deleting the pods"),
+    )
+    return s.finish()
+
+
+def _start_attempt(s: _Step) -> Actions:
+    """No pods for this attempt yet: place, render and create them."""
+    try:
+        placement = place(s.obs.nodes, s.spec, quarantined=s.st.quarantined_nodes)
+    except PlacementError as err:
+        msg = str(err)
+        s.condition("Placed", "False", "Unschedulable", msg)
+        s.phase(
+            "Placing",
+            f"waiting for nodes: {msg.splitlines()[0]}",
+            event=Event("Warning", "Unschedulable", msg),
+        )
+        return s.finish()
+    desired = render_all(s.job, placement, attempt=s.st.attempt)
+    d = diff(desired, s.obs.owned)
+    s.actions.create += d.create
+    s.actions.adopt += d.adopt
+    s.actions.adopt += _config_updates(desired, s.obs.owned)
+    s.actions.delete += [Delete(o) for o in d.delete if o["kind"] != "Pod"]  # stale pods: above
+    names = placement.names
+    s.set(placement=names, last_progress_time=None)
+    s.condition("Placed", "True", "Placed", placement.explain())
+    s.condition("PodsRunning", "False", "PodsCreated", f"0 of {s.spec.nodes} pods running")
+    verb = "restarted" if s.st.attempt and s.st.restart_history else "started"
+    s.phase(
+        "Running",
+        f"attempt {s.st.attempt} {verb} on {len(names)} node{'s' if len(names) > 1 else ''}",
+        event=Event(
+            "Normal",
+            "PodsCreated",
+            f"attempt {s.st.attempt}: {len(names)} pods on " + _nodes_str(placement.nodes),
+        ),
+    )
+    return s.finish()
+
+
+def _nodes_str(nodes: Sequence[PlacedNode]) -> str:
+    shown = ", ".join(f"{n.name} (rank {n.rank})" for n in nodes[:8])
+    return shown + (f" and {len(nodes) - 8} more" if len(nodes) > 8 else "")
+
+
+def _config_updates(desired: Sequence[Obj], existing: Sequence[Obj]) -> list[Obj]:
+    """The ConfigMap carries the trainer config of the spec; refresh it when a new attempt
+    starts (never under running pods, which read it)."""
+    have = {object_key(o): o for o in existing}
+    out = []
+    for obj in desired:
+        cur = have.get(object_key(obj))
+        if obj["kind"] == "ConfigMap" and cur is not None and cur.get("data") != obj["data"]:
+            out.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {
+                        "name": obj["metadata"]["name"],
+                        "namespace": obj["metadata"]["namespace"],
+                    },
+                    "data": obj["data"],
+                }
+            )
+    return out
+
+
+def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
+    """Pods of this attempt exist: record progress, detect completion and failures."""
+    spec, st = s.spec, s.st
+    _ensure_shared_objects(s)
+    phases = [(p.get("status") or {}).get("phase") or "Pending" for p in pods]
+    if len(pods) >= spec.nodes and all(ph == "Succeeded" for ph in phases):
+        s.set(completion_time=s.now_s)
+        s.condition("PodsRunning", "False", "Completed", "all pods succeeded")
+        s.condition("Complete", "True", "Succeeded", f"all {spec.nodes} pods succeeded")
+        s.phase(
+            "Succeeded",
+            f"training finished (attempt {st.attempt}, {st.restarts} restarts)",
+            event=Event(
+                "Normal", "Succeeded", f"all {spec.nodes} pods of attempt {st.attempt} succeeded"
+            ),
+        )
+        return s.finish()
+
+    _record_progress(s, pods, phases)
+    st = s.st
+    started: bool | None = None
+    if st.step is not None and st.step > 0:
+        started = True
+    elif s.obs.tracks_progress:
+        started = False
+    failure = recovery.classify(
+        pods,
+        s.nodes,
+        spec=spec,
+        now=s.now,
+        last_progress_time=recovery.parse_time(st.last_progress_time),
+        started_steps=started,
+        placement=st.placement,
+    )
+    if failure is None:
+        return s.finish()
+
+    latest = st.last_checkpoint.step if st.last_checkpoint else None
+    decision = recovery.decide_restart(
+        st.restart_history,
+        failure,
+        spec,
+        s.now,
+        latest,
+        attempt=st.attempt,
+        quarantined=st.quarantined_nodes,
+    )
+    s.set(quarantined_nodes=list(decision.quarantine), restart_budget_left=decision.budget_left)
+    if decision.action == "fail":
+        s.delete_pods([p for p, ph in zip(pods, phases, strict=True) if ph not in TERMINAL])
+        s.set(completion_time=s.now_s)
+        s.condition("PodsRunning", "False", failure.reason, failure.message)
+        s.condition("Failed", "True", decision.reason, decision.message)
+        s.phase(
+            "Failed", decision.message, event=Event("Warning", decision.reason, decision.message)
+        )
+        return s.finish()
+
+    assert decision.record is not None
+    s.delete_pods(pods)
+    history = [*st.restart_history, decision.record][-HISTORY_LIMIT:]
+    s.set(
+        attempt=st.attempt + 1,
+        restarts=st.restarts + 1,
+        restart_history=history,
+        last_progress_time=None,
+        placement=[],
+    )
+    s.condition("PodsRunning", "False", failure.reason, failure.message)
+    s.condition("Placed", "False", "Restarting", "re-placed when the backoff ends")
+    s.phase(
+        "Restarting", decision.message, event=Event("Warning", decision.reason, decision.message)
+    )
+    s.actions.requeue_after = decision.delay_seconds
+    return s.finish()
+
+
+def _ensure_shared_objects(s: _Step) -> None:
+    """The ConfigMap and Service outlive attempts; recreate them if someone deleted them."""
+    have = {object_key(o) for o in s.obs.owned}
+    for obj in render_all(s.job, Placement(nodes=(), domain_labels=()), attempt=s.st.attempt):
+        if obj["kind"] in ("ConfigMap", "Service") and object_key(obj) not in have:
+            s.actions.create.append(obj)
+
+
+def _record_progress(s: _Step, pods: list[Obj], phases: list[str]) -> None:
+    """Pods running -> condition; trainer progress -> step, checkpoint, lastProgressTime."""
+    st, spec = s.st, s.spec
+    running = sum(ph == "Running" for ph in phases)
+    if running == spec.nodes and len(pods) == spec.nodes:
+        s.condition("PodsRunning", "True", "AllPodsRunning", f"{running} of {spec.nodes} running")
+        if st.last_progress_time is None and s.obs.tracks_progress:
+            s.set(last_progress_time=s.now_s)  # the attempt started: the hang clock starts
+    else:
+        pending = sum(ph == "Pending" for ph in phases)
+        s.condition(
+            "PodsRunning",
+            "False",
+            "PodsPending" if pending else "PodsNotRunning",
+            f"{running} of {spec.nodes} running, {pending} pending",
+        )
+    p = s.obs.progress
+    if p is None:
+        return
+    changes: dict[str, Any] = {}
+    if p.step is not None and p.step != st.step:
+        changes.update(step=p.step, last_progress_time=s.now_s)
+    if p.tokens_per_second is not None:
+        changes["tokens_per_second"] = p.tokens_per_second
+    if p.mfu is not None:
+        changes["mfu"] = p.mfu
+    if p.checkpoint_step is not None and (
+        st.last_checkpoint is None or p.checkpoint_step > st.last_checkpoint.step
+    ):
+        changes["last_checkpoint"] = CheckpointStatus(
+            step=p.checkpoint_step, path=p.checkpoint_path, time=s.now_s
+        )
+        changes["restart_budget_left"] = s.spec.restart_policy.budget  # progress refills it
+        s.event("Normal", "Checkpoint", f"checkpoint at step {p.checkpoint_step} complete")
+    if changes:
+        s.set(**changes)

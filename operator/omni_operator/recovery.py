@@ -1,0 +1,469 @@
+"""Recovery: what went wrong with a running attempt, and whether to restart it (pure functions).
+
+:func:`classify` looks at the pods of the current attempt and the Nodes they run on and names
+one failure (or none). The order matters because one root cause shows several symptoms: a lost
+node makes its peers fail with NCCL errors, so a lost node wins over failed pods; an eviction
+over a crash; a non-retryable exit code over a generic one; a missing pod over a hang.
+
+:func:`decide_restart` turns a failure into a decision: a whole-job restart after exponential
+backoff, or failing the job (a user error, or the restart budget is spent). The budget counts
+restarts *without progress*: a checkpoint newer than the one the last restart resumed from
+refills it, so a week-long job survives many unrelated failures while a crash loop stops soon.
+
+Nodes blamed for failures are quarantined (:func:`quarantined_nodes`) once they reach
+``restartPolicy.quarantineAfterFailures`` and placement avoids them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from omni_operator.render import ANNOTATION_NODE, LABEL_RANK
+from omni_operator.spec import OmniTrainingJobSpec
+from omni_operator.status import RestartRecord
+
+Obj = Mapping[str, Any]
+FailureKind = Literal["node_lost", "pod_failed", "pod_evicted", "pod_deleted", "hang", "user_error"]
+
+REASONS: Mapping[FailureKind, str] = {
+    "node_lost": "NodeLost",
+    "pod_failed": "PodFailed",
+    "pod_evicted": "PodEvicted",
+    "pod_deleted": "PodDeleted",
+    "hang": "Hang",
+    "user_error": "UserError",
+}
+"""CamelCase reasons for status, conditions and Events (Kubernetes convention)."""
+
+_DISRUPTIONS = {
+    "EvictionByEvictionAPI",
+    "PreemptionByScheduler",
+    "DeletionByTaintManager",
+    "TerminationByKubelet",
+}
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One classified failure of the current attempt."""
+
+    kind: FailureKind
+    message: str
+    """In words, naming pods, nodes and exit codes: it goes to status and an Event."""
+    nodes: tuple[str, ...] = ()
+    """Nodes blamed for the failure (quarantine counts these); empty when no node is at fault."""
+    pods: tuple[str, ...] = ()
+    exit_code: int | None = None
+
+    @property
+    def reason(self) -> str:
+        return REASONS[self.kind]
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind != "user_error"
+
+
+def parse_time(value: str | None) -> dt.datetime | None:
+    """An RFC 3339 timestamp as the API server writes it (``Z`` or an offset), or None."""
+    if not value:
+        return None
+    return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def format_time(value: dt.datetime) -> str:
+    """RFC 3339 in UTC with seconds, as Kubernetes writes timestamps."""
+    return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def pod_node(pod: Obj, placement: Sequence[str] = ()) -> str | None:
+    """The node a pod runs on: scheduled (``spec.nodeName``), else where it was placed."""
+    name = (pod.get("spec") or {}).get("nodeName")
+    if name:
+        return str(name)
+    meta = pod.get("metadata") or {}
+    placed = (meta.get("annotations") or {}).get(ANNOTATION_NODE)
+    if placed:
+        return str(placed)
+    rank = pod_rank(pod)
+    return placement[rank] if rank is not None and rank < len(placement) else None
+
+
+def pod_rank(pod: Obj) -> int | None:
+    value = ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_RANK)
+    return int(value) if value is not None and str(value).isdigit() else None
+
+
+def node_not_ready_since(node: Obj, now: dt.datetime) -> dt.datetime | None:
+    """When the node stopped being Ready (None: it is Ready). A NotReady/Unknown condition
+    without a transition time counts as "since ever": the grace cannot be measured."""
+    conditions = (node.get("status") or {}).get("conditions") or []
+    ready = next((c for c in conditions if c.get("type") == "Ready"), None)
+    if ready is not None and ready.get("status") == "True":
+        return None
+    since = parse_time((ready or {}).get("lastTransitionTime"))
+    return since or dt.datetime.min.replace(tzinfo=dt.UTC)
+
+
+def node_lost(
+    name: str | None, nodes: Mapping[str, Obj], *, spec: OmniTrainingJobSpec, now: dt.datetime
+) -> str | None:
+    """Why the node counts as lost (missing, or NotReady longer than the grace), or None."""
+    if name is None:
+        return None
+    node = nodes.get(name)
+    if node is None:
+        return f"node {name} no longer exists"
+    since = node_not_ready_since(node, now)
+    if since is None:
+        return None
+    grace = spec.restart_policy.node_lost_grace_seconds
+    waited = (now - since).total_seconds()
+    if waited < grace:
+        return None
+    state = _ready_status(node)
+    if since.year == 1:
+        return f"node {name} is {state} (nodeLostGraceSeconds {grace})"
+    return f"node {name} is {state} for {waited:.0f} s (nodeLostGraceSeconds {grace})"
+
+
+def _ready_status(node: Obj) -> str:
+    conditions = (node.get("status") or {}).get("conditions") or []
+    ready = next((c for c in conditions if c.get("type") == "Ready"), None)
+    if ready is None:
+        return "without a Ready condition"
+    return "unreachable (Ready=Unknown)" if ready.get("status") == "Unknown" else "NotReady"
+
+
+@dataclass(frozen=True)
+class _Exit:
+    pod: str
+    node: str | None
+    rank: int | None
+    code: int | None
+    reason: str
+    finished: dt.datetime | None
+
+
+def _terminated(pod: Obj, placement: Sequence[str]) -> _Exit | None:
+    """The pod's failure, if it failed: phase Failed or a container terminated non-zero."""
+    status = pod.get("status") or {}
+    name = (pod.get("metadata") or {}).get("name", "?")
+    code: int | None = None
+    reason = status.get("reason") or ""
+    finished: dt.datetime | None = None
+    for cs in status.get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated")
+        if term and term.get("exitCode", 0) != 0:
+            code = int(term["exitCode"])
+            reason = term.get("reason") or reason
+            finished = parse_time(term.get("finishedAt"))
+            break
+    if status.get("phase") != "Failed" and code is None:
+        return None
+    return _Exit(name, pod_node(pod, placement), pod_rank(pod), code, reason, finished)
+
+
+def _evicted(pod: Obj) -> str | None:
+    status = pod.get("status") or {}
+    if status.get("phase") == "Failed" and status.get("reason") in ("Evicted", "Preempting"):
+        return str(status.get("message") or status["reason"])
+    for c in status.get("conditions") or []:
+        disrupted = c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+        if disrupted and c.get("reason") in _DISRUPTIONS:
+            return str(c.get("message") or c["reason"])
+    return None
+
+
+def classify(
+    pods: Sequence[Obj],
+    nodes: Mapping[str, Obj],
+    *,
+    spec: OmniTrainingJobSpec,
+    now: dt.datetime,
+    last_progress_time: dt.datetime | None,
+    started_steps: bool | None,
+    placement: Sequence[str] = (),
+) -> Failure | None:
+    """The failure of the current attempt, or None while it is healthy (or still pending).
+
+    Args:
+        pods: the pods of the current attempt (one per node rank when complete).
+        nodes: every Node by name (a missing node counts as lost).
+        spec: the job's spec (restart policy, expected pod count).
+        now: the time of the observation.
+        last_progress_time: when the training step last advanced (or the attempt started);
+            None disables hang detection (no progress source).
+        started_steps: whether the job has ever finished a training step; None when unknown
+            (then a crash is never taken for a user error).
+        placement: node names by node rank (for pods that are gone or not yet scheduled).
+
+    Returns:
+        The most fundamental failure, or None.
+    """
+    policy = spec.restart_policy
+    live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+
+    # 1. Lost nodes: pods on them cannot report, and their peers fail as a consequence.
+    lost: dict[str, str] = {}
+    for pod in pods:
+        node = pod_node(pod, placement)
+        why = node_lost(node, nodes, spec=spec, now=now)
+        if node and why:
+            lost[node] = why
+    if lost:
+        names = tuple(sorted(lost))
+        return Failure(
+            "node_lost",
+            "; ".join(lost[n] for n in names),
+            nodes=names,
+            pods=_pods_on(pods, names, placement),
+        )
+
+    # 2. Evictions (node pressure, preemption, taint manager): the node or the cluster's fault.
+    for pod in live:
+        why = _evicted(pod)
+        if why:
+            name = pod["metadata"]["name"]
+            node = pod_node(pod, placement)
+            return Failure(
+                "pod_evicted",
+                f"pod {name} on node {node} was evicted: {why}",
+                nodes=(node,) if node else (),
+                pods=(name,),
+            )
+
+    # 3. Failed pods: a non-retryable exit code, a crash before any step, or a plain failure.
+    exits = [e for e in (_terminated(p, placement) for p in live) if e is not None]
+    if exits:
+        for e in exits:
+            if e.code is not None and e.code in policy.non_retryable_exit_codes:
+                return Failure(
+                    "user_error",
+                    f"pod {e.pod} (node rank {e.rank}) exited with code {e.code}, which "
+                    "restartPolicy.nonRetryableExitCodes lists: not restarted",
+                    pods=(e.pod,),
+                    exit_code=e.code,
+                )
+        first = _first_failures(exits)
+        e = first[0]
+        what = f"exit code {e.code}" if e.code is not None else "no exit code"
+        detail = f"{what}{f', {e.reason}' if e.reason else ''}"
+        if started_steps is False:
+            return Failure(
+                "user_error",
+                f"pod {e.pod} (node rank {e.rank}) failed ({detail}) before the first training "
+                "step: a configuration or code error, not restarted",
+                pods=tuple(x.pod for x in first),
+                exit_code=e.code,
+            )
+        more = f" ({len(exits) - 1} more pods failed after it)" if len(exits) > 1 else ""
+        return Failure(
+            "pod_failed",
+            f"pod {e.pod} (node rank {e.rank}) on node {e.node} failed ({detail}){more}",
+            nodes=tuple(sorted({x.node for x in first if x.node})),
+            pods=tuple(x.pod for x in first),
+            exit_code=e.code,
+        )
+
+    # 4. Pods that are gone or going while the job needs them.
+    present = {pod_rank(p) for p in live}
+    missing = [r for r in range(spec.nodes) if r not in present]
+    if missing:
+        deleting = sorted(
+            p["metadata"]["name"]
+            for p in pods
+            if (p.get("metadata") or {}).get("deletionTimestamp")
+        )
+        ranks = ", ".join(map(str, missing))
+        how = f" ({', '.join(deleting)} being deleted)" if deleting else ""
+        many = len(missing) > 1
+        return Failure(
+            "pod_deleted",
+            f"the pod{'s' if many else ''} of node rank{'s' if many else ''} {ranks} "
+            f"{'are' if many else 'is'} gone{how}",
+            pods=tuple(deleting),
+        )
+
+    # 5. A hang: every pod runs, yet the step has not advanced within the timeout.
+    if last_progress_time is not None and all(
+        (p.get("status") or {}).get("phase") == "Running" for p in live
+    ):
+        idle = (now - last_progress_time).total_seconds()
+        if idle > policy.hang_timeout_seconds:
+            return Failure(
+                "hang",
+                f"no training step progress for {idle:.0f} s (hangTimeoutSeconds "
+                f"{policy.hang_timeout_seconds}); last progress at "
+                f"{format_time(last_progress_time)}",
+                pods=tuple(sorted(p["metadata"]["name"] for p in live)),
+            )
+    return None
+
+
+def _pods_on(
+    pods: Sequence[Obj], nodes: Iterable[str], placement: Sequence[str]
+) -> tuple[str, ...]:
+    wanted = set(nodes)
+    return tuple(sorted(p["metadata"]["name"] for p in pods if pod_node(p, placement) in wanted))
+
+
+def _first_failures(exits: list[_Exit]) -> list[_Exit]:
+    """The pods that failed first (their peers then fail on broken collectives): the earliest
+    ``finishedAt``, all of them on a tie; without times, every failed pod, by rank."""
+    timed = [e for e in exits if e.finished is not None]
+    if not timed:
+        return sorted(exits, key=lambda e: (e.rank is None, e.rank or 0))
+    first = min(e.finished for e in timed if e.finished is not None)
+    return sorted(
+        (e for e in timed if e.finished == first), key=lambda e: (e.rank is None, e.rank or 0)
+    )
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do about a failure."""
+
+    action: Literal["restart", "fail"]
+    reason: str
+    """CamelCase: the failure's reason for a restart; for failing, the failure's reason or
+    RestartBudgetExhausted."""
+    message: str
+    delay_seconds: float = 0.0
+    """Backoff before the next attempt's pods are created."""
+    restart_at: dt.datetime | None = None
+    budget_left: int = 0
+    """Restarts left without progress after this decision."""
+    quarantine: tuple[str, ...] = ()
+    """Every node to avoid from now on (including earlier quarantines)."""
+    from_step: int | None = None
+    """The checkpoint step the next attempt resumes from (None: from scratch)."""
+    record: RestartRecord | None = field(default=None, compare=False)
+    """The history entry of a restart."""
+
+
+def backoff_seconds(restart: int, spec: OmniTrainingJobSpec) -> float:
+    """Delay before restart number ``restart`` (1-based) without progress:
+    ``min(base * 2**(restart-1), max)``."""
+    b = spec.restart_policy.backoff_seconds
+    return float(min(b.base * 2 ** max(restart - 1, 0), b.max))
+
+
+def restarts_without_progress(
+    history: Sequence[RestartRecord], latest_checkpoint_step: int | None
+) -> int:
+    """How many of the latest restarts resumed from the checkpoint that is still the latest:
+    a newer checkpoint since the last restart resets the count to zero."""
+    used = 0
+    for record in reversed(history):
+        if record.from_step != latest_checkpoint_step:
+            break
+        used += 1
+    return used
+
+
+def quarantined_nodes(
+    history: Sequence[RestartRecord],
+    failure: Failure | None,
+    *,
+    threshold: int,
+    already: Iterable[str] = (),
+) -> tuple[str, ...]:
+    """Nodes blamed for at least ``threshold`` failures (history plus this one), sorted, plus the
+    ones already quarantined (quarantine is not lifted automatically)."""
+    counts: Counter[str] = Counter(n for r in history for n in r.nodes)
+    if failure is not None:
+        counts.update(failure.nodes)
+    return tuple(sorted(set(already) | {n for n, c in counts.items() if c >= threshold}))
+
+
+def decide_restart(
+    history: Sequence[RestartRecord],
+    failure: Failure,
+    spec: OmniTrainingJobSpec,
+    now: dt.datetime,
+    latest_checkpoint_step: int | None,
+    *,
+    attempt: int = 0,
+    quarantined: Iterable[str] = (),
+) -> Decision:
+    """Restart the whole job from the latest checkpoint after a backoff, or fail it.
+
+    Args:
+        history: earlier restarts, oldest first.
+        failure: what :func:`classify` found.
+        spec: the job's spec (budget, backoff, quarantine threshold).
+        now: decision time.
+        latest_checkpoint_step: the newest complete checkpoint (None: none yet).
+        attempt: the attempt that failed; a restart runs ``attempt + 1``.
+        quarantined: nodes quarantined before.
+
+    Returns:
+        The decision; for a restart, ``record`` is the entry to append to the history.
+    """
+    policy = spec.restart_policy
+    quarantine = quarantined_nodes(
+        history, failure, threshold=policy.quarantine_after_failures, already=quarantined
+    )
+    used = restarts_without_progress(history, latest_checkpoint_step)
+    if not failure.retryable:
+        return Decision(
+            "fail",
+            failure.reason,
+            failure.message,
+            budget_left=max(policy.budget - used, 0),
+            quarantine=quarantine,
+            from_step=latest_checkpoint_step,
+        )
+    if used >= policy.budget:
+        since = (
+            f"checkpoint step {latest_checkpoint_step}"
+            if latest_checkpoint_step is not None
+            else "the start (no checkpoint yet)"
+        )
+        return Decision(
+            "fail",
+            "RestartBudgetExhausted",
+            f"restart budget exhausted: {used} restart{'s' if used != 1 else ''} from {since} "
+            f"without a newer checkpoint (restartPolicy.budget {policy.budget}); last failure: "
+            f"{failure.reason}: {failure.message}",
+            budget_left=0,
+            quarantine=quarantine,
+            from_step=latest_checkpoint_step,
+        )
+    delay = backoff_seconds(used + 1, spec)
+    resume = (
+        f"checkpoint step {latest_checkpoint_step}"
+        if latest_checkpoint_step is not None
+        else "the start (no checkpoint yet)"
+    )
+    new_q = sorted(set(quarantine) - set(quarantined))
+    message = (
+        f"{failure.message}; restarting as attempt {attempt + 1} from {resume} in {delay:g} s "
+        f"({policy.budget - used - 1} of {policy.budget} restarts left without progress)"
+        + (f"; quarantined node{'s' if len(new_q) > 1 else ''} {', '.join(new_q)}" if new_q else "")
+    )
+    record = RestartRecord(
+        attempt=attempt + 1,
+        reason=failure.reason,
+        message=failure.message,
+        time=format_time(now),
+        nodes=list(failure.nodes),
+        from_step=latest_checkpoint_step,
+        delay_seconds=delay,
+    )
+    return Decision(
+        "restart",
+        failure.reason,
+        message,
+        delay_seconds=delay,
+        restart_at=now + dt.timedelta(seconds=delay),
+        budget_left=policy.budget - used - 1,
+        quarantine=quarantine,
+        from_step=latest_checkpoint_step,
+        record=record,
+    )

@@ -1,0 +1,347 @@
+"""kmock's Kubernetes emulator with the gaps of shared/ENVIRONMENT.md filled.
+
+kmock 0.8 stores objects and streams watch events, but: objects get no uid / resourceVersion /
+creationTimestamp / generateName, label and field selectors are ignored, ``/status`` is not a
+subresource, JSON patches (kopf's finalizers) and resourceVersion preconditions are unknown, and a
+watch replays every object whatever resourceVersion it starts from. :class:`Emulator` takes over
+the writes (create, patch, delete) with those semantics and filters reads. What it still does not
+do, on purpose: garbage collection by ownerReferences (the operator must clean up itself here),
+admission/validation, strategic merge (a strategic patch is applied as a JSON merge patch), PUT.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import secrets
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+
+import aiohttp.web
+import attrs
+import jsonpatch
+import kmock
+from kmock._internal import parsing, rendering
+
+Obj = dict[str, Any]
+_parse_path = parsing.parse_path
+
+
+def _parse_path_with_namespaces(path: str) -> parsing.ParsedPath:
+    """kmock reads ``/api/v1/namespaces[/<name>]`` as a namespace with no resource (and fails
+    on the bare list); the API server means the Namespace objects."""
+    parsed = _parse_path(path) if path.strip("/") != "api/v1/namespaces" else None
+    parts = path.strip("/").split("/")
+    if parsed is None or (parts[:3] == ["api", "v1", "namespaces"] and len(parts) == 4):
+        name = parts[3] if len(parts) == 4 else None
+        return parsing.ParsedPath("", "v1", "namespaces", None, name, None)
+    return parsed
+
+
+parsing.parse_path = _parse_path_with_namespaces
+
+# The resources the operator and the tests use: (group/version/plural, kind, namespaced, status).
+# ``status``: /status is a subresource (writes to the main resource leave status alone and back).
+RESOURCES: list[tuple[str, str, bool, bool]] = [
+    ("v1/namespaces", "Namespace", False, False),
+    ("v1/nodes", "Node", False, False),
+    ("v1/pods", "Pod", True, True),
+    ("v1/services", "Service", True, False),
+    ("v1/configmaps", "ConfigMap", True, False),
+    ("v1/events", "Event", True, False),
+    ("events.k8s.io/v1/events", "Event", True, False),
+    ("apiextensions.k8s.io/v1/customresourcedefinitions", "CustomResourceDefinition", False, True),
+    ("scheduling.volcano.sh/v1beta1/podgroups", "PodGroup", True, True),
+]
+VERBS = {"create", "delete", "get", "list", "patch", "update", "watch"}
+
+
+def _now() -> str:
+    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _merge(base: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch: dicts merge recursively, ``None`` removes, the rest replaces."""
+    if not isinstance(patch, Mapping):
+        return copy.deepcopy(patch)
+    out = dict(base) if isinstance(base, Mapping) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = _merge(out.get(key), value)
+    return out
+
+
+def matches_labels(selector: str | None, labels: Mapping[str, str]) -> bool:
+    """``a=b,c!=d,e,!f,g in (x,y),h notin (z)``: the label selector syntax of the API server."""
+    if not selector:
+        return True
+    for term in _split_terms(selector):
+        term = term.strip()
+        if " notin " in term or " in " in term:
+            neg = " notin " in term
+            key, values = term.split(" notin " if neg else " in ", 1)
+            allowed = {v.strip() for v in values.strip().strip("()").split(",")}
+            ok = labels.get(key.strip()) in allowed
+            if ok == neg:
+                return False
+        elif "!=" in term:
+            key, value = term.split("!=", 1)
+            if labels.get(key.strip()) == value.strip():
+                return False
+        elif "=" in term:
+            key, value = term.replace("==", "=").split("=", 1)
+            if labels.get(key.strip()) != value.strip():
+                return False
+        elif term.startswith("!"):
+            if term[1:].strip() in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+def _split_terms(selector: str) -> list[str]:
+    terms, depth, cur = [], 0, ""
+    for ch in selector:
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            terms.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return [*terms, cur]
+
+
+def _field(obj: Obj, path: str) -> Any:
+    cur: Any = obj
+    for part in path.split("."):
+        cur = cur.get(part) if isinstance(cur, Mapping) else None
+    return cur
+
+
+def matches_fields(selector: str | None, obj: Obj) -> bool:
+    """``metadata.name=x,spec.nodeName!=y``: equality field selectors on any dotted path."""
+    if not selector:
+        return True
+    for term in selector.split(","):
+        neg = "!=" in term
+        key, value = term.split("!=" if neg else "=", 1)
+        actual = _field(obj, key.strip().lstrip("="))
+        if (str(actual if actual is not None else "") == value.strip()) == neg:
+            return False
+    return True
+
+
+@attrs.define(kw_only=True)
+class Emulator(kmock.KubernetesEmulator):
+    """A stateful API server close enough to the real one for kopf and kubectl."""
+
+    _rv: int = attrs.field(default=0, init=False)
+    _status_sub: set[Any] = attrs.field(factory=set, init=False)
+    _namespaced: dict[Any, bool] = attrs.field(factory=dict, init=False)
+    before_create: Callable[[Obj], Awaitable[None]] | None = None
+    """Awaited before an object is stored: tests delay or interleave creations with it."""
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        for key, kind, namespaced, status in RESOURCES:
+            self.declare(key, kind=kind, namespaced=namespaced, status=status)
+        for ns in ("default", "kube-system"):
+            self._objects["v1/namespaces", None, ns] = self._stamp(
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+            )
+
+    def declare(self, key: str, *, kind: str, namespaced: bool, status: bool) -> None:
+        """Serve a resource in discovery (kopf and kubectl find resources there)."""
+        self.resources[key] = kmock.ResourceInfo(
+            kind=kind,
+            namespaced=namespaced,
+            verbs=VERBS,
+            subresources={"status"} if status else set(),
+        )
+        res = kmock.resource(key)
+        self._namespaced[res] = namespaced
+        if status:
+            self._status_sub.add(res)
+
+    def _next_rv(self) -> str:
+        self._rv += 1
+        return str(self._rv)
+
+    def _stamp(self, obj: Obj) -> Obj:
+        meta = obj.setdefault("metadata", {})
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("creationTimestamp", _now())
+        meta["resourceVersion"] = self._next_rv()
+        meta.setdefault("generation", 1)
+        return obj
+
+    # -- writes ------------------------------------------------------------------------------
+
+    async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        if request.resource is None or request.subresource not in (None, "status"):
+            return await super()._handle(request)
+        if request.action == kmock.action.CREATE and request.name is None:
+            return await self._create(request)
+        if request.action == kmock.action.UPDATE and request.name is not None:
+            return await self._patch(request)
+        if request.action == kmock.action.DELETE and request.name is not None:
+            return await self._delete(request)
+        return await super()._handle(request)
+
+    async def _publish(self, request: rendering.Request, kind: str, obj: Obj) -> None:
+        await self._buses[request.resource].put({"type": kind, "object": copy.deepcopy(obj)})
+
+    async def _create(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        obj = copy.deepcopy(request.data)
+        if not isinstance(obj, dict):
+            raise kmock.KubernetesError(status=400, reason="BadRequest", message="not an object")
+        meta = obj.setdefault("metadata", {})
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + secrets.token_hex(3)[:5]
+        if not meta.get("name"):
+            raise kmock.KubernetesError(status=422, reason="Invalid", message="name is required")
+        namespaced = self._namespaced.get(request.resource, request.namespace is not None)
+        if namespaced:
+            meta["namespace"] = request.namespace or meta.get("namespace") or "default"
+        else:
+            meta.pop("namespace", None)
+        if request.resource in self._status_sub and request.resource != kmock.resource("v1/pods"):
+            obj.pop("status", None)  # custom resources: status is written through /status only
+        key = (request.resource, meta.get("namespace"), meta["name"])
+        if self.before_create is not None:
+            await self.before_create(obj)
+        async with self._lock:
+            if key in self._objects and not self._objects[key].deleted:
+                raise kmock.KubernetesError(
+                    status=409,
+                    reason="AlreadyExists",
+                    message=f"{request.resource.plural} {meta['name']!r} already exists",
+                )
+            self._stamp(obj)
+            if key in self._objects:
+                self._objects[key].create(obj)
+            else:
+                self._objects[key] = obj
+            await self._publish(request, "ADDED", obj)
+        return aiohttp.web.json_response(obj, status=201)
+
+    def _get(self, request: rendering.Request) -> tuple[Any, Obj]:
+        key = (request.resource, request.namespace, request.name)
+        if key not in self._objects or self._objects[key].deleted:
+            raise kmock.KubernetesError(
+                status=404,
+                reason="NotFound",
+                message=f"{request.resource.plural} {request.name!r} not found",
+            )
+        return key, copy.deepcopy(self._objects[key].raw)
+
+    async def _patch(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        content_type = request.headers.get("Content-Type", "")
+        async with self._lock:
+            key, old = self._get(request)
+            if "json-patch" in content_type:
+                try:
+                    new = jsonpatch.apply_patch(old, request.data)
+                except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as err:
+                    raise kmock.KubernetesError(
+                        status=422, reason="Invalid", message=f"json patch: {err}"
+                    ) from None
+            else:
+                want_rv = ((request.data or {}).get("metadata") or {}).get("resourceVersion")
+                if want_rv and want_rv != old["metadata"]["resourceVersion"]:
+                    raise kmock.KubernetesError(
+                        status=409, reason="Conflict", message="the object has been modified"
+                    )
+                new = _merge(old, request.data or {})
+            if request.resource in self._status_sub:
+                if request.subresource == "status":
+                    new = {**old, "status": new.get("status")}
+                else:
+                    new["status"] = old.get("status")
+                new = {k: v for k, v in new.items() if v is not None}
+            if new.get("spec") != old.get("spec"):
+                new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
+            new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
+            if new == old:  # a no-op patch changes nothing and emits no event (like the server)
+                return aiohttp.web.json_response(old)
+            new["metadata"]["resourceVersion"] = self._next_rv()
+            meta = new["metadata"]
+            if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+                self._objects[key].delete()
+                await self._publish(request, "DELETED", new)
+            else:
+                self._objects[key].history.append(new)
+                await self._publish(request, "MODIFIED", new)
+        return aiohttp.web.json_response(new)
+
+    async def _delete(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        async with self._lock:
+            key, obj = self._get(request)
+            meta = obj["metadata"]
+            if meta.get("finalizers"):
+                if not meta.get("deletionTimestamp"):
+                    meta["deletionTimestamp"] = _now()
+                    meta["resourceVersion"] = self._next_rv()
+                    self._objects[key].history.append(obj)
+                    await self._publish(request, "MODIFIED", obj)
+            else:
+                meta["resourceVersion"] = self._next_rv()
+                self._objects[key].delete()
+                await self._publish(request, "DELETED", obj)
+        return aiohttp.web.json_response(obj)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def _selected(self, request: rendering.Request, obj: Obj) -> bool:
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        return matches_labels(request.params.get("labelSelector"), labels) and matches_fields(
+            request.params.get("fieldSelector"), obj
+        )
+
+    async def _serve_list(self, request: rendering.Request) -> rendering.Payload:
+        result = await super()._serve_list(request)
+        items = [o for o in result["items"] if self._selected(request, o)]
+        kind = self.resources[request.resource].kind or ""
+        return {
+            "apiVersion": "v1"
+            if not request.resource.group
+            else str(request.resource.group) + "/" + str(request.resource.version),
+            "kind": f"{kind}List",
+            "metadata": {"resourceVersion": str(self._rv)},
+            "items": items,
+        }
+
+    async def _serve_watch(self, request: rendering.Request) -> AsyncIterator[rendering.Payload]:
+        since = int(request.params.get("resourceVersion") or 0)
+        async for event in super()._serve_watch(request):
+            if not isinstance(event, dict):
+                yield event  # the initial empty chunk that starts the stream
+                continue
+            obj = event.get("object") or {}
+            rv = int((obj.get("metadata") or {}).get("resourceVersion") or 0)
+            if rv > since and self._selected(request, obj):
+                yield event
+
+    # -- helpers for tests -------------------------------------------------------------------
+
+    def stored(self, resource: str, namespace: str | None, name: str) -> Obj | None:
+        """The stored object, or None (a test's direct look, no HTTP)."""
+        key = (kmock.resource(resource), namespace, name)
+        if key not in self._objects or self._objects[key].deleted:
+            return None
+        return copy.deepcopy(self._objects[key].raw)
+
+    def stored_all(self, resource: str, namespace: str | None = None) -> list[Obj]:
+        """Every live object of a resource (optionally one namespace), sorted by name."""
+        res = kmock.resource(resource)
+        out = [
+            copy.deepcopy(obj.raw)
+            for (r, ns, _), obj in self._objects.items()
+            if r == res and not obj.deleted and (namespace is None or ns == namespace)
+        ]
+        return sorted(out, key=lambda o: o["metadata"]["name"])

@@ -1,0 +1,245 @@
+"""Desired vs actual, conditions and phase transitions (pure)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import yaml
+
+from omni_operator.reconcile import (
+    Observed,
+    Progress,
+    diff,
+    parse_status,
+    reconcile,
+    set_condition,
+    status_patch,
+)
+from omni_operator.render import LABEL_ATTEMPT
+from omni_operator.spec import OmniTrainingJob, parse_job
+from omni_operator.status import Condition, OmniTrainingJobStatus, RestartRecord
+
+from ...conftest import EXAMPLES
+from .nodes import node
+
+NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
+T = "2026-12-01T12:00:00Z"
+
+
+def _job(**spec: Any) -> OmniTrainingJob:
+    doc = yaml.safe_load((EXAMPLES / "tiny-cpu.yaml").read_text())
+    doc["metadata"].update(namespace="ml", uid="uid-1")
+    doc["spec"].update(nodes=2, gpusPerNode=0, **spec)
+    return parse_job(doc)
+
+
+NODES = [node(f"n{i}") for i in range(4)]
+
+
+def _obs(job: OmniTrainingJob, status: dict | None = None, owned=(), **kw: Any) -> Observed:
+    kw.setdefault("nodes", NODES)
+    kw.setdefault("now", NOW)
+    return Observed(job=job, status=parse_status(status), owned=list(owned), **kw)
+
+
+def _live(objs: list[dict], phase: str = "Running") -> list[dict]:
+    """Created objects as the API returns them, pods in ``phase``."""
+    out = []
+    for o in objs:
+        o = {**o, "metadata": {**o["metadata"], "uid": "x"}}
+        if o["kind"] == "Pod":
+            node_name = o["metadata"]["annotations"]["omni.megascale.io/placed-node"]
+            o = {**o, "spec": {**o["spec"], "nodeName": node_name}, "status": {"phase": phase}}
+        out.append(o)
+    return out
+
+
+def _start(job: OmniTrainingJob) -> tuple[dict, list[dict]]:
+    """A job whose attempt 0 is running: (status, owned objects)."""
+    a = reconcile(_obs(job))
+    return a.status, _live(a.create)
+
+
+def _cond(status: dict, type_: str) -> dict:
+    return next(c for c in status["conditions"] if c["type"] == type_)
+
+
+def test_diff_creates_adopts_and_prunes_by_name() -> None:
+    desired = [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "p1", "labels": {"a": "b"}, "ownerReferences": [{"uid": "u"}]},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "p2", "ownerReferences": [{"uid": "u"}]},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "p3", "ownerReferences": [{"uid": "u"}]},
+        },
+    ]
+    existing = [
+        {"kind": "Pod", "metadata": {"name": "p1"}},  # ours by name, no owner: adopt
+        {"kind": "Pod", "metadata": {"name": "p2", "ownerReferences": [{"uid": "u"}]}},
+        {"kind": "Pod", "metadata": {"name": "p3", "deletionTimestamp": T}},  # still going
+        {"kind": "Pod", "metadata": {"name": "old"}},
+        {"kind": "ConfigMap", "metadata": {"name": "cm"}},  # not pruned by kind
+    ]
+    d = diff(desired, existing)
+    assert [o["metadata"]["name"] for o in d.create] == []
+    assert [o["metadata"]["name"] for o in d.adopt] == ["p1"]
+    assert d.adopt[0]["metadata"]["ownerReferences"] == [{"uid": "u"}]
+    assert [o["metadata"]["name"] for o in d.waiting] == ["p3"]
+    assert [o["metadata"]["name"] for o in d.delete] == ["old"]
+    assert [o["metadata"]["name"] for o in diff(desired, []).create] == ["p1", "p2", "p3"]
+
+
+def test_set_condition_is_idempotent_and_moves_time_only_on_status_change() -> None:
+    c = set_condition([], type="Placed", status="True", reason="Placed", now="t1")
+    assert set_condition(c, type="Placed", status="True", reason="Placed", now="t2") == c
+    c2 = set_condition(c, type="Placed", status="True", reason="Other", message="m", now="t2")
+    assert c2[0].last_transition_time == "t1" and c2[0].reason == "Other"
+    c3 = set_condition(c2, type="Placed", status="False", reason="Unschedulable", now="t3")
+    assert c3[0].last_transition_time == "t3"
+    c4 = set_condition(c3, type="Valid", status="True", reason="SpecValid", now="t4")
+    assert [x.type for x in c4] == ["Placed", "Valid"]
+
+
+def test_status_patch_has_only_changes_and_full_first_write() -> None:
+    old = OmniTrainingJobStatus(phase="Running", step=5)
+    new = old.model_copy(update={"step": 6})
+    assert status_patch(old, new) == {"step": 6}
+    assert status_patch(OmniTrainingJobStatus(), new, full=True)["restarts"] == 0
+    assert parse_status({"phase": "Bogus"}) == OmniTrainingJobStatus()
+    assert parse_status({"phase": "Running", "unknownField": 1}).phase == "Running"
+
+
+def test_first_reconcile_creates_everything_and_runs() -> None:
+    a = reconcile(_obs(_job()))
+    kinds = [o["kind"] for o in a.create]
+    assert kinds == ["ConfigMap", "Service", "Pod", "Pod"]
+    assert a.status["phase"] == "Running" and a.status["placement"] == ["n0", "n1"]
+    assert a.status["restartBudgetLeft"] == 10 and a.status["startTime"] == T
+    assert _cond(a.status, "Placed")["status"] == "True"
+    assert [e.reason for e in a.events] == ["PodsCreated"]
+
+
+def test_reconcile_is_idempotent_once_running() -> None:
+    job = _job()
+    status, owned = _start(job)
+    a = reconcile(_obs(job, status, owned))
+    assert not a.create and not a.delete and not a.events
+    assert set(a.status) <= {"conditions"}  # PodsRunning flips to True, nothing else
+    status = {**status, **a.status}
+    again = reconcile(_obs(job, status, owned))
+    assert again.status == {} and not again.events
+
+
+def test_partial_creation_is_completed_not_restarted() -> None:
+    job = _job()
+    first = reconcile(_obs(job))
+    owned = _live(first.create[:3], phase="Pending")  # stopped before the 2nd pod and status
+    a = reconcile(_obs(job, None, owned))
+    assert [o["metadata"]["name"] for o in a.create] == ["tiny-cpu-a0-n1"]
+    assert a.status["phase"] == "Running" and not a.delete
+
+
+def test_unplaceable_job_waits_in_placing() -> None:
+    a = reconcile(_obs(_job(), nodes=[node("n0")]))
+    assert a.status["phase"] == "Placing" and not a.create
+    assert _cond(a.status, "Placed")["reason"] == "Unschedulable"
+    assert a.events[0].type == "Warning" and "cannot place 2 nodes" in a.events[0].message
+
+
+def test_failure_restarts_after_backoff_on_new_nodes() -> None:
+    job = _job(restartPolicy={"backoffSeconds": {"base": 30, "max": 60}})
+    status, owned = _start(job)
+    owned = [
+        o if o["metadata"]["name"] != "tiny-cpu-a0-n1" else {**o, "status": {"phase": "Failed"}}
+        for o in owned
+    ]
+    a = reconcile(_obs(job, status, owned))
+    assert a.status["phase"] == "Restarting" and a.status["attempt"] == 1
+    assert a.requeue_after == 30 and {d.obj["metadata"]["name"] for d in a.delete} == {
+        "tiny-cpu-a0-n0",
+        "tiny-cpu-a0-n1",
+    }
+    assert a.events[0].reason == "PodFailed" and a.events[0].type == "Warning"
+    status = {**status, **a.status}
+    early = reconcile(_obs(job, status, owned, now=NOW + dt.timedelta(seconds=10)))
+    assert not early.create and early.requeue_after == 20
+    remaining = [o for o in owned if o["kind"] != "Pod"]
+    due = reconcile(_obs(job, status, remaining, now=NOW + dt.timedelta(seconds=31)))
+    pods = [o for o in due.create if o["kind"] == "Pod"]
+    assert [p["metadata"]["labels"][LABEL_ATTEMPT] for p in pods] == ["1", "1"]
+    assert due.status["phase"] == "Running"
+
+
+def test_pods_on_a_lost_node_are_force_deleted() -> None:
+    job = _job(restartPolicy={"nodeLostGraceSeconds": 5})
+    status, owned = _start(job)
+    nodes = [node("n0"), node("n1", ready=False), node("n2"), node("n3")]
+    a = reconcile(_obs(job, status, owned, nodes=nodes))
+    grace = {d.obj["metadata"]["name"]: d.grace_seconds for d in a.delete}
+    assert grace == {"tiny-cpu-a0-n0": None, "tiny-cpu-a0-n1": 0}
+    assert a.status["restartHistory"][0]["reason"] == "NodeLost"
+
+
+def test_non_retryable_failure_fails_and_stops_the_rest() -> None:
+    job = _job(restartPolicy={"nonRetryableExitCodes": [2]})
+    status, owned = _start(job)
+    term = {"terminated": {"exitCode": 2, "finishedAt": T}}
+    owned[2] = {**owned[2], "status": {"phase": "Failed", "containerStatuses": [{"state": term}]}}
+    a = reconcile(_obs(job, status, owned))
+    assert a.status["phase"] == "Failed" and a.status["completionTime"] == T
+    assert [d.obj["metadata"]["name"] for d in a.delete] == ["tiny-cpu-a0-n1"]
+    assert _cond(a.status, "Failed")["reason"] == "UserError"
+    assert reconcile(_obs(job, {**status, **a.status}, owned)).status == {}  # terminal
+
+
+def test_all_pods_succeeded() -> None:
+    job = _job()
+    status, owned = _start(job)
+    owned = [{**o, "status": {"phase": "Succeeded"}} if o["kind"] == "Pod" else o for o in owned]
+    a = reconcile(_obs(job, status, owned))
+    assert a.status["phase"] == "Succeeded" and _cond(a.status, "Complete")["status"] == "True"
+
+
+def test_suspend_then_resume_as_a_new_attempt() -> None:
+    job = _job()
+    status, owned = _start(job)
+    a = reconcile(_obs(_job(suspend=True), status, owned))
+    assert a.status["phase"] == "Suspended" and len(a.delete) == 2 and not a.create
+    status = {**status, **a.status}
+    shared = [o for o in owned if o["kind"] != "Pod"]
+    b = reconcile(_obs(job, status, shared))
+    assert b.status["attempt"] == 1 and b.status["phase"] == "Running"
+    assert {e.reason for e in b.events} == {"Resumed", "PodsCreated"}
+
+
+def test_progress_updates_status_and_refills_the_budget() -> None:
+    job = _job(restartPolicy={"budget": 3})
+    status, owned = _start(job)
+    status["restartBudgetLeft"] = 1
+    p = Progress(step=50, checkpoint_step=40, checkpoint_path="s3://b/40", mfu=0.4)
+    a = reconcile(_obs(job, status, owned, progress=p, tracks_progress=True))
+    assert a.status["step"] == 50 and a.status["lastCheckpoint"]["step"] == 40
+    assert a.status["restartBudgetLeft"] == 3 and a.status["lastProgressTime"] == T
+    assert a.status["mfu"] == 0.4 and [e.reason for e in a.events] == ["Checkpoint"]
+
+
+def test_quarantined_nodes_are_avoided_when_placing() -> None:
+    status = OmniTrainingJobStatus(
+        phase="Restarting",
+        attempt=1,
+        quarantined_nodes=["n0"],
+        restart_history=[RestartRecord(attempt=1, reason="NodeLost", time=T, nodes=["n0"])],
+        conditions=[Condition(type="Valid", status="True", reason="SpecValid")],
+    ).model_dump(mode="json", by_alias=True)
+    a = reconcile(_obs(_job(), status))
+    assert a.status["placement"] == ["n1", "n2"]
