@@ -22,6 +22,7 @@ from omni_operator.spec import GROUP, VERSION, OmniTrainingJob
 
 Obj = dict[str, Any]
 RDZV_PORT = 29500
+METRICS_PORT = 9464  # the trainer's Prometheus port (omni_trainer.components.metrics.DEFAULT_PORT)
 CONFIG_DIR = "/etc/omni"
 CONFIG_FILE = "job.yaml"
 CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_FILE}"
@@ -134,6 +135,7 @@ def rank_env(job: OmniTrainingJob, node: PlacedNode, *, attempt: int) -> dict[st
         "OMNI_REORDER_GROUP_SIZE": str(spec.group_size),
         "OMNI_RESTART_ATTEMPT": str(attempt),
         "OMNI_RESUME": "auto",
+        "OMNI_METRICS_PORT": str(METRICS_PORT),
         "MASTER_ADDR": _master_addr(job, attempt),
         "MASTER_PORT": str(RDZV_PORT),
     }
@@ -218,7 +220,10 @@ def render_pod(job: OmniTrainingJob, node: PlacedNode, *, attempt: int, gang: bo
         "imagePullPolicy": "IfNotPresent",
         "command": torchrun_command(job, node, attempt=attempt),
         "env": env,
-        "ports": [{"name": "rendezvous", "containerPort": RDZV_PORT, "protocol": "TCP"}],
+        "ports": [
+            {"name": "rendezvous", "containerPort": RDZV_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+        ],
         "resources": {k: v for k, v in (("limits", limits), ("requests", requests)) if v},
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},

@@ -227,3 +227,18 @@ def test_the_validator_is_strict_enough_to_catch_mistakes() -> None:
     pod["spec"]["containers"][0]["resource"] = {}  # a typo of "resources"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(pod, K8S_VERSIONS[0], strict=True)
+
+
+def test_trainer_pods_expose_the_trainers_metrics_port() -> None:
+    """The PodMonitor scrapes the port named ``metrics``; the trainer serves on the env's port."""
+    from omni_operator.render import METRICS_PORT
+    from omni_trainer.components.metrics import DEFAULT_PORT
+
+    assert METRICS_PORT == DEFAULT_PORT
+    pods = [o for o in _objects(_job()) if o["kind"] == "Pod"]
+    assert pods
+    for pod in pods:
+        (container,) = pod["spec"]["containers"]
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert ports["metrics"] == DEFAULT_PORT and env["OMNI_METRICS_PORT"] == str(DEFAULT_PORT)
