@@ -203,6 +203,7 @@ class Trainer:
             self.checkpointer.save(step, ModelState.from_trainer(self), {"shards": shards})
         if previous is not None and previous.committed:
             self.metrics.record_checkpoint(
+                step=previous.step,
                 seconds=previous.blocking_s + previous.background_s,
                 blocking_seconds=previous.blocking_s,
             )
@@ -234,6 +235,12 @@ class Trainer:
                 last = self.checkpointer.close()
                 if last is not None and not last.committed:
                     raise RuntimeError(f"the last checkpoint failed: {last.errors}")
+                if last is not None:
+                    self.metrics.record_checkpoint(
+                        step=last.step,
+                        seconds=last.blocking_s + last.background_s,
+                        blocking_seconds=last.blocking_s,
+                    )
         return self._summary(results, time.perf_counter() - t0)
 
     def train_step(self, step: int) -> StepResult:

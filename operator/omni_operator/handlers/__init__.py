@@ -29,6 +29,7 @@ import kopf
 
 from omni_operator import reconcile as rec
 from omni_operator.handlers.kube import JOB_API, Kube, obj_path, url_path
+from omni_operator.progress import MetricsProgress
 from omni_operator.recovery import format_time
 from omni_operator.render import LABEL_JOB
 from omni_operator.spec import GROUP, PLURAL, VERSION, OmniTrainingJob, parse_job
@@ -51,7 +52,8 @@ class OperatorState:
 
     kube: Kube = field(default_factory=Kube)
     progress: ProgressSource | None = None
-    """None: no progress source (no hang detection; a crash is never taken for a user error)."""
+    """Default: the trainer's metrics endpoint (``progress.MetricsProgress``). None: no source
+    (no hang detection; a crash is never taken for a user error)."""
     volcano: bool = False
     locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     metrics: Any = None
@@ -67,7 +69,7 @@ def state(memo: kopf.Memo) -> OperatorState:
     (set by whoever starts the operator, e.g. tests or the sandbox) are picked up here."""
     if "omni" not in memo:
         memo["omni"] = OperatorState(
-            progress=memo.get("progress_source"),
+            progress=memo.get("progress_source") or MetricsProgress(),
             clock=memo.get("clock") or (lambda: dt.datetime.now(tz=dt.UTC)),
             volcano=os.environ.get("OMNI_OPERATOR_VOLCANO", "false").lower() == "true",
         )

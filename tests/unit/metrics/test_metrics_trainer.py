@@ -53,7 +53,9 @@ def test_scraped_values_match_recorded(served: tuple[TrainerMetrics, int]) -> No
     m, port = served
     m.record_step(step=1, **STEP)
     m.record_step(step=2, **{**STEP, "loss": 2.25, "samples": {"image": 1}})
-    m.record_checkpoint(seconds=4.0, blocking_seconds=0.5, age=10.0, loader_snapshot_seconds=0.1)
+    m.record_checkpoint(
+        step=200, seconds=4.0, blocking_seconds=0.5, age=10.0, loader_snapshot_seconds=0.1
+    )
     got = scrape(port)
 
     def at(name: str, **labels: str) -> float:
@@ -68,6 +70,7 @@ def test_scraped_values_match_recorded(served: tuple[TrainerMetrics, int]) -> No
     assert at("omni_trainer_tokens_per_second") == 12345.0
     assert at("omni_trainer_mfu_ratio") == pytest.approx(0.41)
     assert at("omni_trainer_restart_attempt") == 2
+    assert at("omni_trainer_checkpoint_step") == 200
     assert at("omni_trainer_samples_total", modality="image") == 5
     assert at("omni_trainer_samples_total", modality="text") == 10
     assert at("omni_trainer_mixture_share", modality="audio") == 0.2
@@ -122,5 +125,5 @@ def test_null_object_has_the_same_methods() -> None:
     null = NullTrainerMetrics()
     assert null.serve(0) == 0
     null.record_step(step=1, **STEP)
-    null.record_checkpoint(seconds=1.0, blocking_seconds=0.1)
+    null.record_checkpoint(step=1, seconds=1.0, blocking_seconds=0.1)
     null.close()

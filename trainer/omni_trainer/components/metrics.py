@@ -73,6 +73,7 @@ class MetricsSink(Protocol):
     def record_checkpoint(
         self,
         *,
+        step: int,
         seconds: float,
         blocking_seconds: float,
         age: float = 0.0,
@@ -183,6 +184,9 @@ class TrainerMetrics:
             "Unix time of the training state held by the latest complete checkpoint "
             "(time() minus this is the checkpoint age).",
         )
+        self.checkpoint_step = gauge(
+            "checkpoint_step", "Optimizer steps held by the latest complete checkpoint."
+        )
         self.restart_attempt = gauge(
             "restart_attempt", "Restart attempt of this job run (0 = never restarted)."
         )
@@ -264,6 +268,7 @@ class TrainerMetrics:
     def record_checkpoint(
         self,
         *,
+        step: int,
         seconds: float,
         blocking_seconds: float,
         age: float = 0.0,
@@ -272,6 +277,7 @@ class TrainerMetrics:
         """Record a checkpoint that just became complete (its commit marker is written).
 
         Args:
+            step: the optimizer steps it holds (the operator's restart budget grows with it).
             seconds: start to commit, background upload included.
             blocking_seconds: the part that stopped training (also a step phase).
             age: seconds between the training state it holds and now (the async upload lag);
@@ -280,6 +286,7 @@ class TrainerMetrics:
             loader_snapshot_seconds: blocking time of capturing the loader state (a step phase).
         """
         job = self._job
+        self.checkpoint_step.labels(job).set(step)
         self.checkpoint_seconds.labels(job).observe(seconds)
         self.checkpoint_blocking.labels(job).observe(blocking_seconds)
         self.checkpoint_state_time.labels(job).set(time.time() - age)
@@ -316,6 +323,7 @@ class NullTrainerMetrics:
     def record_checkpoint(
         self,
         *,
+        step: int,
         seconds: float,
         blocking_seconds: float,
         age: float = 0.0,

@@ -1,0 +1,68 @@
+"""Trainer progress for the operator, read from the trainer's Prometheus endpoint.
+
+The rank-0 pod serves ``omni_trainer_step``, tokens/s, MFU and the latest complete checkpoint
+step on its ``metrics`` port. The operator polls it on every resync: the step feeds hang
+detection, the checkpoint step refills the restart budget, tokens/s and MFU go into the status.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from omni_operator.reconcile import Progress
+from omni_operator.render import LABEL_RANK, METRICS_PORT
+
+_FIELDS = {
+    "omni_trainer_step": "step",
+    "omni_trainer_checkpoint_step": "checkpoint_step",
+    "omni_trainer_tokens_per_second": "tokens_per_second",
+    "omni_trainer_mfu_ratio": "mfu",
+}
+
+
+def parse_progress(text: str) -> Progress:
+    """The progress figures in a scrape (missing ones stay None)."""
+    values: dict[str, Any] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            field = _FIELDS.get(sample.name)
+            if field is not None:
+                values[field] = sample.value
+    for key in ("step", "checkpoint_step"):
+        if key in values:
+            values[key] = int(values[key])
+    return Progress(**values)
+
+
+class MetricsProgress:
+    """The default progress source: scrape node rank 0's trainer (it hosts global rank 0)."""
+
+    def __init__(self, *, port: int = METRICS_PORT, timeout_s: float = 2.0) -> None:
+        self.port = port
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    async def __call__(self, job: Any, pods: list[dict[str, Any]]) -> Progress | None:
+        ip = _rank0_ip(pods)
+        if ip is None:
+            return None
+        try:
+            async with aiohttp.ClientSession(timeout=self.timeout) as session:
+                url = f"http://{ip}:{self.port}/metrics"
+                async with session.get(url) as resp:
+                    if resp.status != 200:
+                        return None
+                    return parse_progress(await resp.text())
+        except (TimeoutError, aiohttp.ClientError):
+            return None  # not up yet, or restarting: no news is not progress
+
+
+def _rank0_ip(pods: list[dict[str, Any]]) -> str | None:
+    for pod in pods:
+        labels = pod.get("metadata", {}).get("labels", {})
+        status = pod.get("status", {})
+        if labels.get(LABEL_RANK) == "0" and status.get("phase") == "Running":
+            return status.get("podIP")
+    return None
