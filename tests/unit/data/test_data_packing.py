@@ -17,7 +17,6 @@ from omni_trainer.data import (
     Sample,
     Segment,
     collate,
-    dp_slice,
     split_micro_batches,
 )
 
@@ -141,21 +140,15 @@ def test_no_sample_lost_or_duplicated_over_many_batches(
     assert {"image", "video", "text"} <= set(stream.counters["samples_per_modality"])
 
 
-def test_batches_are_world_size_independent_and_split(
+def test_batches_have_full_sequences_and_split(
     make_config: Callable[..., DataConfig], geometry: MediaGeometry
 ) -> None:
     cfg = make_config()
     batch = MultimodalStream(cfg, seed=1, vocab_size=256, geometry=geometry).next_batch()
     assert len(batch) == cfg.global_batch_size
     assert all(s.seq_length == cfg.seq_length for s in batch)
-    parts = [dp_slice(batch, r, 4) for r in range(4)]
-    assert [x for p in parts for x in p] == batch
-    mbs = split_micro_batches(parts[1], 2)
-    assert mbs == [[batch[2], batch[3]]]
-    with pytest.raises(ValueError, match="not divisible by dp_size 3"):
-        dp_slice(batch, 0, 3)
-    with pytest.raises(ValueError, match="dp_rank 4"):
-        dp_slice(batch, 4, 4)
+    mbs = split_micro_batches(batch, 2)
+    assert [x for mb in mbs for x in mb] == batch and mbs[1] == [batch[2], batch[3]]
     with pytest.raises(ValueError, match="divide 8 sequences"):
         split_micro_batches(batch, 3)
     mb = collate(batch[:2], cfg.seq_length)

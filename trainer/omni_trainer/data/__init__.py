@@ -21,7 +21,6 @@ from omni_trainer.data.packing import (
     Packer,
     Segment,
     collate,
-    dp_slice,
     split_micro_batches,
 )
 from omni_trainer.data.sample import MediaGeometry, Sample
@@ -54,7 +53,6 @@ __all__ = [
     "SyntheticSourceConfig",
     "build_source",
     "collate",
-    "dp_slice",
     "make_fixture_shards",
     "split_micro_batches",
     "write_shards",

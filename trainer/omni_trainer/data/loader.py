@@ -1,8 +1,9 @@
-"""The global multimodal stream: sources -> mixture -> chunking -> best-fit packing -> batches.
+"""A multimodal loader: sources -> mixture -> chunking -> best-fit packing -> batches.
 
-Every rank builds the same stream and takes its slice (``dp_slice``), so the global batch does not
-depend on the world size. The state (cursors, mixture counters, pending chunks, packing buffer as
-sample keys, counters) is small and JSON-safe; restoring it continues with the very same batches.
+A run has ``loaderShards`` of them, each reading a disjoint stride of every source; together they
+make the global batch whatever ranks host them (``components/dataplane.py``). The state (cursors,
+mixture counters, pending chunks, packing buffer as sample keys, counters) is small and
+JSON-safe; restoring it continues with the very same batches.
 """
 
 from __future__ import annotations
@@ -14,12 +15,8 @@ from typing import Any
 from omni_trainer.data.config import DataConfig, ShardSourceConfig, SyntheticSourceConfig
 from omni_trainer.data.mixture import DeficitMixer, MixtureSchedule
 from omni_trainer.data.packing import (
-    MicroBatch,
     PackedSequence,
     Packer,
-    collate,
-    dp_slice,
-    split_micro_batches,
 )
 from omni_trainer.data.sample import MediaGeometry, Sample, chunk_of, split_text
 from omni_trainer.data.shards import ShardSource
@@ -158,14 +155,6 @@ class MultimodalStream:
                     self.samples_per_modality[m] = self.samples_per_modality.get(m, 0) + 1
         self.steps += 1
         return batch
-
-    def next_micro_batches(self, dp_rank: int = 0, dp_size: int = 1) -> list[MicroBatch]:
-        """This rank's micro-batches of the next global batch."""
-        mine = dp_slice(self.next_batch(), dp_rank, dp_size)
-        return [
-            collate(mb, self.seq_length)
-            for mb in split_micro_batches(mine, self.config.micro_batch_size)
-        ]
 
     @property
     def counters(self) -> dict[str, Any]:

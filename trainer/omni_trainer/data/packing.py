@@ -159,17 +159,3 @@ def split_micro_batches(
         list(sequences[i : i + micro_batch_size])
         for i in range(0, len(sequences), micro_batch_size)
     ]
-
-
-def dp_slice(
-    sequences: Sequence[PackedSequence], dp_rank: int, dp_size: int
-) -> list[PackedSequence]:
-    """Data-parallel rank ``dp_rank``'s contiguous share of the global batch."""
-    if dp_size < 1 or not 0 <= dp_rank < dp_size:
-        raise ValueError(f"dp_rank {dp_rank} must be in [0, dp_size={dp_size})")
-    if len(sequences) % dp_size:
-        raise ValueError(
-            f"global batch of {len(sequences)} sequences is not divisible by dp_size {dp_size}"
-        )
-    n = len(sequences) // dp_size
-    return list(sequences[dp_rank * n : (dp_rank + 1) * n])
