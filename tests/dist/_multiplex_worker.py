@@ -80,6 +80,29 @@ def run_scenario(doc: dict, steps: int, out: Path | None) -> dict:
         return batch
 
     trainer.data.next_local_batch = recording
+    prepare, filtered = trainer._prepare, []
+
+    def recording_prepare(local: list):
+        """The zero-redundancy filter: media on the device exactly where it is encoded."""
+        from omni_trainer.multiplex.workload import media_encoded_on
+
+        table, works, micro = prepare(local)
+        expected = media_encoded_on(table, groups.anchor.stage)
+        got = {
+            m: {k for k, v in b.media.items() if v.arrays} for m, b in enumerate(trainer._batches)
+        }
+        everywhere = {m: set(b.media) for m, b in enumerate(trainer._batches)}
+        filtered.append(
+            [
+                {m: sorted(v) for m, v in got.items() if v}
+                == {m: sorted(v) for m, v in expected.items()},
+                sum(map(len, got.values())),
+                sum(map(len, everywhere.values())),
+            ]
+        )
+        return table, works, micro
+
+    trainer._prepare = recording_prepare
     for step in range(steps):
         losses.append(trainer.train_step(step).loss)
         if step == 0:
@@ -88,7 +111,9 @@ def run_scenario(doc: dict, steps: int, out: Path | None) -> dict:
         out.mkdir(parents=True, exist_ok=True)
         torch.save(grads, out / f"rank{dist.get_rank()}.pt")
         (out / f"data{dist.get_rank()}.json").write_text(
-            json.dumps({"samples": seen, "reorder": moved, "dp_rank": groups.dp_rank})
+            json.dumps(
+                {"samples": seen, "reorder": moved, "dp_rank": groups.dp_rank, "filter": filtered}
+            )
         )
         if dist.get_rank() == 0:
             (out / "losses.json").write_text(json.dumps(losses))

@@ -9,6 +9,7 @@ every gradient after the first step within 1e-5 absolute + 1e-4 relative.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,17 @@ def test_gradients_are_not_trivially_equal(reference) -> None:
     assert any(k.startswith("encoders.audio") for k in grads)
     assert any(".decoder.layers.3." in k for k in grads)
     assert all(g.abs().sum() > 0 for k, g in grads.items() if k.endswith("weight"))
+
+
+def test_stages_hold_only_the_media_they_encode(launched) -> None:
+    """Zero-redundancy filter: each rank's device batches carry media exactly for the encoder
+    micro-batches its stage encodes; with several stages, some rank holds less than all."""
+    world, out = launched
+    for name, _, pp, _ in LAYOUTS[world]:
+        rows = [
+            json.loads(f.read_text()) for f in sorted((out / f"{name}-uniform").glob("data*.json"))
+        ]
+        steps = [s for r in rows for s in r["filter"]]
+        assert steps and all(exact for exact, _, _ in steps), name
+        if pp > 1:
+            assert any(held < everywhere for _, held, everywhere in steps), name

@@ -32,8 +32,8 @@ from omni_trainer.distributed.layout import check_layout
 from omni_trainer.mcore.parallel import ProcessGroups, schedule_kwargs, seed_everything
 from omni_trainer.models.omni import DeviceBatch, OmniModel, first_stage_input, to_device_batch
 from omni_trainer.multiplex.anchor import EncoderAnchor, EncoderWork, build_works
-from omni_trainer.multiplex.dataflow import PRE, DataflowTable, EncoderMicroBatch, plan_dataflow
-from omni_trainer.multiplex.workload import encoder_micro_batches
+from omni_trainer.multiplex.dataflow import PRE, DataflowTable, plan_dataflow
+from omni_trainer.multiplex.workload import encoder_micro_batches, media_encoded_on
 
 _FINGERPRINT_MOD = 1 << 40  # a sum over up to 2**23 ranks still fits an int64
 
@@ -337,18 +337,20 @@ class Trainer:
     def _prepare(
         self, local: list[PackedSequence]
     ) -> tuple[DataflowTable, list[EncoderWork], list[MicroBatch]]:
-        """This replica's micro-batches on the device, the global target count and the step's
-        dataflow table with the LSSP plan of every encoder micro-batch."""
+        """The step's dataflow table (planned from metadata alone), then this replica's
+        micro-batches on the device, with media only where this stage encodes it, and the LSSP
+        plan of every encoder micro-batch; also the global count of text targets."""
         dims = self.groups.dims
         groups_of_seqs = split_micro_batches(local, self.cfg.data.micro_batch_size)
         micro = [collate(seqs, self.cfg.data.seq_length) for seqs in groups_of_seqs]
-        self._batches = [to_device_batch(mb, self.device) for mb in micro]
         counts = torch.tensor([float(sum(mb.num_loss_tokens for mb in micro))], dtype=torch.float64)
         if dims.dp > 1:
             dist.all_reduce(counts, group=self.groups.dp)
         self._global_tokens = max(float(counts.item()), 1.0)
 
-        encoder_mbs, works = self._plan_encoders(groups_of_seqs)
+        encoder_mbs, lengths = encoder_micro_batches(
+            self.cfg.model, groups_of_seqs, stages=dims.pp * dims.vpp
+        )
         table = plan_dataflow(
             self.cfg.parallelism.encoder.policy,
             pp=dims.pp,
@@ -356,25 +358,20 @@ class Trainer:
             num_microbatches=len(micro),
             encoder_mbs=encoder_mbs,
         )
-        return table, works, micro
-
-    def _plan_encoders(self, groups_of_seqs) -> tuple[list[EncoderMicroBatch], list]:
-        """Encoder micro-batches of this replica's step, their media and LSSP plans."""
-        dims = self.groups.dims
+        mine = media_encoded_on(table, self.groups.anchor.stage)
+        self._batches = [
+            to_device_batch(mb, self.device, media=mine.get(m, ())) for m, mb in enumerate(micro)
+        ]
         encoders = self.cfg.model.encoders
-        mbs, lengths = encoder_micro_batches(
-            self.cfg.model, groups_of_seqs, stages=dims.pp * dims.vpp
-        )
-        arrays = {mb.id: self._batches[mb.microbatch].media[mb.modality].arrays for mb in mbs}
         works = build_works(
-            mbs,
-            arrays,
+            encoder_mbs,
+            {e.id: self._batches[e.microbatch].media[e.modality].arrays for e in encoder_mbs},
             lengths,
             eta=self.cfg.parallelism.encoder.eta,
             group_size=dims.tp,
             cost=lambda modality, n: getattr(encoders, modality).flops([n]),
         )
-        return mbs, works
+        return table, works, micro
 
     def _forward_step(self, data_iterator, model):
         """megatron's forward-step hook: the anchor's slot, then this chunk's forward."""

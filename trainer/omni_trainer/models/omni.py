@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
@@ -103,14 +104,19 @@ def first_stage_input(
     return flat.reshape(s, b, h)
 
 
-def to_device_batch(mb, device: torch.device) -> DeviceBatch:
-    """Move a collated numpy micro-batch (``omni_trainer.data``) to ``device``."""
+def to_device_batch(mb, device: torch.device, *, media: Collection[str] = ()) -> DeviceBatch:
+    """Move a collated numpy micro-batch (``omni_trainer.data``) to ``device``.
+
+    Only the media arrays of the modalities in ``media`` are moved (the ones this rank encodes:
+    the zero-redundancy filter); the positions of every modality's tokens always are.
+    """
     b = mb.tokens.shape[0]
     segment_ids = torch.as_tensor(mb.segment_ids, device=device)
     per_modality: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
     for item in mb.media:
         arrays, positions = per_modality.setdefault(item.modality, ([], []))
-        arrays.append(torch.as_tensor(item.array, device=device))
+        if item.modality in media:
+            arrays.append(torch.as_tensor(item.array, device=device))
         seq_pos = torch.arange(item.offset, item.offset + item.num_tokens, device=device)
         positions.append(seq_pos * b + item.row)  # [s, b] flattened row-major
     return DeviceBatch(

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from omni_trainer.components.model_flops import llm_forward_flops
 from omni_trainer.data.packing import PackedSequence
 from omni_trainer.models.config import ModelConfig
-from omni_trainer.multiplex.dataflow import EncoderMicroBatch
+from omni_trainer.multiplex.dataflow import DataflowTable, EncoderMicroBatch
 
 
 def encoder_micro_batches(
@@ -44,3 +44,13 @@ def encoder_micro_batches(
             flops = getattr(model.encoders, modality).flops(items)
             mbs.append(EncoderMicroBatch(id=e, microbatch=m, modality=modality, cost=flops / unit))
     return mbs, lengths
+
+
+def media_encoded_on(table: DataflowTable, stage: int) -> dict[int, set[str]]:
+    """Per LLM micro-batch, the modalities whose media ``stage`` encodes (its only media need:
+    the zero-redundancy filter)."""
+    out: dict[int, set[str]] = {}
+    for mb in table.encoder_mbs:
+        if table.forward[mb.id].stage == stage:
+            out.setdefault(mb.microbatch, set()).add(mb.modality)
+    return out
