@@ -82,3 +82,10 @@ images:
 	else \
 	  echo "make images: no Docker engine answers here; skipped (dockerfiles/ are checked by tests/chart)"; \
 	fi
+
+.PHONY: bench-paper
+
+# Predicted throughput of workloads A-D (PAPER.md) on H100 profiles: uniform multiplexing vs
+# stage0, front_loaded and disaggregated, image:text 1:9..9:1, plus PP stage 0 memory (issue 8).
+bench-paper: setup
+	$(BIN)/python bench/paper.py

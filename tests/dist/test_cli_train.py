@@ -103,3 +103,10 @@ def test_plan_prints_the_dataflow_table(tmp_path) -> None:
     assert "paper notation" in out
     bad = omni("plan", str(manifest), "--world", "3")
     assert bad.returncode == 2 and "world size 3 is not a multiple" in bad.stderr
+
+
+def test_plan_tune_recommends_fitting_configurations() -> None:
+    proc = omni("plan", str(EXAMPLES / "vlm-7b.yaml"), "--tune", "--gpus", "64", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "vlm-7b on 64 x H100" in proc.stdout
+    assert "1. #1 of" in proc.stdout and "GiB" in proc.stdout

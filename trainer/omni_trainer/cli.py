@@ -106,8 +106,15 @@ def plan(
     ] = None,
     step: Annotated[int, typer.Option(min=0, help="which training step's batch to plan")] = 0,
     policy: Annotated[str | None, typer.Option(help="compare another insertion policy")] = None,
+    tune: Annotated[
+        bool, typer.Option("--tune", help="search the parallel configuration on H100s")
+    ] = False,
+    gpus: Annotated[
+        int | None, typer.Option(min=1, help="GPUs for --tune (default --world)")
+    ] = None,
 ) -> None:
-    """Show where each encoder micro-batch runs in the LLM pipeline (the dataflow table)."""
+    """Show where each encoder micro-batch runs in the LLM pipeline (the dataflow table), or with
+    ``--tune`` predict the best parallel configurations for a cluster."""
     from omni_trainer.multiplex.dataflow import POLICIES, format_dataflow
     from omni_trainer.plan import plan_step
 
@@ -116,6 +123,9 @@ def plan(
     if policy is not None and policy not in POLICIES:
         raise _fail(f"--policy must be one of {', '.join(POLICIES)}, not {policy!r}")
     p = cfg.parallelism
+    if tune:
+        _tune(cfg, name=job.metadata.name, gpus=gpus or world or p.tensor * p.pipeline)
+        return
     world = world or p.tensor * p.pipeline * p.context
     try:
         result = plan_step(cfg, world_size=world, step=step, policy=policy)
@@ -137,6 +147,44 @@ def plan(
             f"  stage {st['stage']}: encoder {st['encoder']:.2f}  llm {st['llm']:.2f}  "
             f"idle {st['idle']:.2f}  peak live encoder work {st['peak_encoder_activations']:.2f}"
         )
+
+
+def _tune(cfg, *, name: str, gpus: int) -> None:
+    """Predict the job on ``gpus`` H100s for many configurations; print the best few."""
+    from rich.progress import Progress
+
+    from omni_trainer.planner.devices import H100
+    from omni_trainer.planner.tune import tune
+    from omni_trainer.planner.workloads import workload_from_config
+
+    workload = workload_from_config(cfg, world_size=gpus, name=name)
+    with Progress(console=err_console, transient=True) as bar:
+        task = bar.add_task("simulating configurations", total=None)
+
+        def progress(done: int, total: int, what: str) -> None:
+            bar.update(task, completed=done, total=total, description=what[:60])
+
+        best = tune(workload, device=H100, progress=progress)
+    if not best:
+        raise _fail(f"no configuration of {name} fits in H100 memory on {gpus} GPUs")
+    table = Table(title=f"{name} on {gpus} x {H100.name} (predicted)")
+    for col in ("#", "layout", "policy", "tokens/s", "MFU", "step s", "stage-0 GiB"):
+        table.add_column(col)
+    for i, c in enumerate(best, 1):
+        pr = c.prediction
+        table.add_row(
+            str(i),
+            c.layout.describe(),
+            pr.policy,
+            f"{pr.tokens_per_s:,.0f}",
+            f"{pr.mfu:.1%}",
+            f"{pr.step_time:.2f}",
+            f"{pr.stage0_gib:.1f}",
+        )
+    console = Console()
+    console.print(table)
+    for i, c in enumerate(best, 1):
+        console.print(f"{i}. {c.reason}", highlight=False)
 
 
 def _is_rank0() -> bool:

@@ -35,8 +35,8 @@ from omni_trainer.planner.devices import (
 
 __all__ = [
     "EncoderMBCost",
-    "Layout",
     "LLMOpCost",
+    "Layout",
     "dp_sync_time",
     "encoder_mb_cost",
     "encoder_params",
@@ -161,7 +161,8 @@ def llm_op_costs(
     )
     link = device.link(tp)
     comm = 2 * (
-        all_gather_time(tokens * h * BF16, tp, link) + reduce_scatter_time(tokens * h * BF16, tp, link)
+        all_gather_time(tokens * h * BF16, tp, link)
+        + reduce_scatter_time(tokens * h * BF16, tp, link)
     )
     comm *= 1.0 - tp_overlap
     head_f = device.compute_time(2.0 * h * llm.vocab_size * tokens / tp, "gemm", width=width)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -249,9 +248,3 @@ def all_to_all_time(nbytes: float, n: int, link: Link) -> float:
 def p2p_time(nbytes: float, link: Link) -> float:
     """One send/receive."""
     return link.time(nbytes)
-
-
-def log_interp(points: Sequence[tuple[float, float]], x: float) -> float:
-    """Log-linear interpolation helper for measured tables (clamped at the ends)."""
-    table = EfficiencyTable(gemm=tuple((int(p), e) for p, e in points))
-    return table.gemm_efficiency(x)

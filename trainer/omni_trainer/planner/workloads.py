@@ -14,13 +14,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from omni_trainer.config import TrainerConfig
 from omni_trainer.data.config import PRESETS
 from omni_trainer.data.packing import PackedSequence, Segment
 from omni_trainer.data.synthetic import MEDIA_FRACTION, draw_length
 from omni_trainer.models.config import EncodersConfig, LLMConfig, ModelConfig
 from omni_trainer.models.encoders.config import VisionEncoderConfig
 
-__all__ = ["GPT_45B", "RATIOS", "Workload", "paper_workloads", "sample_sequences"]
+__all__ = [
+    "GPT_45B",
+    "RATIOS",
+    "Workload",
+    "paper_workloads",
+    "sample_sequences",
+    "workload_from_config",
+]
 
 RATIOS: tuple[tuple[int, int], ...] = ((1, 9), (3, 7), (5, 5), (7, 3), (9, 1))
 """Image:text token ratios the paper sweeps."""
@@ -196,3 +204,28 @@ def paper_workloads() -> dict[str, Workload]:
             note="GPT-175B + ViT-H/14",
         ),
     }
+
+
+def workload_from_config(cfg: TrainerConfig, *, world_size: int, name: str = "job") -> Workload:
+    """A job manifest's trainer section as a planner workload (for ``omni plan --tune``).
+
+    Image sources with a length preset keep their preset and weight; the image share is the first
+    mixture point's image weight over image + text (audio and video are not planned yet).
+    """
+    data = cfg.data
+    images = tuple(
+        (s.preset, s.weight)
+        for s in data.sources
+        if s.modality == "image" and getattr(s, "preset", None) is not None
+    )
+    weights = data.mixture[0].weights
+    image, text = weights.get("image", 0.0), weights.get("text", 0.0)
+    return Workload(
+        name=name,
+        model=cfg.model,
+        world_size=world_size,
+        global_batch=data.global_batch_size,
+        seq_length=data.seq_length,
+        image_share=image / (image + text) if image + text else 0.0,
+        image_sources=images or (("openimages", 1.0),),
+    )

@@ -1,0 +1,144 @@
+"""Predicted throughput of the paper's workloads A-D: uniform multiplexing vs the baselines.
+
+Runs the planner's simulator (``omni_trainer.planner``) on H100 profiles: for each workload a
+layout is picked by the tuner's first pass (uniform insertion, 5:5 mix, fastest layout that fits
+in memory), then held fixed while the image:text ratio moves over 1:9 .. 9:1 and the insertion
+policy changes. Ratios are uniform's tokens/s over the baseline's (>1: uniform is faster).
+Nothing here is fitted to the paper's figures; every parameter is printed in the header.
+
+    make bench-paper
+    python bench/paper.py --workloads A C --max-microbatches 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from dataclasses import replace
+
+from omni_trainer.planner.costs import Layout
+from omni_trainer.planner.devices import H100, DeviceProfile
+from omni_trainer.planner.simulate import (
+    Prediction,
+    encoder_flops_share,
+    predict,
+    predict_disaggregated,
+)
+from omni_trainer.planner.tune import layouts, tune
+from omni_trainer.planner.workloads import RATIOS, Workload, paper_workloads
+
+GiB = 2**30
+
+
+def header(device: DeviceProfile, max_mb: int) -> str:
+    e = device.efficiency
+    return "\n".join(
+        [
+            "# Predicted (not measured) step figures, planner simulator; PAPER.md workloads A-D",
+            f"# device {device.name}: peak {device.peak_flops / 1e12:.0f} TFLOP/s dense BF16 "
+            f"(datasheet), HBM {device.hbm_bytes / 1e9:.0f} GB, reserve "
+            f"{device.reserved_bytes / GiB:.0f} GiB; {device.gpus_per_node} GPUs/node",
+            f"# GEMM efficiency by per-GPU width {dict(e.gemm)} (cuBLAS-class figures, narrow "
+            f"widths extrapolated); attention {e.attention} (FA2 on H100, FA3 paper); "
+            f"non-matmul overhead x{e.overhead}",
+            f"# links: {device.intra.name} {device.intra.bandwidth / 1e9:.0f} GB/s/GPU "
+            f"alpha {device.intra.alpha_s * 1e6:.0f}us; {device.inter.name} "
+            f"{device.inter.bandwidth / 1e9:.0f} GB/s/GPU alpha "
+            f"{device.inter.alpha_s * 1e6:.0f}us (80% of spec); ring collectives",
+            "# memory: bf16 weights + fp32 grads + Adam (ZeRO-1 over dp); encoders ZeRO-2 over "
+            "all GPUs; activations 34 sbh/t per layer (Korthikanti 2022, FA) or 2 sbh/t (full AC)",
+            "# data: openimages+refcocog (images, 85% media positions) vs longtext, data/config "
+            "PRESETS lognormals, best-fit packed; mbs 1; heaviest of 8 sampled replicas after "
+            "KK reordering in groups of 8",
+            f"# steps over {max_mb} micro-batches/replica: time extrapolated linearly from two "
+            "shortened runs; TP comm not overlapped; DP grad sync not overlapped",
+            "# disaggregated: encoders on whole LLM replicas' worth of GPUs, sized by the "
+            "encoder FLOPs share at 5:5 (fixed), LLM on the rest; step = max(LLM, encoders)",
+            "# GPT-45B shape (ours; the paper gives none): h8192, 56 layers, 64 heads, GELU 4h, "
+            "vocab 51200 (12 h^2 L = 45.1B)",
+        ]
+    )
+
+
+def pick_layout(w: Workload, device: DeviceProfile, max_mb: int, *, pps: tuple[int, ...]) -> Layout:
+    """The tuner's first pass: the fastest layout (uniform, 5:5) that fits in memory."""
+    pool = layouts(w, device=device, vpps=(1,), pps=pps)
+    best = tune(
+        w,
+        device=device,
+        top=1,
+        keep_layouts=1,
+        policies=("uniform",),
+        etas=(4096,),
+        groups=(8,),
+        candidates=pool,
+        max_microbatches=max_mb,
+    )
+    if not best:
+        raise SystemExit(f"workload {w.name}: no layout fits in {device.name} memory")
+    return best[0].layout
+
+
+def encoder_gpus(w: Workload, lay: Layout) -> int:
+    """Encoder GPUs of the disaggregated baseline: the 5:5 FLOPs share, in whole LLM replicas
+    (so the LLM side keeps an integral dp)."""
+    replica = lay.tp * lay.pp
+    share = encoder_flops_share(w.with_share(5, 5))
+    return max(1, math.ceil(share * w.world_size / replica)) * replica
+
+
+def cell(p: Prediction, ref: Prediction) -> str:
+    flag = " OOM" if p.oom else ""
+    return f"{ref.tokens_per_s / p.tokens_per_s:5.2f}x{flag:4}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workloads", nargs="*", default=["A", "B", "C", "C32K", "D"])
+    ap.add_argument("--max-microbatches", type=int, default=32)
+    args = ap.parse_args(argv)
+    device = H100
+    started = time.perf_counter()
+    print(header(device, args.max_microbatches))
+    base = paper_workloads()
+    jobs = {**base, "C32K": base["C"].with_seq_length(32768)}
+    print(
+        f"{'wl':5} {'seq':>4} {'img:txt':7} {'layout':32} {'uniform':>11} {'MFU':>6} "
+        f"{'bubble':>6} | {'vs stage0':10} {'vs front':10} {'vs disagg':10} | "
+        f"PP0 GiB uni/st0/front"
+    )
+    for name in args.workloads:
+        w0 = jobs[name]
+        # Policies differ only with pipeline stages: compare them at the best pp >= 2 layout.
+        lay = pick_layout(w0, device, args.max_microbatches, pps=(2, 4, 8, 16))
+        free = pick_layout(w0, device, args.max_microbatches, pps=(1, 2, 4, 8, 16))
+        n_enc = encoder_gpus(w0, lay)
+        for image, text in RATIOS:
+            w = w0.with_share(image, text)
+            kw = dict(device=device, max_microbatches=args.max_microbatches)
+            uni = predict(w, lay, policy="uniform", **kw)
+            st0 = predict(w, lay, policy="stage0", **kw)
+            front = predict(w, lay, policy="front_loaded", **kw)
+            dis = predict_disaggregated(w, replace(lay), encoder_gpus=n_enc, **kw)
+            print(
+                f"{name:5} {w.seq_length // 1024:>3}K {image}:{text:<5} {lay.describe():32} "
+                f"{uni.tokens_per_s / 1e3:8.0f}K/s {uni.mfu:6.1%} {uni.bubble:6.1%} | "
+                f"{cell(st0, uni)} {cell(front, uni)} {cell(dis, uni)} | "
+                f"{uni.stage0_gib:.0f}{'!' if uni.oom else ''}/{st0.stage0_gib:.0f}"
+                f"{'!' if st0.oom else ''}/{front.stage0_gib:.0f}{'!' if front.oom else ''}"
+            )
+        best = predict(
+            w0.with_share(5, 5), free, device=device, max_microbatches=args.max_microbatches
+        )
+        print(
+            f"#   {name}: {w0.note}; disaggregated: {n_enc} encoder GPUs; best layout with pp "
+            f"free at 5:5: {free.describe()} {best.tokens_per_s / 1e3:.0f}K/s MFU {best.mfu:.1%}"
+        )
+    print(f"# {time.perf_counter() - started:.0f} s; '!' = predicted OOM (> HBM)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
