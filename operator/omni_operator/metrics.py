@@ -7,16 +7,15 @@ as many as they like). Pure: imports neither kopf nor a Kubernetes client; the h
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import get_args
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram
 
 from omni_operator.status import Phase
+from omni_trainer.components.metrics import MetricsEndpoint
 
 PREFIX = "omni_operator_"
 PHASES: tuple[str, ...] = get_args(Phase)
@@ -27,13 +26,11 @@ _RECOVER_BUCKETS = (5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
 _RECONCILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
-class OperatorMetrics:
+class OperatorMetrics(MetricsEndpoint):
     """Prometheus metrics of the operator process."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        self._server: WSGIServer | None = None
-        self._thread: threading.Thread | None = None
+        super().__init__()
         r = self.registry
         self.jobs = Gauge(PREFIX + "jobs", "OmniTrainingJobs by phase.", ("phase",), registry=r)
         self.restarts = Counter(
@@ -69,21 +66,8 @@ class OperatorMetrics:
         self.set_jobs_by_phase({})
 
     def serve(self, port: int = DEFAULT_PORT, *, addr: str = "0.0.0.0") -> int:
-        """Serve ``/metrics`` in a daemon thread; ``port=0`` picks a free port. Returns the port."""
-        if self._server is not None:
-            raise RuntimeError("metrics endpoint already serving")
-        self._server, self._thread = start_http_server(port, addr=addr, registry=self.registry)
-        return int(self._server.server_port)
-
-    def close(self) -> None:
-        """Stop serving (idempotent)."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+        """Serve ``/metrics`` (default: the operator's port). Returns the port bound."""
+        return super().serve(port, addr=addr)
 
     def set_jobs_by_phase(self, counts: Mapping[str, int]) -> None:
         """Replace the per-phase job counts (a timer or index recounts; phases absent -> 0).

@@ -92,7 +92,37 @@ def restart_attempt_from_env(environ: Mapping[str, str] | None = None) -> int:
         raise ValueError(f"{RESTART_ENV} must be a non-negative integer, got {raw!r}") from err
 
 
-class TrainerMetrics:
+class MetricsEndpoint:
+    """A private Prometheus registry served over HTTP (shared by the trainer and the operator)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def serve(self, port: int = 0, *, addr: str = "0.0.0.0") -> int:
+        """Serve ``/metrics`` in a daemon thread; ``port=0`` picks a free port.
+
+        Returns:
+            The port actually bound (what the pod's PodMonitor or a test scrapes).
+        """
+        if self._server is not None:
+            raise RuntimeError("metrics endpoint already serving")
+        self._server, self._thread = start_http_server(port, addr=addr, registry=self.registry)
+        return int(self._server.server_port)
+
+    def close(self) -> None:
+        """Stop serving (idempotent); the registry keeps its values."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+
+class TrainerMetrics(MetricsEndpoint):
     """Prometheus metrics of one trainer rank, served over HTTP by :meth:`serve`.
 
     Args:
@@ -111,9 +141,7 @@ class TrainerMetrics:
         stage: int = 0,
         restart_attempt: int | None = None,
     ) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        self._server: WSGIServer | None = None
-        self._thread: threading.Thread | None = None
+        super().__init__()
         self._job = job
         self._rank_labels = {"training_job": job, "rank": str(rank), "stage": str(stage)}
         job_l = ("training_job",)
@@ -196,28 +224,6 @@ class TrainerMetrics:
         self.steps.labels(job)
         for phase in PHASES:
             self.phase_seconds.labels(**self._rank_labels, phase=phase)
-
-    # -- serving ----------------------------------------------------------------------------
-    def serve(self, port: int = 0, *, addr: str = "0.0.0.0") -> int:
-        """Serve ``/metrics`` in a daemon thread; ``port=0`` picks a free port.
-
-        Returns:
-            The port actually bound (what the pod's PodMonitor or a test scrapes).
-        """
-        if self._server is not None:
-            raise RuntimeError("metrics endpoint already serving")
-        self._server, self._thread = start_http_server(port, addr=addr, registry=self.registry)
-        return int(self._server.server_port)
-
-    def close(self) -> None:
-        """Stop serving (idempotent); the registry keeps its values."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
 
     # -- recording --------------------------------------------------------------------------
     def record_step(
