@@ -107,3 +107,63 @@ class OperatorMetrics(MetricsEndpoint):
             raise
         finally:
             self.reconcile_seconds.labels(handler).observe(time.perf_counter() - start)
+
+
+class NullOperatorMetrics:
+    """When the operator serves no metrics: same methods as :class:`OperatorMetrics`, no effect."""
+
+    def serve(self, port: int = DEFAULT_PORT, *, addr: str = "0.0.0.0") -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+    def set_jobs_by_phase(self, counts: Mapping[str, int]) -> None:
+        pass
+
+    def record_restart(self, reason: str) -> None:
+        pass
+
+    def observe_recovery(self, seconds: float) -> None:
+        pass
+
+    def set_quarantined_nodes(self, count: int) -> None:
+        pass
+
+    @contextmanager
+    def reconcile(self, handler: str) -> Iterator[None]:
+        yield
+
+
+class Fleet:
+    """What the operator-wide gauges are computed from: each job's last phase, quarantine and
+    the start of its current recovery (pure bookkeeping, fed by every reconcile)."""
+
+    def __init__(self) -> None:
+        self.phases: dict[tuple[str, str], str] = {}
+        self.quarantined: dict[tuple[str, str], int] = {}
+        self.recovering_since: dict[tuple[str, str], float] = {}
+
+    def observe(
+        self, job: tuple[str, str], *, phase: str, quarantined: int, now: float
+    ) -> float | None:
+        """Record a job's state; returns the recovery time when a restart just came back."""
+        before = self.phases.get(job)
+        self.phases[job] = phase
+        self.quarantined[job] = quarantined
+        if phase == "Restarting" and before != "Restarting":
+            self.recovering_since[job] = now
+        elif phase == "Running" and job in self.recovering_since:
+            return now - self.recovering_since.pop(job)
+        return None
+
+    def forget(self, job: tuple[str, str]) -> None:
+        for table in (self.phases, self.quarantined, self.recovering_since):
+            table.pop(job, None)
+
+    def export(self, metrics: OperatorMetrics | NullOperatorMetrics) -> None:
+        counts: dict[str, int] = {}
+        for phase in self.phases.values():
+            counts[phase] = counts.get(phase, 0) + 1
+        metrics.set_jobs_by_phase(counts)
+        metrics.set_quarantined_nodes(sum(self.quarantined.values()))

@@ -29,6 +29,7 @@ import kopf
 
 from omni_operator import reconcile as rec
 from omni_operator.handlers.kube import JOB_API, Kube, obj_path, url_path
+from omni_operator.metrics import Fleet, NullOperatorMetrics, OperatorMetrics
 from omni_operator.progress import MetricsProgress
 from omni_operator.recovery import format_time
 from omni_operator.render import LABEL_JOB
@@ -56,7 +57,8 @@ class OperatorState:
     (no hang detection; a crash is never taken for a user error)."""
     volcano: bool = False
     locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
-    metrics: Any = None
+    metrics: OperatorMetrics | NullOperatorMetrics = field(default_factory=NullOperatorMetrics)
+    fleet: Fleet = field(default_factory=Fleet)
     clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(tz=dt.UTC)
     """The time reconciles see (tests move it forward instead of sleeping through timeouts)."""
 
@@ -93,9 +95,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.execution.max_workers = 8
     st = state(memo)
     port = os.environ.get("OMNI_OPERATOR_METRICS_PORT")
-    if port and st.metrics is None:
-        from omni_operator.metrics import OperatorMetrics
-
+    if port and isinstance(st.metrics, NullOperatorMetrics):
         st.metrics = OperatorMetrics()
         st.metrics.serve(int(port))
 
@@ -124,8 +124,7 @@ def login(
 async def close(memo: kopf.Memo, **_: Any) -> None:
     st = state(memo)
     await st.kube.close()
-    if st.metrics is not None:
-        st.metrics.close()
+    st.metrics.close()
 
 
 @kopf.on.create(*RESOURCE)
@@ -183,6 +182,8 @@ async def delete(
         owned = await _owned(st, namespace, name)
         await st.kube.gather(st.kube.delete(obj_path(o)) for o in owned)
     st.locks.pop((namespace, name), None)
+    st.fleet.forget((namespace, name))
+    st.fleet.export(st.metrics)
     logger.info(f"deleted {len(owned)} owned objects")
 
 
@@ -202,10 +203,7 @@ async def _owned(st: OperatorState, namespace: str, name: str) -> list[dict[str,
 
 async def _reconcile(st: OperatorState, namespace: str, name: str, handler: str) -> None:
     """Observe -> reconcile (pure) -> apply, under the job's lock."""
-    if st.metrics is not None:
-        with st.metrics.reconcile(handler):
-            await _reconcile_locked(st, namespace, name)
-    else:
+    with st.metrics.reconcile(handler):
         await _reconcile_locked(st, namespace, name)
 
 
@@ -242,8 +240,19 @@ async def _reconcile_locked(st: OperatorState, namespace: str, name: str) -> Non
             )
         )
         await _apply(kube, raw, job_path, actions)
-        if st.metrics is not None and actions.status.get("phase") == "Restarting":
+        phase = actions.status.get("phase", status.phase)
+        if actions.status.get("phase") == "Restarting":
             st.metrics.record_restart(actions.status["restartHistory"][-1]["reason"])
+        quarantined = actions.status.get("quarantinedNodes", status.quarantined_nodes)
+        recovered = st.fleet.observe(
+            (namespace, name),
+            phase=phase or "Pending",
+            quarantined=len(quarantined or ()),
+            now=st.clock().timestamp(),
+        )
+        if recovered is not None:
+            st.metrics.observe_recovery(recovered)
+        st.fleet.export(st.metrics)
 
 
 async def _apply(kube: Kube, raw: dict[str, Any], job_path: str, actions: rec.Actions) -> None:

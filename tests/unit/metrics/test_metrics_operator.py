@@ -51,3 +51,22 @@ def test_jobs_by_phase_replaces_and_rejects_unknown() -> None:
     with pytest.raises(ValueError, match="unknown phases"):
         m.set_jobs_by_phase({"Exploded": 1})
     assert OperatorMetrics().registry is not m.registry
+
+
+def test_fleet_counts_phases_quarantine_and_recovery_time() -> None:
+    from omni_operator.metrics import Fleet, OperatorMetrics
+
+    fleet, m = Fleet(), OperatorMetrics()
+    a, b = ("ns", "a"), ("ns", "b")
+    assert fleet.observe(a, phase="Running", quarantined=0, now=0.0) is None
+    assert fleet.observe(b, phase="Restarting", quarantined=1, now=10.0) is None
+    assert fleet.observe(b, phase="Restarting", quarantined=1, now=20.0) is None
+    assert fleet.observe(b, phase="Running", quarantined=1, now=55.0) == 45.0  # since 10 s
+    fleet.export(m)
+    value = m.registry.get_sample_value
+    assert value("omni_operator_jobs", {"phase": "Running"}) == 2
+    assert value("omni_operator_quarantined_nodes") == 1
+    fleet.forget(b)
+    fleet.export(m)
+    assert value("omni_operator_jobs", {"phase": "Running"}) == 1
+    assert value("omni_operator_quarantined_nodes") == 0
