@@ -89,3 +89,17 @@ images:
 # stage0, front_loaded and disaggregated, image:text 1:9..9:1, plus PP stage 0 memory (issue 8).
 bench-paper: setup
 	$(BIN)/python bench/paper.py
+
+.PHONY: bench-operator
+
+# The real kopf operator against the API emulator: job -> all pods and node lost -> all pods
+# recreated for 8, 64 and 512 nodes, with the operator's API requests per reconcile.
+bench-operator: setup
+	$(BIN)/python bench/operator_scale.py $(BENCH_ARGS)
+
+.PHONY: bench-calibrate
+
+# Calibration against reality (issue 8): the planner's simulator, fed a CPU profile measured in
+# the same run, predicts the tiny example's step time at world 1/2/4; omni train measures it.
+bench-calibrate: setup
+	$(BIN)/python bench/calibrate.py $(BENCH_ARGS)
