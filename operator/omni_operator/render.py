@@ -73,14 +73,18 @@ def _meta(job: OmniTrainingJob, name: str, labels: dict[str, str] | None = None)
 
 
 def render_config_map(job: OmniTrainingJob) -> Obj:
-    """The trainer's manifest (``spec.trainer`` only: cluster settings are not its business)."""
+    """The trainer's manifest (``spec.trainer`` only: cluster settings are not its business),
+    with the data reorder groups of the topology's network-local node groups."""
+    trainer = job.spec.trainer.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    group = job.spec.trainer_reorder_group()
+    if group is not None:
+        data = trainer.setdefault("data", {})
+        data["reorder"] = {**data.get("reorder", {}), "groupSize": group}
     manifest = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "OmniTrainingJob",
         "metadata": {"name": job.metadata.name},
-        "spec": {
-            "trainer": job.spec.trainer.model_dump(mode="json", by_alias=True, exclude_unset=True)
-        },
+        "spec": {"trainer": trainer},
     }
     return {
         "apiVersion": "v1",

@@ -204,6 +204,23 @@ class OmniTrainingJobSpec(Spec):
         """Nodes per reorder group (the whole job when unset)."""
         return self.topology.reorder_group_size or self.nodes
 
+    def trainer_reorder_group(self) -> int | None:
+        """Data-parallel ranks per reorder group that match ``topology.reorderGroupSize``.
+
+        Stages fill whole nodes and megatron numbers data-parallel ranks along them, so G
+        consecutive nodes of a stage hold G x procs_per_node / tensor consecutive data-parallel
+        ranks; a group of a stage or more is the whole data-parallel group. None when the
+        topology does not set a group or stages share nodes.
+        """
+        par = self.trainer.parallelism
+        if self.topology.reorder_group_size is None or self.nodes % par.pipeline:
+            return None
+        per_stage = self.nodes // par.pipeline
+        dp = self.world_size // (par.tensor * par.pipeline * par.context)
+        if self.group_size >= per_stage:
+            return dp
+        return self.group_size * self.procs_per_node // (par.tensor * par.context)
+
     @model_validator(mode="after")
     def _check_layout(self) -> OmniTrainingJobSpec:
         problems = layout_problems(self)
@@ -266,6 +283,16 @@ def layout_problems(spec: OmniTrainingJobSpec) -> list[tuple[Loc, str]]:
                 f"reorderGroupSize ({G}) must divide or be a multiple of the nodes per "
                 f"pipeline stage ({n} / pipeline {pp} = {per_stage}), so a group never "
                 "straddles a stage boundary",
+            )
+        )
+    derived, asked = spec.trainer_reorder_group(), spec.trainer.data.reorder.group_size
+    if derived is not None and asked not in (1, derived):
+        out.append(
+            (
+                ("trainer", "data", "reorder", "groupSize"),
+                f"groupSize ({asked}) disagrees with topology.reorderGroupSize "
+                f"({spec.topology.reorder_group_size} nodes = {derived} data-parallel ranks); "
+                "leave groupSize unset (the operator derives it) or make them agree",
             )
         )
     sched = spec.scheduling

@@ -18,7 +18,7 @@ from omni_operator.render import (
     render_config_map,
 )
 from omni_operator.spec import OmniTrainingJob, parse_job
-from omni_trainer.config import parse_manifest
+from omni_trainer.config import ManifestError, parse_manifest
 
 from ...conftest import EXAMPLES
 from .nodes import SPINE, ZONE, cluster
@@ -34,8 +34,8 @@ def _job(uid: str | None = "5f1c-uid", **spec: Any) -> OmniTrainingJob:
         nodes=4,
         gpusPerNode=8,
         topology={"networkDomainLabels": [ZONE, SPINE], "reorderGroupSize": 2},
-        **spec,
     )
+    doc["spec"].update(spec)
     doc["spec"]["trainer"]["data"]["globalBatchSize"] = 16
     return parse_job(doc)
 
@@ -160,8 +160,22 @@ def test_config_map_is_a_manifest_the_trainer_reads() -> None:
     job = _job()
     data = render_config_map(job)["data"][CONFIG_FILE]
     manifest = parse_manifest(yaml.safe_load(data))
-    assert manifest.spec.trainer == job.spec.trainer
+    # 4 nodes, pipeline 2: a 2-node reorder group is a whole stage = all 4 data-parallel ranks.
+    reorder = job.spec.trainer.data.reorder.model_copy(update={"group_size": 4})
+    data_cfg = job.spec.trainer.data.model_copy(update={"reorder": reorder})
+    assert manifest.spec.trainer == job.spec.trainer.model_copy(update={"data": data_cfg})
     assert set(yaml.safe_load(data)["spec"]) == {"trainer"}  # cluster settings stay out
+
+
+def test_reorder_groups_follow_the_network_local_node_groups() -> None:
+    """G consecutive nodes of a stage hold G x gpus / tensor consecutive data-parallel ranks."""
+    assert _job(nodes=8).spec.trainer_reorder_group() == 2 * 8 // 4  # 4 nodes per stage, G=2
+    assert _job().spec.trainer_reorder_group() == 4  # G = a whole stage: all data parallel
+    with pytest.raises(ManifestError, match=r"groupSize \(3\) disagrees with topology"):
+        doc = yaml.safe_load((EXAMPLES / "vlm-7b.yaml").read_text())
+        doc["spec"].update(nodes=8, gpusPerNode=8, topology={"reorderGroupSize": 2})
+        doc["spec"]["trainer"]["data"].update(globalBatchSize=16, reorder={"groupSize": 3})
+        parse_job(doc)
 
 
 def test_no_owner_reference_without_uid() -> None:
