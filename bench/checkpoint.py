@@ -18,10 +18,11 @@ import os
 import random
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from omni_trainer.launch import torchrun_argv
 
 MB = 1 << 20
 
@@ -129,11 +130,7 @@ def plan_worker(out: Path, tensors: int, kb: int, saves: int) -> None:
 
 def bench_plans(root: Path, *, tensors: int, kb: int, saves: int, nproc: int) -> dict:
     cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
+        *torchrun_argv(nproc),
         __file__,
         "--plan-worker",
         str(root),

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from omni_trainer.launch import torchrun_argv
 
 WORKER = Path(__file__).with_name("_multiplex_worker.py")
 
@@ -37,11 +38,7 @@ def launch(world: int, scenarios: dict[str, dict], steps: int, out: Path) -> Pat
     spec.write_text(json.dumps({"steps": steps, "out": str(out), "scenarios": scenarios}))
     proc = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={world}",
+            *torchrun_argv(world),
             str(WORKER),
             str(spec),
         ],

@@ -21,6 +21,7 @@ import torch
 import yaml
 
 from ..conftest import EXAMPLES
+from omni_trainer.launch import torchrun_argv
 
 pytestmark = pytest.mark.dist
 
@@ -74,11 +75,7 @@ def launch(tmp_path_factory, moto_endpoint) -> Path:
     }
     proc = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node=2",
+            *torchrun_argv(2),
             str(WORKER),
             str(spec),
         ],

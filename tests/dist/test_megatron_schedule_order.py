@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from omni_trainer.multiplex.dataflow import LLMOp, stage_ops
+from omni_trainer.launch import torchrun_argv
 
 pytestmark = pytest.mark.dist
 
@@ -29,11 +30,7 @@ WORKER = Path(__file__).with_name("_schedule_order_worker.py")
 def test_stage_ops_equal_recorded_megatron_order(tmp_path, nproc, scenarios) -> None:
     proc = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={nproc}",
+            *torchrun_argv(nproc),
             str(WORKER),
             json.dumps(scenarios),
             str(tmp_path),

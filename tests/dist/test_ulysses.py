@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from omni_trainer.launch import torchrun_argv
 
 pytestmark = pytest.mark.dist
 
@@ -34,12 +35,7 @@ def results(request, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp(f"ulysses{nproc}") / "results.json"
     proc = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            str(nproc),
+            *torchrun_argv(nproc),
             str(WORKER),
             str(out),
         ],

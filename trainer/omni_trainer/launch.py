@@ -17,21 +17,16 @@ def inside_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ
 
 
+def torchrun_argv(nproc: int) -> list[str]:
+    """Command prefix starting ``nproc`` local workers (a script or ``-m module`` follows)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={nproc}"]  # fmt: skip
+
+
 def launch_torchrun(manifest_path: Path, *, nproc: int, forwarded: list[str]) -> int:
     """Start ``nproc`` local workers; each re-enters ``omni train`` and sees the torchrun env."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        "-m",
-        "omni_trainer.cli",
-        "train",
-        str(manifest_path),
-        *forwarded,
-    ]
-    return subprocess.call(cmd)
+    cmd = [*torchrun_argv(nproc), "-m", "omni_trainer.cli", "train", str(manifest_path)]
+    return subprocess.call([*cmd, *forwarded])
 
 
 # megatron-core warns on every start about optional kernels that CPU runs never have.

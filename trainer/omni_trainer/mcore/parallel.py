@@ -101,6 +101,11 @@ def destroy_distributed() -> None:
         dist.destroy_process_group()
 
 
+def global_rank(dims: ParallelDims, *, tp_rank: int, dp_rank: int, stage: int) -> int:
+    """megatron's default rank order tp-cp-ep-dp-pp, with cp = 1: tp + TP * (dp + DP * pp)."""
+    return tp_rank + dims.tp * (dp_rank + dims.dp * stage)
+
+
 def build_anchor_groups(dims: ParallelDims):
     """Groups of the encoder anchor: who holds stage k of this replica, the encoder SP group of
     each (stage, replica) and a process group of its own for encoder traffic.
@@ -119,7 +124,7 @@ def build_anchor_groups(dims: ParallelDims):
     tp_rank = ps.get_tensor_model_parallel_rank()
 
     def ranks_of(d: int, k: int) -> tuple[int, ...]:
-        return tuple(t + tp * (d + dp * k) for t in range(tp))
+        return tuple(global_rank(dims, tp_rank=t, dp_rank=d, stage=k) for t in range(tp))
 
     stage_ranks = tuple(ranks_of(dp_rank, k) for k in range(pp))
     if stage_ranks[stage][tp_rank] != rank:
@@ -202,7 +207,8 @@ def build_reorder_group(dims: ParallelDims, group_size: int) -> dist.ProcessGrou
     for k in range(pp):
         for t in range(tp):
             for g in range(dp // group_size):
-                ranks = [t + tp * (d + dp * k) for d in range(g * group_size, (g + 1) * group_size)]
+                members = range(g * group_size, (g + 1) * group_size)
+                ranks = [global_rank(dims, tp_rank=t, dp_rank=d, stage=k) for d in members]
                 group = dist.new_group(ranks)
                 if (t, k, g) == me:
                     mine = group
