@@ -25,8 +25,10 @@ HANDLER_RULES: frozenset[Rule] = frozenset(
 KOPF_RULES: frozenset[Rule] = frozenset(
     {("omni.megascale.io", "omnitrainingjobs", v) for v in ("list", "watch", "patch")}
     | {("", "events", "create")}
+    | {("", r, v) for r in ("pods", "nodes") for v in ("list", "watch")}
 )
-"""kopf: watching the jobs, finalizers/progress annotations (patch), and posting Events."""
+"""kopf: watching the jobs, finalizers/progress annotations (patch), posting Events, and the
+pod and Node watches that wake a job's reconcile loop."""
 
 
 def rule_of(method: str, path: str, params: Mapping[str, str] | None = None) -> Rule:

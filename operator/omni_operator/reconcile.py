@@ -469,6 +469,14 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
         placement=st.placement,
     )
     if failure is None:
+        s.actions.requeue_after = recovery.next_deadline(
+            pods,
+            s.nodes,
+            spec=spec,
+            now=s.now,
+            last_progress_time=recovery.parse_time(st.last_progress_time),
+            placement=st.placement,
+        )
         return s.finish()
 
     latest = st.last_checkpoint.step if st.last_checkpoint else None

@@ -305,6 +305,29 @@ def classify(
     return None
 
 
+def next_deadline(
+    pods: Sequence[Obj],
+    nodes: Mapping[str, Obj],
+    *,
+    spec: OmniTrainingJobSpec,
+    now: dt.datetime,
+    last_progress_time: dt.datetime | None,
+    placement: Sequence[str] = (),
+) -> float | None:
+    """Seconds until a healthy-looking attempt could turn failed with no event to say so: a
+    NotReady node's grace ends, or the hang timeout passes. None when nothing is pending."""
+    policy = spec.restart_policy
+    due: list[float] = []
+    for pod in pods:
+        node = nodes.get(pod_node(pod, placement) or "")
+        since = node_not_ready_since(node, now) if node is not None else None
+        if since is not None and since.year > 1:
+            due.append(policy.node_lost_grace_seconds - (now - since).total_seconds())
+    if last_progress_time is not None:
+        due.append(policy.hang_timeout_seconds - (now - last_progress_time).total_seconds())
+    return max(min(due), 0.0) if due else None
+
+
 def _pods_on(
     pods: Sequence[Obj], nodes: Iterable[str], placement: Sequence[str]
 ) -> tuple[str, ...]:

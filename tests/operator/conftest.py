@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-os.environ.setdefault("OMNI_RESYNC_SECONDS", "0.2")  # read when the handlers are imported
+os.environ.setdefault("OMNI_RESYNC_SECONDS", "0.2")  # hang tests: progress is polled
 
 import aiohttp
 import kmock
@@ -213,9 +213,13 @@ class Cluster:
         """RBAC rules the operator's API client needed, over every operator started here."""
         return {r for m in self._memos if "omni" in m for r in m["omni"].kube.used}
 
-    async def start_operator(self) -> None:
+    async def start_operator(self, **settings: Any) -> None:
+        """Start the operator in-process; ``settings`` go into kopf's memo (``resync_seconds``,
+        ``metrics``: see ``omni_operator.handlers.state``)."""
         assert self._operator is None
-        memo = kopf.Memo(api_server=self.url, clock=self.clock, progress_source=self._progress)
+        memo = kopf.Memo(
+            api_server=self.url, clock=self.clock, progress_source=self._progress, **settings
+        )
         self._memos.append(memo)
         self._operator = asyncio.create_task(
             kopf.operator(

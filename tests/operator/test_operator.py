@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from omni_operator.metrics import OperatorMetrics
 from omni_operator.reconcile import Progress
 from omni_operator.render import ANNOTATION_NODE, LABEL_ATTEMPT, LABEL_JOB
 
@@ -251,3 +252,36 @@ async def test_every_rbac_rule_of_the_handlers_is_used(cluster: Cluster) -> None
     used = cluster.kube_rules_used()
     volcano = {r for r in HANDLER_RULES if r[0] == "scheduling.volcano.sh"}
     assert used == HANDLER_RULES - volcano, sorted(used ^ (HANDLER_RULES - volcano))
+
+
+async def test_reacts_to_watch_events_not_to_the_resync(cluster: Cluster) -> None:
+    """With an hour between resyncs, every reaction here comes from a pod or Node watch event,
+    or from the deadline a reconcile set (the end of a NotReady node's grace)."""
+    await cluster.stop_operator()
+    metrics = OperatorMetrics()
+    await cluster.start_operator(resync_seconds=3600, metrics=metrics)
+    cluster.progress["train"] = Progress(step=3)  # it trained: a crash is not a user error
+    await cluster.apply(job_manifest(restartPolicy={"nodeLostGraceSeconds": 5}))
+    await _running(cluster)  # pods Running -> condition: pod events
+
+    await cluster.exit_pod("train-a0-n1", 1)  # a crash: pod event -> restart
+    await _running(cluster, attempt=1)
+    assert cluster.status("train")["restartHistory"][-1]["reason"] == "PodFailed"
+
+    await cluster.node_not_ready("n1", seconds_ago=4)  # Node event; lost 1 s later (deadline)
+    pods = await _running(cluster, attempt=2)
+    assert [_node_of(p) for p in pods] == ["n2", "n3"]
+    assert cluster.status("train")["restartHistory"][-1]["reason"] == "NodeLost"
+
+    for pod in pods:
+        await cluster.exit_pod(pod["metadata"]["name"], 0)
+    await cluster.wait("Succeeded", lambda: cluster.status("train").get("phase") == "Succeeded")
+
+    def reconciles(handler: str) -> float:
+        count = metrics.registry.get_sample_value(
+            "omni_operator_reconcile_duration_seconds_count", {"handler": handler}
+        )
+        return count or 0.0
+
+    assert reconciles("resync") == 0
+    assert reconciles("pod") >= 3 and reconciles("node") >= 1 and reconciles("deadline") >= 1

@@ -2,17 +2,21 @@
 (or ``omni operator``).
 
 Thin on purpose: each handler reads the job and what it owns, calls the pure
-:func:`omni_operator.reconcile.reconcile`, and applies the result. Create, resume, spec
-updates (suspend/resume included) and a periodic timer all run the same level-based reconcile,
-serialized per job by a lock, so whichever fires first does the work and the others find
-nothing to do. The status is written with a merge patch inside that lock (not through kopf's
-``patch``, which lands after the handler returns): the next reconcile must see what this one
-decided, or a restart could be decided twice.
+:func:`omni_operator.reconcile.reconcile`, and applies the result. Every job has one daemon, its
+reconcile loop: it wakes when a pod of the job or a Node it runs on changes (watch events), when
+the reconcile asked to look again (a backoff, a node's grace or the hang timeout ends), and at the
+latest every resync period (the trainer's progress is polled, not pushed). Create, resume and spec
+updates (suspend/resume included) reconcile at once. All of them run the same level-based
+reconcile, serialized per job by a lock, so whichever comes first does the work and the others find
+nothing to do; bursts of events (512 pods turning Running) coalesce into one wake-up. The status
+is written with a merge patch inside that lock (not through kopf's ``patch``, which lands after the
+handler returns): the next reconcile must see what this one decided, or a restart could be
+decided twice.
 
-Configuration (environment, read at import): ``OMNI_RESYNC_SECONDS`` (timer interval, default
-10), ``OMNI_API_SERVER`` (talk to this URL without credentials, e.g. the sandbox emulator),
-``OMNI_OPERATOR_VOLCANO`` (also manage Volcano PodGroups), ``OMNI_OPERATOR_METRICS_PORT``
-(serve the operator's Prometheus metrics).
+Configuration (environment): ``OMNI_RESYNC_SECONDS`` (the longest a job goes unreconciled,
+default 10), ``OMNI_API_SERVER`` (talk to this URL without credentials, e.g. the sandbox
+emulator), ``OMNI_OPERATOR_VOLCANO`` (also manage Volcano PodGroups),
+``OMNI_OPERATOR_METRICS_PORT`` (serve the operator's Prometheus metrics).
 """
 
 from __future__ import annotations
@@ -31,20 +35,45 @@ from omni_operator import reconcile as rec
 from omni_operator.handlers.kube import JOB_API, Kube, obj_path, url_path
 from omni_operator.metrics import Fleet, NullOperatorMetrics, OperatorMetrics
 from omni_operator.progress import MetricsProgress
-from omni_operator.recovery import format_time
-from omni_operator.render import LABEL_JOB
+from omni_operator.recovery import format_time, node_not_ready_since
+from omni_operator.render import ANNOTATION_NODE, LABEL_JOB
 from omni_operator.spec import GROUP, PLURAL, VERSION, OmniTrainingJob, parse_job
 from omni_trainer.config import ManifestError
 
 RESOURCE = (GROUP, VERSION, PLURAL)
-RESYNC_SECONDS = float(os.environ.get("OMNI_RESYNC_SECONDS", "10"))
 FINALIZER = f"{GROUP}/cleanup"
 EVENT_MESSAGE_LIMIT = 1000  # the API server rejects longer Event messages
+RETRY_SECONDS = 2.0  # after a reconcile failed (API server unreachable, conflict)
 
 ProgressSource = Callable[
     [OmniTrainingJob, Sequence[dict[str, Any]]], Awaitable[rec.Progress | None]
 ]
 """Reads the trainer's progress (step, checkpoint, tokens/s, MFU) for a job from its pods."""
+
+
+JobKey = tuple[str, str]  # (namespace, name)
+
+
+class Wakeup:
+    """Why a job's reconcile loop should run now; many pokes before it runs count as one."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self.reason = ""
+
+    def poke(self, reason: str) -> None:
+        if not self._event.is_set():
+            self.reason = reason
+            self._event.set()
+
+    async def wait(self, timeout: float | None) -> str | None:
+        """The reason of the first poke within ``timeout`` seconds (None: timed out)."""
+        try:
+            await asyncio.wait_for(self._event.wait(), timeout)
+        except TimeoutError:
+            return None
+        self._event.clear()
+        return self.reason
 
 
 @dataclass
@@ -56,14 +85,30 @@ class OperatorState:
     """Default: the trainer's metrics endpoint (``progress.MetricsProgress``). None: no source
     (no hang detection; a crash is never taken for a user error)."""
     volcano: bool = False
-    locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+    locks: dict[JobKey, asyncio.Lock] = field(default_factory=dict)
     metrics: OperatorMetrics | NullOperatorMetrics = field(default_factory=NullOperatorMetrics)
     fleet: Fleet = field(default_factory=Fleet)
     clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(tz=dt.UTC)
     """The time reconciles see (tests move it forward instead of sleeping through timeouts)."""
+    resync_seconds: float = 10.0
+    """The longest a job goes unreconciled (progress polling, missed events)."""
+    wakeups: dict[JobKey, Wakeup] = field(default_factory=dict)
+    job_nodes: dict[JobKey, frozenset[str]] = field(default_factory=dict)
+    """The nodes each job's pods are placed on, as its last reconcile saw them."""
+    node_facts: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    """What placement and recovery read from each Node, as last seen (heartbeats excluded)."""
 
     def lock(self, namespace: str, name: str) -> asyncio.Lock:
         return self.locks.setdefault((namespace, name), asyncio.Lock())
+
+    def wakeup(self, key: JobKey) -> Wakeup:
+        return self.wakeups.setdefault(key, Wakeup())
+
+    def forget(self, key: JobKey) -> None:
+        self.locks.pop(key, None)
+        self.wakeups.pop(key, None)
+        self.job_nodes.pop(key, None)
+        self.fleet.forget(key)
 
 
 def state(memo: kopf.Memo) -> OperatorState:
@@ -73,6 +118,10 @@ def state(memo: kopf.Memo) -> OperatorState:
         memo["omni"] = OperatorState(
             progress=memo.get("progress_source") or MetricsProgress(),
             clock=memo.get("clock") or (lambda: dt.datetime.now(tz=dt.UTC)),
+            resync_seconds=float(
+                memo.get("resync_seconds") or os.environ.get("OMNI_RESYNC_SECONDS", "10")
+            ),
+            metrics=memo.get("metrics") or NullOperatorMetrics(),
             volcano=os.environ.get("OMNI_OPERATOR_VOLCANO", "false").lower() == "true",
         )
     return memo["omni"]
@@ -161,14 +210,76 @@ async def spec_changed(
                 message=f"changed {', '.join(fields)}: applies when the pods are next (re)created",
             )
     await _reconcile(st, namespace, name, "update")
+    st.wakeup((namespace, name)).poke("update")  # a finished (rejected) job polls again
 
 
-@kopf.timer(*RESOURCE, interval=RESYNC_SECONDS, sharp=False)
-async def resync(name: str, namespace: str, status: kopf.Status, memo: kopf.Memo, **_: Any) -> None:
-    """Watch pods, nodes and progress: detect failures, restart, complete."""
-    if status.get("phase") in rec.TERMINAL:
+@kopf.daemon(*RESOURCE, cancellation_timeout=1.0)
+async def reconcile_loop(
+    name: str, namespace: str, memo: kopf.Memo, logger: logging.Logger, **_: Any
+) -> None:
+    """The job's reconcile loop: detect failures, restart, complete (see the module docstring).
+    A finished job sleeps until an event wakes it (a fixed invalid spec); kopf cancels the
+    loop when the job is deleted."""
+    st = state(memo)
+    wakeup = st.wakeup((namespace, name))
+    timeout: float | None = st.resync_seconds
+    while True:
+        reason = await wakeup.wait(timeout)
+        if reason is None:
+            reason = "resync" if timeout == st.resync_seconds else "deadline"
+        try:
+            outcome = await _reconcile(st, namespace, name, reason)
+        except kopf.PermanentError:
+            outcome = FINISHED  # rejected: status and Event say why; a spec fix wakes us
+        except Exception as err:  # the API server is away, a conflict: try again soon
+            logger.warning(f"reconcile ({reason}) failed, retrying: {err!r}")
+            outcome = Outcome(requeue_after=min(st.resync_seconds, RETRY_SECONDS))
+        if outcome.finished:
+            timeout = None
+        elif outcome.requeue_after is not None:
+            timeout = min(max(outcome.requeue_after, 0.05), st.resync_seconds)
+        else:
+            timeout = st.resync_seconds
+
+
+@kopf.on.event("", "v1", "pods", labels={LABEL_JOB: kopf.PRESENT})
+async def pod_event(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
+    """A pod of a job changed (phase, exit, deletion): its job looks at once."""
+    st = state(memo)
+    key = (namespace, labels[LABEL_JOB])
+    if key in st.wakeups:
+        st.wakeups[key].poke("pod")
+
+
+@kopf.on.event("", "v1", "nodes")
+async def node_event(name: str, body: kopf.Body, type: str, memo: kopf.Memo, **_: Any) -> None:
+    """A Node changed what placement or recovery reads (readiness, taints, labels, GPUs):
+    the jobs on it look at once, and so do jobs waiting for nodes. Heartbeats are ignored."""
+    st = state(memo)
+    facts = None if type == "DELETED" else node_facts(body)
+    if st.node_facts.get(name) == facts:
         return
-    await _reconcile(state(memo), namespace, name, "timer")
+    if facts is None:
+        st.node_facts.pop(name, None)
+    else:
+        st.node_facts[name] = facts
+    for key, wakeup in st.wakeups.items():
+        if st.fleet.phases.get(key) == "Placing" or name in st.job_nodes.get(key, ()):
+            wakeup.poke("node")
+
+
+def node_facts(node: dict[str, Any]) -> tuple[Any, ...]:
+    """The parts of a Node that change a job's placement or health."""
+    spec, status = node.get("spec") or {}, node.get("status") or {}
+    since = node_not_ready_since(node, dt.datetime.now(tz=dt.UTC))
+    return (
+        since is None,
+        since.isoformat() if since is not None else None,
+        bool(spec.get("unschedulable")),
+        repr(spec.get("taints") or []),
+        repr(sorted(((node.get("metadata") or {}).get("labels") or {}).items())),
+        repr(sorted((status.get("allocatable") or {}).items())),
+    )
 
 
 @kopf.on.delete(*RESOURCE)
@@ -181,8 +292,7 @@ async def delete(
     async with st.lock(namespace, name):
         owned = await _owned(st, namespace, name)
         await st.kube.gather(st.kube.delete(obj_path(o)) for o in owned)
-    st.locks.pop((namespace, name), None)
-    st.fleet.forget((namespace, name))
+    st.forget((namespace, name))
     st.fleet.export(st.metrics)
     logger.info(f"deleted {len(owned)} owned objects")
 
@@ -201,26 +311,41 @@ async def _owned(st: OperatorState, namespace: str, name: str) -> list[dict[str,
     return [o for objs in lists for o in objs]
 
 
-async def _reconcile(st: OperatorState, namespace: str, name: str, handler: str) -> None:
-    """Observe -> reconcile (pure) -> apply, under the job's lock."""
+@dataclass(frozen=True)
+class Outcome:
+    """What one reconcile tells the job's loop: stop polling, or look again when."""
+
+    finished: bool = False
+    requeue_after: float | None = None
+
+
+FINISHED = Outcome(finished=True)
+
+
+async def _reconcile(st: OperatorState, namespace: str, name: str, handler: str) -> Outcome:
+    """Observe -> reconcile (pure) -> apply, under the job's lock; ``handler`` says what
+    triggered it (metrics label)."""
     with st.metrics.reconcile(handler):
-        await _reconcile_locked(st, namespace, name)
+        return await _reconcile_locked(st, namespace, name)
 
 
-async def _reconcile_locked(st: OperatorState, namespace: str, name: str) -> None:
+async def _reconcile_locked(st: OperatorState, namespace: str, name: str) -> Outcome:
     kube = st.kube
     job_path = url_path(JOB_API, "OmniTrainingJob", namespace=namespace, name=name)
     async with st.lock(namespace, name):
         raw = await kube.get(job_path)
         if raw is None or raw["metadata"].get("deletionTimestamp"):
-            return
+            return FINISHED
         status = rec.parse_status(raw.get("status"))
         if status.phase in rec.TERMINAL:
-            return
+            return FINISHED
         try:
             job = parse_job(raw)
         except ManifestError as err:
             await _reject(kube, raw, job_path, status, str(err), now=st.clock())
+            st.fleet.observe(
+                (namespace, name), phase="Failed", quarantined=0, now=st.clock().timestamp()
+            )
             raise kopf.PermanentError(f"invalid OmniTrainingJob:\n{err}") from None
         owned, nodes = await asyncio.gather(
             _owned(st, namespace, name), kube.list(url_path("v1", "Node"))
@@ -253,6 +378,18 @@ async def _reconcile_locked(st: OperatorState, namespace: str, name: str) -> Non
         if recovered is not None:
             st.metrics.observe_recovery(recovered)
         st.fleet.export(st.metrics)
+        st.job_nodes[(namespace, name)] = frozenset(
+            filter(None, (_pod_node(p) for p in pods + actions.create if p["kind"] == "Pod"))
+        )
+        if phase in rec.TERMINAL:
+            return FINISHED
+        return Outcome(requeue_after=actions.requeue_after)
+
+
+def _pod_node(pod: dict[str, Any]) -> str | None:
+    return (pod.get("spec") or {}).get("nodeName") or (
+        (pod["metadata"].get("annotations") or {}).get(ANNOTATION_NODE)
+    )
 
 
 async def _apply(kube: Kube, raw: dict[str, Any], job_path: str, actions: rec.Actions) -> None:

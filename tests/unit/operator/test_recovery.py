@@ -13,6 +13,7 @@ from omni_operator.recovery import (
     backoff_seconds,
     classify,
     decide_restart,
+    next_deadline,
     node_lost,
     quarantined_nodes,
     restarts_without_progress,
@@ -94,6 +95,19 @@ def test_node_not_ready_counts_only_after_the_grace() -> None:
     assert f is not None and f.kind == "node_lost" and f.nodes == ("n1",)
     assert f.pods == ("j-a0-n1",) and "unreachable (Ready=Unknown) for 61 s" in f.message
     assert f.reason == "NodeLost" and f.retryable
+
+
+def test_next_deadline_is_the_earliest_grace_or_hang_timeout() -> None:
+    pods = [_pod(0), _pod(1)]
+    spec = _spec(hangTimeoutSeconds=600)  # nodeLostGraceSeconds 60
+    healthy = _nodes("n0", "n1")
+    assert next_deadline(pods, healthy, spec=spec, now=NOW, last_progress_time=None) is None
+    progress = NOW - dt.timedelta(seconds=100)
+    assert next_deadline(pods, healthy, spec=spec, now=NOW, last_progress_time=progress) == 500
+    flaky = _nodes("n0", "n1", not_ready={"n1": 45})
+    assert next_deadline(pods, flaky, spec=spec, now=NOW, last_progress_time=progress) == 15
+    gone = _nodes("n0", "n1", not_ready={"n1": 90})  # past the grace: due now
+    assert next_deadline(pods, gone, spec=spec, now=NOW, last_progress_time=None) == 0
 
 
 def test_missing_node_is_lost_and_wins_over_the_failures_it_causes() -> None:
