@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import pickle
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from omni_trainer.balance import (
     split_groups,
 )
 from omni_trainer.data.config import PRESETS
+from omni_trainer.data.sample import MediaRef
 from omni_trainer.data.synthetic import MEDIA_FRACTION
 from omni_trainer.models.encoders.config import AudioEncoderConfig, VisionEncoderConfig
 
@@ -36,10 +38,10 @@ MIXTURES: dict[str, dict[str, float]] = {
     "13:74:13": {"image": 13, "audio": 74, "text": 13},
 }
 SOURCES = {"image": ("openimages", "refcocog"), "audio": ("librispeech",), "text": ("longtext",)}
-# Bytes per token on the wire: fp32 pixels of a 14x14 RGB patch; 4 frames x 80 mel bins of fp32
-# per audio token (4x subsampling); int64 text ids.
-MEDIA_BYTES = {"image": 3 * 14 * 14 * 4, "audio": 4 * 80 * 4}
+# On the wire: int64 text ids, and a media sample's reference (its pixels stay in storage: the
+# rank that encodes them reads them), pickled as the all-to-all sends it.
 TEXT_BYTES = 8
+MEDIA_REF_BYTES = len(pickle.dumps(MediaRef(0, 10**9, (3, 448, 448)), pickle.HIGHEST_PROTOCOL))
 ENCODERS = {
     "image": VisionEncoderConfig(preset="vit-l-14"),
     "audio": AudioEncoderConfig(preset="usm-2b"),
@@ -93,7 +95,7 @@ def draw_steps(
                 else:
                     media = round(MEDIA_FRACTION * length)
                     text = length - media
-                nbytes = media * MEDIA_BYTES.get(modality, 0) + text * TEXT_BYTES
+                nbytes = text * TEXT_BYTES + (MEDIA_REF_BYTES if media else 0)
                 items.append(ItemMeta(f"{r}/{i}", media, modality, nbytes))
             step.append(items)
         out.append(Step(step))
@@ -127,7 +129,7 @@ def run(steps: Sequence[Step], group_size: int, costs: dict[str, EncoderCost]) -
         mean = sum(loads["none"]) / ranks
         for name, values in loads.items():
             acc.setdefault(name, []).append(max(values) / mean)
-            acc.setdefault(f"MB {name}", []).append(moved[name] / 1e6)
+            acc.setdefault(f"KB {name}", []).append(moved[name] / 1e3)
         acc.setdefault("bound", []).append(bound / mean)
         acc.setdefault("bound-eq", []).append(bound_eq / mean)
     return {key: float(np.mean(values)) for key, values in acc.items()}
@@ -151,18 +153,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         "(linear + attention quadratic) of the media tokens; text costs no encoder work.\n"
         "Mixture weights are token shares (image = OpenImages + RefCOCOg evenly; audio = "
         f"LibriSpeech; text = long text); media = {MEDIA_FRACTION:.0%} of a media sample's "
-        "tokens.\nBytes/token moved: image 3*14*14*4 (fp32 patch), audio 4*80*4 (4 fp32 mel "
-        "frames), text 8 (int64).\nmax/mean = busiest rank's encoder load / mean over all ranks, "
+        f"tokens.\nBytes moved: 8 per text token (int64) + {MEDIA_REF_BYTES} per media sample "
+        "(a pickled reference; the encoding rank reads the pixels itself).\n"
+        "max/mean = busiest rank's encoder load / mean over all ranks, "
         "averaged over steps; bound = max over groups of max(group mean, largest item) (bound-eq: "
         "the largest item's rank also holds the n/k-1 lightest); kk-eq = balanced KK (runs of k), "
         "+sw = then improve_by_swaps (what plan_reorder does by default); ms = planning time "
-        "per group per step (each rank plans its own group); MB = all-to-all bytes per step, "
+        "per group per step (each rank plans its own group); KB = all-to-all kilobytes per step, "
         "all groups.\n"
     )
     header = (
         f"{'mix':>8} {'group':>5} | {'none':>5} {'lpt':>5} {'kk':>5} {'kk-eq':>5} "
         f"{'kk-eq+sw':>8} | {'bound':>5} {'bd-eq':>5} | {'kk/bd':>5} {'eq/bdeq':>7} | "
-        f"{'ms kk':>6} {'ms eq+sw':>8} | {'MB kk':>6} {'MB eq+sw':>8}"
+        f"{'ms kk':>6} {'ms eq+sw':>8} | {'KB kk':>6} {'KB eq+sw':>8}"
     )
     start = time.perf_counter()
     for label, mixture in MIXTURES.items():
@@ -176,8 +179,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 f"{label:>8} {g:>5} | {r['none']:5.3f} {r['lpt']:5.3f} {r['kk']:5.3f} "
                 f"{r['kk-eq']:5.3f} {r['kk-eq+sw']:8.3f} | {r['bound']:5.3f} {r['bound-eq']:5.3f}"
                 f" | {r['kk'] / r['bound']:5.3f} {r['kk-eq+sw'] / r['bound-eq']:7.3f} | "
-                f"{r['ms kk']:6.2f} {r['ms kk-eq+sw']:8.2f} | {r['MB kk']:6.1f} "
-                f"{r['MB kk-eq+sw']:8.1f}"
+                f"{r['ms kk']:6.2f} {r['ms kk-eq+sw']:8.2f} | {r['KB kk']:6.0f} "
+                f"{r['KB kk-eq+sw']:8.0f}"
             )
         print()
     print(f"total {time.perf_counter() - start:.1f} s")

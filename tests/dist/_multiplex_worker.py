@@ -75,7 +75,12 @@ def run_scenario(doc: dict, steps: int, out: Path | None) -> dict:
         moved.append(
             None
             if stats is None
-            else [stats.bytes_moved, stats.max_over_mean_before, stats.max_over_mean_after]
+            else [
+                stats.bytes_moved,
+                stats.max_over_mean_before,
+                stats.max_over_mean_after,
+                stats.media_bytes_referenced,
+            ]
         )
         return batch
 
@@ -83,9 +88,11 @@ def run_scenario(doc: dict, steps: int, out: Path | None) -> dict:
     prepare, filtered = trainer._prepare, []
 
     def recording_prepare(local: list):
-        """The zero-redundancy filter: media on the device exactly where it is encoded."""
+        """The zero-redundancy filter: media on the device, and media read from the sources,
+        exactly where it is encoded."""
         from omni_trainer.multiplex.workload import media_encoded_on
 
+        read_before = trainer.data.media.bytes_read
         table, works, micro = prepare(local)
         expected = media_encoded_on(table, groups.anchor.stage)
         got = {
@@ -93,12 +100,20 @@ def run_scenario(doc: dict, steps: int, out: Path | None) -> dict:
         }
         everywhere = {m: set(b.media) for m, b in enumerate(trainer._batches)}
         filtered.append(
-            [
-                {m: sorted(v) for m, v in got.items() if v}
+            {
+                "exact": {m: sorted(v) for m, v in got.items() if v}
                 == {m: sorted(v) for m, v in expected.items()},
-                sum(map(len, got.values())),
-                sum(map(len, everywhere.values())),
-            ]
+                "held": sum(map(len, got.values())),
+                "everywhere": sum(map(len, everywhere.values())),
+                "read": trainer.data.media.bytes_read - read_before,
+                "encoded": sum(
+                    item.ref.nbytes
+                    for m, mb in enumerate(micro)
+                    for item in mb.media
+                    if item.modality in expected.get(m, ())
+                ),
+                "replica": sum(item.ref.nbytes for mb in micro for item in mb.media),
+            }
         )
         return table, works, micro
 

@@ -84,13 +84,24 @@ def test_gradients_are_not_trivially_equal(reference) -> None:
 
 def test_stages_hold_only_the_media_they_encode(launched) -> None:
     """Zero-redundancy filter: each rank's device batches carry media exactly for the encoder
-    micro-batches its stage encodes; with several stages, some rank holds less than all."""
+    micro-batches its stage encodes, and the rank read from its sources exactly those bytes;
+    with several stages some rank reads less than all, and no medium is read twice."""
     world, out = launched
-    for name, _, pp, _ in LAYOUTS[world]:
+    for name, tp, pp, _ in LAYOUTS[world]:
         rows = [
             json.loads(f.read_text()) for f in sorted((out / f"{name}-uniform").glob("data*.json"))
         ]
         steps = [s for r in rows for s in r["filter"]]
-        assert steps and all(exact for exact, _, _ in steps), name
+        assert steps and all(s["exact"] for s in steps), name
+        assert all(s["read"] == s["encoded"] for s in steps), name
+        assert any(s["read"] > 0 for s in steps), name
         if pp > 1:
-            assert any(held < everywhere for _, held, everywhere in steps), name
+            assert any(s["held"] < s["everywhere"] for s in steps), name
+            assert any(s["read"] < s["replica"] for s in steps), name
+        if tp == 1:  # one rank per stage: the stages of a replica read its media once in all
+            for step in range(len(steps) // len(rows)):
+                replicas: dict[int, list[dict]] = {}
+                for r in rows:
+                    replicas.setdefault(r["dp_rank"], []).append(r["filter"][step])
+                for stages in replicas.values():
+                    assert sum(s["read"] for s in stages) == stages[0]["replica"], (name, step)

@@ -75,4 +75,18 @@ def test_reordering_moves_data_and_balances(results: Path) -> None:
     stats = [s for r in rows for s in r["reorder"]]
     assert all(s is not None for s in stats)
     assert sum(s[0] for s in stats) > 0  # bytes moved
-    assert all(after <= before + 1e-9 for _, before, after in stats)
+    assert all(after <= before + 1e-9 for _, before, after, _ in stats)
+    # References, not pixels: the all-to-all carries less than the media it moved the work of.
+    assert sum(s[0] for s in stats) < sum(s[3] for s in stats)
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_ranks_read_only_the_media_they_encode(results: Path, name: str) -> None:
+    """After the all-to-all, a rank reads (decentralized) the media of the sequences it received
+    that it encodes, whichever rank drew them, and nothing else."""
+    rows = [json.loads(f.read_text()) for f in sorted((results / name).glob("data*.json"))]
+    steps = [s for r in rows for s in r["filter"]]
+    assert all(s["read"] == s["encoded"] for s in steps)
+    assert sum(s["read"] for s in steps) > 0
+    if SCENARIOS[name][0] > 1:
+        assert any(s["read"] < s["replica"] for s in steps)

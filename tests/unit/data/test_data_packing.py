@@ -11,6 +11,7 @@ import pytest
 from omni_trainer.data import (
     DataConfig,
     MediaGeometry,
+    MediaRef,
     MultimodalStream,
     PackedSequence,
     Packer,
@@ -31,7 +32,7 @@ def test_collate_hand_built_case() -> None:
         sample_id="img/0",
         modality="image",
         text=np.array([3, 70, 71]),
-        media=np.zeros((3, 14, 28), np.float32),
+        media=MediaRef(source=0, index=0, shape=(3, 14, 28)),
         media_tokens=2,
     )
     text = _text(0, [80, 81, 82])
@@ -51,6 +52,7 @@ def test_collate_hand_built_case() -> None:
     assert mb.sample_ids == ["img/0", "t/0"]
     (item,) = mb.media
     assert (item.modality, item.row, item.offset, item.num_tokens) == ("image", 0, 0, 2)
+    assert item.ref is image.media  # collation references media, it never loads it
     assert mb.tokens.dtype == np.int64 and mb.loss_mask.dtype == np.float32
     assert mb.segment_ids.dtype == np.int32
 

@@ -21,6 +21,7 @@ from omni_trainer.data import (
     make_fixture_shards,
     write_shards,
 )
+from omni_trainer.data.shards import NPY_HEADER_PEEK
 from omni_trainer.data.synthetic import SyntheticSource
 
 
@@ -34,13 +35,54 @@ def shard_source(
     return ShardSource(cfg, source_index=0, geometry=geometry, seq_length=seq_length)
 
 
-def same(a: Sample, b: Sample) -> None:
+def same(a: Sample, b: Sample, a_source, b_source) -> None:
+    """Equal samples; their media equal once each source loads its own reference."""
     assert (a.sample_id, a.modality, a.media_tokens) == (b.sample_id, b.modality, b.media_tokens)
     np.testing.assert_array_equal(a.text, b.text)
     if a.media is None:
         assert b.media is None
     else:
-        np.testing.assert_array_equal(a.media, b.media)
+        assert a.media.shape == b.media.shape
+        np.testing.assert_array_equal(a_source.load_media(a.media), b_source.load_media(b.media))
+
+
+class ReadLog:
+    """Wraps a source's storage reads: (start, end) of every byte range it fetched."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, reader: ShardSource) -> None:
+        self.ranges: list[tuple[int, int]] = []
+        read = reader._read
+
+        def logged(shard: str, start: int | None = None, end: int | None = None) -> bytes:
+            data = read(shard, start, end)
+            self.ranges.append((start or 0, (start or 0) + len(data)))
+            return data
+
+        monkeypatch.setattr(reader, "_read", logged)
+
+    def take(self) -> int:
+        """Bytes fetched since the last call."""
+        total = sum(end - start for start, end in self.ranges)
+        self.ranges.clear()
+        return total
+
+
+def lazy_reads_match_eager(
+    monkeypatch: pytest.MonkeyPatch, reader: ShardSource, gen: SyntheticSource, index: int
+) -> None:
+    """``get`` fetches json, text and the media header only; ``load_media`` one range holding
+    the media member, which decodes to what the generator wrote."""
+    log = ReadLog(monkeypatch, reader)
+    sample = reader.get(index)
+    entry = reader._entries[index]
+    json_offset, _ = entry.members["json"]
+    media_offset, media_size = entry.members["media.npy"]
+    head = log.take()  # one range: json, text, the tar headers between them, the .npy header
+    assert head == media_offset + NPY_HEADER_PEEK - json_offset < media_size
+    pixels = reader.load_media(sample.media)
+    assert log.take() == media_size  # the member: .npy header + float32 data
+    np.testing.assert_array_equal(pixels, gen.load_media(gen.get(index).media))
+    assert pixels.dtype == np.float32 and pixels.nbytes == sample.media.nbytes
 
 
 def synthetic(modality: str, geometry: MediaGeometry, **kw: object) -> SyntheticSource:
@@ -57,7 +99,9 @@ def synthetic(modality: str, geometry: MediaGeometry, **kw: object) -> Synthetic
 def test_local_round_trip_random_access(tmp_path: Path, geometry: MediaGeometry) -> None:
     src = synthetic("image", geometry, preset="refcocog", lengthScale=0.05)
     originals = [src.get(i) for i in range(11)]
-    paths = write_shards(originals, str(tmp_path / "img"), samples_per_shard=4)
+    paths = write_shards(
+        originals, str(tmp_path / "img"), samples_per_shard=4, load_media=src.load_media
+    )
     assert [os.path.basename(p) for p in paths] == [f"shard-00000{i}.tar" for i in range(3)]
     with tarfile.open(paths[0]) as tar:  # a plain POSIX tar, WebDataset member names
         assert tar.getnames()[:3] == ["000000000.json", "000000000.text.npy", "000000000.media.npy"]
@@ -67,12 +111,27 @@ def test_local_round_trip_random_access(tmp_path: Path, geometry: MediaGeometry)
     for i in (10, 0, 5, 4):
         got = reader.get(i)
         assert got.key == (0, i)
-        same(got, originals[i])
-    same(reader.get(11), originals[0])  # next epoch wraps
+        same(got, originals[i], reader, src)
+    same(reader.get(11), originals[0], reader, src)  # next epoch wraps
     for idx in glob.glob(str(tmp_path / "img" / "*.index.json")):
         os.remove(idx)
     scanned = shard_source(str(tmp_path / "img" / "shard-*.tar"), "image", geometry)
-    same(scanned.get(6), originals[6])
+    same(scanned.get(6), originals[6], scanned, src)
+
+
+def test_local_media_is_read_only_when_loaded(
+    tmp_path: Path, geometry: MediaGeometry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = synthetic("image", geometry, preset="openimages", lengthScale=0.05)
+    write_shards(
+        (src.get(i) for i in range(6)),
+        str(tmp_path),
+        samples_per_shard=4,
+        load_media=src.load_media,
+    )
+    reader = shard_source(str(tmp_path), "image", geometry)
+    for i in (0, 5):
+        lazy_reads_match_eager(monkeypatch, reader, src, i)
 
 
 def test_oversized_media_is_skipped_and_long_text_chunked(
@@ -115,7 +174,9 @@ def test_oversized_media_is_skipped_and_long_text_chunked(
     assert not any("image" in i and "#" in i for i in ids)
 
 
-def test_s3_round_trip_through_the_loader(s3_bucket: str, geometry: MediaGeometry) -> None:
+def test_s3_round_trip_through_the_loader(
+    s3_bucket: str, geometry: MediaGeometry, monkeypatch: pytest.MonkeyPatch
+) -> None:
     urls = make_fixture_shards(
         f"s3://{s3_bucket}/fixture",
         n=10,
@@ -129,15 +190,17 @@ def test_s3_round_trip_through_the_loader(s3_bucket: str, geometry: MediaGeometr
     reader = shard_source(urls["audio"], "audio", geometry)
     assert reader.num_samples == 10 and len(reader.shards) == 3
     gen = synthetic("audio", geometry, preset="librispeech", lengthScale=0.02)
-    expected = SyntheticSource(
+    gen_fixture = SyntheticSource(
         gen.config.model_copy(update={"name": "fixture-audio"}),
         source_index=1,
         seed=2,
         vocab_size=256,
         geometry=geometry,
         seq_length=256,
-    ).get(7)
-    same(reader.get(7), expected)
+    )
+    expected = gen_fixture.get(7)
+    same(reader.get(7), expected, reader, gen_fixture)
+    lazy_reads_match_eager(monkeypatch, reader, gen_fixture, 6)
     cfg = DataConfig.model_validate(
         {
             "seqLength": 256,

@@ -46,6 +46,7 @@ STEP = dict(
     samples={"image": 4, "audio": 2, "text": 10},
     mixture={"image": 0.3, "audio": 0.2, "text": 0.5},
     encoder_activation_peak_bytes=1 << 20,
+    media_bytes_read=3000,
 )
 
 
@@ -75,6 +76,7 @@ def test_scraped_values_match_recorded(served: tuple[TrainerMetrics, int]) -> No
     assert at("omni_trainer_samples_total", modality="text") == 10
     assert at("omni_trainer_mixture_share", modality="audio") == 0.2
     assert at("omni_trainer_encoder_activation_peak_bytes", **rank) == 1 << 20
+    assert at("omni_trainer_media_bytes_read_total", **rank) == 6000
     assert at("omni_trainer_step_duration_seconds_count", **rank) == 2
     assert at("omni_trainer_step_duration_seconds_sum", **rank) == pytest.approx(1.5)
     phase = {p: at("omni_trainer_phase_seconds_total", **rank, phase=p) for p in PHASES}

@@ -39,7 +39,7 @@ class ItemMeta:
     modality: str
     """Selects the cost model (``image``, ``audio``, ``text``...)."""
     nbytes: int = 0
-    """Bytes the all-to-all moves if the sample changes rank (media + token ids)."""
+    """Bytes the all-to-all moves if the sample changes rank (token ids + media references)."""
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,8 @@ and never sees the rest of the global batch. Inside a reorder group (network-loc
 ranks) the ranks all-gather only metadata (one cost and size per sequence), compute the same
 Karmarkar-Karp plan, and move whole packed sequences with one all-to-all. Reordering between
 data-parallel replicas does not change the math: the loss is a sum over the global batch.
+Sequences carry media as references, so the all-to-all moves token ids and references, never
+pixels: the rank that encodes a medium reads it itself (``DataPlane.media``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch.distributed as dist
 from omni_trainer.balance.cost import cost_from_config, cost_from_llm_config
 from omni_trainer.balance.reorder import ItemMeta, ReorderPlan, plan_reorder
 from omni_trainer.config import TrainerConfig
-from omni_trainer.data.loader import MultimodalStream, hosted_shards
+from omni_trainer.data.loader import MediaReader, MultimodalStream, hosted_shards
 from omni_trainer.data.packing import PackedSequence
 from omni_trainer.models.config import ModelConfig
 
@@ -29,6 +31,10 @@ class ReorderStats:
     """One step of one group: balance before and after, and the traffic it cost."""
 
     bytes_moved: int
+    """What the all-to-all carried, whole group: pickled sequences (token ids + media refs)."""
+    media_bytes_referenced: int
+    """Media bytes of the sequences that changed rank: what moving arrays would have added;
+    their new rank reads the ones it encodes from the source instead."""
     max_over_mean_before: float
     max_over_mean_after: float
 
@@ -54,11 +60,13 @@ def sequence_cost(model: ModelConfig) -> Callable[[PackedSequence], float]:
 
 
 def sequence_bytes(seq: PackedSequence) -> int:
-    """What moving the sequence costs: its token ids and media arrays."""
-    total = 0
-    for sample in seq.samples:
-        total += sample.text.nbytes + (sample.media.nbytes if sample.media is not None else 0)
-    return total
+    """What moving the sequence costs: its pickle (token ids and media references)."""
+    return len(pickle.dumps(seq, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def media_bytes(seq: PackedSequence) -> int:
+    """Bytes of the media arrays the sequence refers to."""
+    return sum(s.media.nbytes for s in seq.samples if s.media is not None)
 
 
 class DataPlane:
@@ -85,6 +93,8 @@ class DataPlane:
             )
             for s in hosted_shards(num_shards, dp_rank, dp_size)
         ]
+        self.media = MediaReader(self.streams[0].sources)
+        """Loads the media this rank encodes, whichever rank's loader drew it."""
         self.group = group
         self.group_size = dist.get_world_size(group) if group is not None else 1
         self.group_rank = dist.get_rank(group) if group is not None else 0
@@ -97,15 +107,15 @@ class DataPlane:
         local = [seq for stream in self.streams for seq in stream.next_batch()]
         if self.group_size == 1 or self.method == "none":
             return local
-        metas = [(self.cost(seq), sequence_bytes(seq)) for seq in local]
+        metas = [(self.cost(seq), sequence_bytes(seq), media_bytes(seq)) for seq in local]
         gathered: list = [None] * self.group_size
         dist.all_gather_object(gathered, metas, group=self.group)
         costs = {
-            f"{r}:{i}": c for r, items in enumerate(gathered) for i, (c, _) in enumerate(items)
+            f"{r}:{i}": c for r, items in enumerate(gathered) for i, (c, _, _) in enumerate(items)
         }
         plan = plan_reorder(
             [
-                [ItemMeta(f"{r}:{i}", 0, "sequence", nbytes) for i, (_, nbytes) in enumerate(items)]
+                [ItemMeta(f"{r}:{i}", 0, "sequence", meta[1]) for i, meta in enumerate(items)]
                 for r, items in enumerate(gathered)
             ],
             cost=lambda item: costs[item.sample_id],
@@ -114,6 +124,12 @@ class DataPlane:
         )
         self.last_stats = ReorderStats(
             bytes_moved=plan.bytes_moved,
+            media_bytes_referenced=sum(
+                gathered[src][i][2]
+                for dst, items in enumerate(plan.assignments)
+                for src, i in items
+                if src != dst
+            ),
             max_over_mean_before=_max_over_mean(plan.loads_before),
             max_over_mean_after=plan.max_over_mean,
         )
@@ -123,7 +139,9 @@ class DataPlane:
         """One all-to-all of pickled sequences; every rank ends with ``plan.assignments[me]``."""
         me = self.group_rank
         sends = plan.sends(me)
-        payloads = [pickle.dumps([local[i] for i in idx]) for idx in sends]
+        payloads = [
+            pickle.dumps([local[i] for i in idx], protocol=pickle.HIGHEST_PROTOCOL) for idx in sends
+        ]
         send_sizes = torch.tensor([len(p) for p in payloads], dtype=torch.int64)
         recv_sizes = torch.empty_like(send_sizes)
         dist.all_to_all_single(recv_sizes, send_sizes, group=self.group)
@@ -145,8 +163,9 @@ class DataPlane:
 
     @property
     def counters(self) -> dict:
-        """This rank's loaders' counters, summed (global figures need a sum over ranks)."""
-        total: dict = {}
+        """This rank's loaders' counters, summed, and the media this rank loaded (global figures
+        need a sum over ranks)."""
+        total: dict = dict(self.media.counters)
         for stream in self.streams:
             for key, value in stream.counters.items():
                 if isinstance(value, dict):

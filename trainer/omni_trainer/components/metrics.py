@@ -68,6 +68,7 @@ class MetricsSink(Protocol):
         samples: Mapping[str, int],
         mixture: Mapping[str, float],
         encoder_activation_peak_bytes: int,
+        media_bytes_read: int = 0,
     ) -> None: ...
 
     def record_checkpoint(
@@ -193,6 +194,12 @@ class TrainerMetrics(MetricsEndpoint):
             "Peak bytes encoder forwards kept for backward during the last step.",
             rank_l,
         )
+        self.media_bytes = Counter(
+            PREFIX + "media_bytes_read",
+            "Bytes of media this rank loaded (only what its encoders encode).",
+            rank_l,
+            registry=r,
+        )
         self.checkpoint_seconds = Histogram(
             PREFIX + "checkpoint_duration_seconds",
             "Time from checkpoint start to its commit marker (background upload included).",
@@ -222,6 +229,7 @@ class TrainerMetrics(MetricsEndpoint):
         self.restart_attempt.labels(job).set(attempt)
         # Series that exist before the first step, so dashboards and alerts see 0, not "no data".
         self.steps.labels(job)
+        self.media_bytes.labels(**self._rank_labels)
         for phase in PHASES:
             self.phase_seconds.labels(**self._rank_labels, phase=phase)
 
@@ -239,6 +247,7 @@ class TrainerMetrics(MetricsEndpoint):
         samples: Mapping[str, int],
         mixture: Mapping[str, float],
         encoder_activation_peak_bytes: int,
+        media_bytes_read: int = 0,
     ) -> None:
         """Record one finished step.
 
@@ -251,6 +260,8 @@ class TrainerMetrics(MetricsEndpoint):
             samples: samples of this step per modality (added to the counters).
             mixture: current mixture share per modality.
             encoder_activation_peak_bytes: this rank's peak during the step.
+            media_bytes_read: media this rank loaded during the step (added to the counter;
+                the zero-redundancy filter keeps it to the media this rank encodes).
         """
         unknown = set(phases) - set(PHASES)
         if unknown:
@@ -270,6 +281,7 @@ class TrainerMetrics(MetricsEndpoint):
         for modality, share in mixture.items():
             self.mixture.labels(job, modality).set(share)
         self.activation_peak.labels(**self._rank_labels).set(encoder_activation_peak_bytes)
+        self.media_bytes.labels(**self._rank_labels).inc(max(0, media_bytes_read))
 
     def record_checkpoint(
         self,
@@ -323,6 +335,7 @@ class NullTrainerMetrics:
         samples: Mapping[str, int],
         mixture: Mapping[str, float],
         encoder_activation_peak_bytes: int,
+        media_bytes_read: int = 0,
     ) -> None:
         pass
 

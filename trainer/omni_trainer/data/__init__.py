@@ -12,7 +12,7 @@ from omni_trainer.data.config import (
     ShardSourceConfig,
     SyntheticSourceConfig,
 )
-from omni_trainer.data.loader import DataLoader, MultimodalStream, build_source
+from omni_trainer.data.loader import DataLoader, MediaReader, MultimodalStream, build_source
 from omni_trainer.data.mixture import DeficitMixer, MixtureSchedule
 from omni_trainer.data.packing import (
     MediaItem,
@@ -23,7 +23,7 @@ from omni_trainer.data.packing import (
     collate,
     split_micro_batches,
 )
-from omni_trainer.data.sample import MediaGeometry, Sample
+from omni_trainer.data.sample import MediaGeometry, MediaRef, Sample
 from omni_trainer.data.shards import ShardSource, make_fixture_shards, write_shards
 from omni_trainer.data.synthetic import CLASS_TOKEN_BASE, FIRST_TEXT_ID, PAD_ID, SyntheticSource
 
@@ -38,6 +38,8 @@ __all__ = [
     "LengthDistribution",
     "MediaGeometry",
     "MediaItem",
+    "MediaReader",
+    "MediaRef",
     "MicroBatch",
     "MixturePoint",
     "MixtureSchedule",

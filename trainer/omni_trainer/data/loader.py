@@ -3,14 +3,18 @@
 A run has ``loaderShards`` of them, each reading a disjoint stride of every source; together they
 make the global batch whatever ranks host them (``components/dataplane.py``). The state (cursors,
 mixture counters, pending chunks, packing buffer as sample keys, counters) is small and
-JSON-safe; restoring it continues with the very same batches.
+JSON-safe; restoring it continues with the very same batches. Samples carry their media as
+references (``MediaRef``); a :class:`MediaReader` loads the ones a rank encodes.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from omni_trainer.data.config import DataConfig, ShardSourceConfig, SyntheticSourceConfig
 from omni_trainer.data.mixture import DeficitMixer, MixtureSchedule
@@ -18,7 +22,7 @@ from omni_trainer.data.packing import (
     PackedSequence,
     Packer,
 )
-from omni_trainer.data.sample import MediaGeometry, Sample, chunk_of, split_text
+from omni_trainer.data.sample import MediaGeometry, MediaRef, Sample, chunk_of, split_text
 from omni_trainer.data.shards import ShardSource
 from omni_trainer.data.synthetic import SyntheticSource
 
@@ -47,6 +51,28 @@ def build_source(
             seq_length=seq_length,
         )
     return ShardSource(config, source_index=source_index, geometry=geometry, seq_length=seq_length)
+
+
+class MediaReader:
+    """Loads media references through this rank's sources (decentralized reads: whichever rank
+    drew a sample, the one that encodes its media reads it) and counts what it loaded."""
+
+    def __init__(self, sources: Sequence[SyntheticSource | ShardSource]) -> None:
+        self.sources = sources
+        self.bytes_read = 0
+        """Bytes of the media arrays this reader loaded (float32, as encoded)."""
+        self.items_read = 0
+
+    def load(self, ref: MediaRef) -> np.ndarray:
+        """The array ``ref`` refers to."""
+        array = self.sources[ref.source].load_media(ref)
+        self.bytes_read += array.nbytes
+        self.items_read += 1
+        return array
+
+    @property
+    def counters(self) -> dict[str, int]:
+        return {"media_bytes_read": self.bytes_read, "media_items_read": self.items_read}
 
 
 def hosted_shards(num_shards: int, dp_rank: int, dp_size: int) -> list[int]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from omni_trainer.data.config import Modality
-from omni_trainer.data.sample import Sample
+from omni_trainer.data.sample import MediaRef, Sample
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,8 @@ class MediaItem:
     row: int
     offset: int
     num_tokens: int
-    array: np.ndarray
+    ref: MediaRef
+    """Loaded only where it is encoded."""
     sample_id: str
 
 

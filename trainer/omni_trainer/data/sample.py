@@ -1,12 +1,39 @@
-"""One training sample (media before its text) and the media geometry the encoders impose."""
+"""One training sample (media before its text), its media as a reference, and the media geometry
+the encoders impose."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from omni_trainer.data.config import Modality
+
+MEDIA_DTYPE = np.dtype(np.float32)
+"""What every loaded media array is, whatever its source stores."""
+
+
+@dataclass(frozen=True)
+class MediaRef:
+    """A sample's media, not read yet: its key and shape, enough to plan and to load it later.
+
+    Packing, cost models, dataflow planning and reordering work from the shape alone; the
+    reorder all-to-all moves this reference (tens of bytes), and only the rank that encodes the
+    media loads it, through its own sources (``data.loader.MediaReader``).
+    """
+
+    source: int
+    """Index of the source in the data config (the same on every rank)."""
+    index: int
+    """Sample index inside that source."""
+    shape: tuple[int, ...]
+    """Shape once loaded: image [C,H,W], audio [frames, n_mels], video [T,C,H,W]; float32."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the loaded array."""
+        return math.prod(self.shape) * MEDIA_DTYPE.itemsize
 
 
 @dataclass(frozen=True)
@@ -26,7 +53,7 @@ class MediaGeometry:
             if getattr(self, name) < 1:
                 raise ValueError(f"MediaGeometry.{name} must be >= 1, got {getattr(self, name)}")
 
-    def media_tokens(self, modality: Modality, media: np.ndarray | None) -> int:
+    def media_tokens(self, modality: Modality, media: MediaRef | None) -> int:
         """LLM positions ``media`` takes (its dims must already be multiples of the geometry)."""
         if media is None:
             return 0
@@ -54,8 +81,8 @@ class Sample:
     modality: Modality
     text: np.ndarray
     """int64 token ids (caption, transcript or document)."""
-    media: np.ndarray | None = None
-    """image [C,H,W], audio [frames, n_mels], video [T,C,H,W]; float32."""
+    media: MediaRef | None = None
+    """The media, loaded only by the rank that encodes it."""
     media_tokens: int = 0
     chunk: int = -1
     """-1 for a whole sample, k >= 0 for chunk k of an over-long text sample."""

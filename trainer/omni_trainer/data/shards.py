@@ -4,6 +4,8 @@ A sample ``<key>`` is the consecutive members ``<key>.json`` ({sample_id, modali
 ``<key>.text.npy`` (int64) and, for media, ``<key>.media.npy`` (float32). Next to each
 ``shard-NNNNNN.tar`` the writer puts ``shard-NNNNNN.tar.index.json`` (byte ranges of every sample)
 so opening a source costs one small read per shard; shards without one are scanned instead.
+``get`` reads a sample's json, text and only the header of its media (shape and dtype); the
+pixels are read by byte range when the rank that encodes them calls ``load_media``.
 """
 
 from __future__ import annotations
@@ -15,19 +17,24 @@ import json
 import logging
 import os
 import tarfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from omni_trainer.data.config import Modality, ShardSourceConfig, SyntheticSourceConfig
-from omni_trainer.data.sample import MediaGeometry, Sample
+from omni_trainer.data.sample import MEDIA_DTYPE, MediaGeometry, MediaRef, Sample
 from omni_trainer.data.synthetic import SyntheticSource
 
 log = logging.getLogger(__name__)
 
 INDEX_SUFFIX = ".index.json"
+NPY_HEADER_PEEK = 128
+"""Bytes read to learn a media member's shape: an ``.npy`` header (numpy pads it to a multiple
+of 64) fits unless the shape is unusually long, which costs a second small read."""
+RANGE_GAP = 1024
+"""Members of one sample closer than this (two tar header blocks) are read in one request."""
 
 
 def _is_s3(url: str) -> bool:
@@ -61,7 +68,9 @@ def _npy(arr: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def _tar_bytes(samples: Sequence[Sample], first_key: int) -> tuple[bytes, list[dict]]:
+def _tar_bytes(
+    samples: Sequence[Sample], first_key: int, load_media: Callable[[MediaRef], np.ndarray] | None
+) -> tuple[bytes, list[dict]]:
     """One shard's bytes and its index (byte ranges of each sample's members)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
@@ -72,7 +81,9 @@ def _tar_bytes(samples: Sequence[Sample], first_key: int) -> tuple[bytes, list[d
                 "text.npy": _npy(np.asarray(s.text, dtype=np.int64)),
             }
             if s.media is not None:
-                members["media.npy"] = _npy(np.asarray(s.media, dtype=np.float32))
+                if load_media is None:
+                    raise ValueError(f"sample {s.sample_id} has media: pass load_media")
+                members["media.npy"] = _npy(np.asarray(load_media(s.media), dtype=np.float32))
             for suffix, data in members.items():
                 info = tarfile.TarInfo(f"{key}.{suffix}")
                 info.size = len(data)
@@ -97,8 +108,20 @@ def _scan(data: bytes) -> list[dict]:
     return [e for e in entries if "json" in e["members"] and "text.npy" in e["members"]]
 
 
-def write_shards(samples: Iterable[Sample], out: str, samples_per_shard: int) -> list[str]:
+def write_shards(
+    samples: Iterable[Sample],
+    out: str,
+    samples_per_shard: int,
+    *,
+    load_media: Callable[[MediaRef], np.ndarray] | None = None,
+) -> list[str]:
     """Write samples as ``shard-NNNNNN.tar`` (+ index) into a directory or ``s3://bucket/prefix``.
+
+    Args:
+        samples: what to write, in order.
+        out: a directory or an s3 url.
+        samples_per_shard: samples per tar.
+        load_media: reads a sample's media (its source's ``load_media``); needed if any has one.
 
     Returns:
         The shard locations, in order.
@@ -113,7 +136,7 @@ def write_shards(samples: Iterable[Sample], out: str, samples_per_shard: int) ->
     count = 0
 
     def flush() -> None:
-        data, index = _tar_bytes(batch, count - len(batch))
+        data, index = _tar_bytes(batch, count - len(batch), load_media)
         name = f"shard-{len(written):06d}.tar"
         idx = json.dumps(index).encode()
         if client is not None:
@@ -144,9 +167,8 @@ def write_shards(samples: Iterable[Sample], out: str, samples_per_shard: int) ->
 @dataclass(frozen=True)
 class _Entry:
     shard: int
-    start: int
-    end: int
     members: dict[str, tuple[int, int]]
+    """suffix -> (offset, size) in the shard."""
 
 
 class ShardSource:
@@ -178,7 +200,7 @@ class ShardSource:
         for i, shard in enumerate(self._shards):
             for e in self._load_index(shard):
                 members = {k: (int(v[0]), int(v[1])) for k, v in e["members"].items()}
-                self._entries.append(_Entry(i, int(e["start"]), int(e["end"]), members))
+                self._entries.append(_Entry(i, members))
             self._bounds.append(len(self._entries))
         if not self._entries:
             raise FileNotFoundError(f"source {self.name!r}: no samples in shards at {config.url!r}")
@@ -196,29 +218,27 @@ class ShardSource:
         return shard, i - (self._bounds[shard - 1] if shard else 0)
 
     def get(self, index: int) -> Sample | None:
-        """Sample ``index``; None (with a warning) when it cannot be used."""
+        """Sample ``index`` with its media as a reference (only the media header is read); None
+        (with a warning) when it cannot be used."""
         entry = self._entries[index % len(self._entries)]
-        blob = self._read(self._shards[entry.shard], entry.start, entry.end)
-
-        def member(suffix: str) -> bytes:
-            off, size = entry.members[suffix]
-            return blob[off - entry.start : off - entry.start + size]
-
-        meta = json.loads(member("json"))
-        sid = str(meta["sample_id"])
-        text = np.load(io.BytesIO(member("text.npy")), allow_pickle=False).astype(np.int64)
-        media = None
+        wanted = {suffix: entry.members[suffix] for suffix in ("json", "text.npy")}
         if "media.npy" in entry.members:
-            media = np.load(io.BytesIO(member("media.npy")), allow_pickle=False)
+            off, size = entry.members["media.npy"]
+            wanted["media.npy"] = (off, min(size, NPY_HEADER_PEEK))
+        parts = self._read_parts(self._shards[entry.shard], wanted)
+        meta = json.loads(parts["json"])
+        sid = str(meta["sample_id"])
+        text = np.load(io.BytesIO(parts["text.npy"]), allow_pickle=False).astype(np.int64)
         if meta.get("modality") != self.modality:
             return self._skip(sid, f"modality {meta.get('modality')!r} != {self.modality!r}")
         if self.modality == "text":
             return Sample(key=(self.source_index, index), sample_id=sid, modality="text", text=text)
-        if media is None:
+        if "media.npy" not in parts:
             return self._skip(sid, "no media member")
-        media, why = self._fit_media(media.astype(np.float32, copy=False))
-        if media is None:
+        shape, why = self._fit_shape(self._media_header(entry, parts["media.npy"]))
+        if shape is None:
             return self._skip(sid, why)
+        media = MediaRef(self.source_index, index, shape)
         n_media = self.geometry.media_tokens(self.modality, media)
         if n_media < 1 or n_media >= self.seq_length:
             return self._skip(
@@ -233,20 +253,50 @@ class ShardSource:
             media_tokens=n_media,
         )
 
+    def load_media(self, ref: MediaRef) -> np.ndarray:
+        """The media ``get(ref.index)`` refers to: one byte-range read of its member, cropped to
+        ``ref.shape``, as float32."""
+        entry = self._entries[ref.index % len(self._entries)]
+        off, size = entry.members["media.npy"]
+        data = self._read(self._shards[entry.shard], off, off + size)
+        array = np.load(io.BytesIO(data), allow_pickle=False)
+        crop = tuple(slice(0, n) for n in ref.shape)
+        return np.ascontiguousarray(array[crop], dtype=MEDIA_DTYPE)
+
+    def _media_header(self, entry: _Entry, peek: bytes) -> tuple[tuple[int, ...], np.dtype]:
+        """Shape and dtype of a media member from its first bytes (re-read if they fall short)."""
+        width = 2 if peek[6] == 1 else 4  # magic (6 bytes), version, then the header length
+        length = 8 + width + int.from_bytes(peek[8 : 8 + width], "little")
+        if len(peek) < length:
+            off, _ = entry.members["media.npy"]
+            peek = self._read(self._shards[entry.shard], off, off + length)
+        f = io.BytesIO(peek)
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+        else:
+            shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+        return tuple(int(n) for n in shape), dtype
+
     def _skip(self, sample_id: str, why: str) -> None:
         log.warning("source %s: skipping %s: %s", self.name, sample_id, why)
         return None
 
-    def _fit_media(self, media: np.ndarray) -> tuple[np.ndarray | None, str]:
-        """Crop to geometry multiples; (None, reason) when the shape is wrong."""
+    def _fit_shape(
+        self, header: tuple[tuple[int, ...], np.dtype]
+    ) -> tuple[tuple[int, ...] | None, str]:
+        """The stored shape cropped to geometry multiples; (None, reason) when it is wrong."""
+        shape, dtype = header
         g, p = self.geometry, self.geometry.patch_size
-        if self.modality == "image" and media.ndim == 3 and media.shape[0] == g.image_channels:
-            return media[:, : media.shape[1] // p * p, : media.shape[2] // p * p], ""
-        if self.modality == "video" and media.ndim == 4 and media.shape[1] == g.image_channels:
-            return media[:, :, : media.shape[2] // p * p, : media.shape[3] // p * p], ""
-        if self.modality == "audio" and media.ndim == 2 and media.shape[1] == g.n_mels:
-            return media[: media.shape[0] // g.audio_subsampling * g.audio_subsampling], ""
-        return None, f"{self.modality} media of shape {media.shape} does not match {g}"
+        if dtype.kind not in "fiu":
+            return None, f"{self.modality} media of dtype {dtype} is not numeric"
+        if self.modality == "image" and len(shape) == 3 and shape[0] == g.image_channels:
+            return (shape[0], shape[1] // p * p, shape[2] // p * p), ""
+        if self.modality == "video" and len(shape) == 4 and shape[1] == g.image_channels:
+            return (*shape[:2], shape[2] // p * p, shape[3] // p * p), ""
+        if self.modality == "audio" and len(shape) == 2 and shape[1] == g.n_mels:
+            return (shape[0] // g.audio_subsampling * g.audio_subsampling, shape[1]), ""
+        return None, f"{self.modality} media of shape {shape} does not match {g}"
 
     # -- storage -------------------------------------------------------------------------------
 
@@ -282,6 +332,24 @@ class ShardSource:
                 return f.read()
             f.seek(start)
             return f.read(end - start)
+
+    def _read_parts(self, shard: str, parts: dict[str, tuple[int, int]]) -> dict[str, bytes]:
+        """The byte ranges ``{name: (offset, size)}`` of one shard, neighbours in one request."""
+        order = sorted(parts, key=lambda name: parts[name][0])
+        out: dict[str, bytes] = {}
+        i = 0
+        while i < len(order):
+            j, start = i, parts[order[i]][0]
+            end = start + parts[order[i]][1]
+            while j + 1 < len(order) and parts[order[j + 1]][0] - end <= RANGE_GAP:
+                j += 1
+                end = max(end, sum(parts[order[j]]))
+            blob = self._read(shard, start, end)
+            for name in order[i : j + 1]:
+                off, size = parts[name]
+                out[name] = blob[off - start : off - start + size]
+            i = j + 1
+        return out
 
     def _load_index(self, shard: str) -> list[dict]:
         try:
@@ -338,6 +406,8 @@ def make_fixture_shards(
             seq_length=seq_length,
         )
         url = f"{path.rstrip('/')}/{modality}"
-        write_shards((src.get(j) for j in range(n)), url, samples_per_shard)
+        write_shards(
+            (src.get(j) for j in range(n)), url, samples_per_shard, load_media=src.load_media
+        )
         urls[modality] = url
     return urls

@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from omni_trainer.data.config import LengthDistribution, Modality, SyntheticSourceConfig
-from omni_trainer.data.sample import MediaGeometry, Sample
+from omni_trainer.data.sample import MediaGeometry, MediaRef, Sample
 
 PAD_ID = 0
 CLASS_TOKEN_BASE = 1
@@ -30,6 +30,7 @@ SUCCESSOR_PROBS = np.array([0.5, 0.25, 0.15, 0.1])
 MEDIA_FRACTION = 0.85
 NOISE_STD = 0.3
 _MODALITY_TAG = {"image": 1, "audio": 2, "video": 3, "text": 4}
+_NOISE_STREAM = 0x9015E
 
 
 def class_token(c: int) -> int:
@@ -60,7 +61,8 @@ def draw_length(dist: LengthDistribution, scale: float, rng: np.random.Generator
 
 
 class SyntheticSource:
-    """Random access: ``get(index)`` is a pure function of (seed, source index, index)."""
+    """Random access: ``get(index)`` and ``load_media`` are pure functions of (seed, source
+    index, index)."""
 
     num_samples: int | None = None  # infinite
 
@@ -94,9 +96,9 @@ class SyntheticSource:
         self._profile = prng.uniform(-1, 1, size=(k, geometry.n_mels)).astype(np.float32)
 
     def get(self, index: int) -> Sample:
-        """Sample ``index`` of this source (regenerated identically on every call)."""
-        rng = np.random.default_rng([self.seed, self.source_index, index])
-        length = draw_length(self._dist, self.config.length_scale, rng)
+        """Sample ``index`` of this source (regenerated identically on every call); its media is
+        a reference whose shape is drawn here and whose pixels :meth:`load_media` generates."""
+        rng, length = self._start(index)
         sid = f"{self.name}/{index:06d}"
         if self.modality == "text":
             first = int(rng.integers(FIRST_TEXT_ID, self.vocab_size))
@@ -106,7 +108,7 @@ class SyntheticSource:
         n_text = max(2, length - round(MEDIA_FRACTION * length))
         budget = length - n_text  # >= 1 media position
         c = int(rng.integers(0, self.config.num_classes))
-        media = self._media(c, budget, rng)
+        media = MediaRef(self.source_index, index, self._shape(budget, rng))
         text = self._walk(class_token(c), n_text, rng)
         return Sample(
             key=(self.source_index, index),
@@ -116,6 +118,30 @@ class SyntheticSource:
             media=media,
             media_tokens=self.geometry.media_tokens(self.modality, media),
         )
+
+    def load_media(self, ref: MediaRef) -> np.ndarray:
+        """The media ``get(ref.index)`` refers to: its class pattern plus noise from a random
+        stream of its own, so the text and shape never depend on the pixels."""
+        rng, _ = self._start(ref.index)
+        c = int(rng.integers(0, self.config.num_classes))
+        noise = np.random.default_rng([self.seed, self.source_index, ref.index, _NOISE_STREAM])
+        if self.modality == "image":
+            return self._image(c, ref.shape[1:], 0.0, noise)
+        if self.modality == "video":
+            return np.stack(
+                [self._image(c, ref.shape[2:], 0.4 * t, noise) for t in range(ref.shape[0])]
+            )
+        # audio: a class mel profile, modulated over time
+        n = ref.shape[0]
+        t = np.arange(n, dtype=np.float32)[:, None] / n
+        spec = self._profile[c][None, :] + 0.3 * np.sin(2 * np.pi * (1 + c % 4) * t)
+        spec = spec + noise.normal(0, NOISE_STD, size=spec.shape)
+        return spec.astype(np.float32)
+
+    def _start(self, index: int) -> tuple[np.random.Generator, int]:
+        """The sample's random stream and its first draw, the length."""
+        rng = np.random.default_rng([self.seed, self.source_index, index])
+        return rng, draw_length(self._dist, self.config.length_scale, rng)
 
     def _walk(self, first: int, n: int, rng: np.random.Generator) -> np.ndarray:
         slots = np.searchsorted(self._cum, rng.random(n), side="right").clip(max=len(self._cum) - 1)
@@ -133,30 +159,28 @@ class SyntheticSource:
         h = min(budget, max(1, round(math.sqrt(budget * aspect))))
         return h, max(1, budget // h)
 
+    def _shape(self, budget: int, rng: np.random.Generator) -> tuple[int, ...]:
+        """Media shape taking at most ``budget`` LLM positions."""
+        p, ch = self.geometry.patch_size, self.geometry.image_channels
+        if self.modality == "image":
+            h, w = self._grid(budget, rng)
+            return (ch, h * p, w * p)
+        if self.modality == "video":
+            frames = max(1, min(8, budget // 16))
+            h, w = self._grid(budget // frames, rng)
+            return (frames, ch, h * p, w * p)
+        # audio: budget positions x subsampling frames of n_mels
+        return (budget * self.geometry.audio_subsampling, self.geometry.n_mels)
+
     def _image(
-        self, c: int, hp: int, wp: int, shift: float, rng: np.random.Generator
+        self, c: int, hw: tuple[int, ...], shift: float, rng: np.random.Generator
     ) -> np.ndarray:
-        p = self.geometry.patch_size
-        y = (np.arange(hp * p, dtype=np.float32) / (hp * p))[None, :, None]
-        x = (np.arange(wp * p, dtype=np.float32) / (wp * p))[None, None, :]
+        height, width = hw
+        y = (np.arange(height, dtype=np.float32) / height)[None, :, None]
+        x = (np.arange(width, dtype=np.float32) / width)[None, None, :]
         fy = self._freq[c, :, 0][:, None, None]
         fx = self._freq[c, :, 1][:, None, None]
         phase = (self._phase[c] + shift)[:, None, None]
         img = self._color[c][:, None, None] + 0.5 * np.sin(2 * np.pi * (fy * y + fx * x) + phase)
         img = img + rng.normal(0, NOISE_STD, size=img.shape)
         return img.astype(np.float32)
-
-    def _media(self, c: int, budget: int, rng: np.random.Generator) -> np.ndarray:
-        if self.modality == "image":
-            h, w = self._grid(budget, rng)
-            return self._image(c, h, w, 0.0, rng)
-        if self.modality == "video":
-            frames = max(1, min(8, budget // 16))
-            h, w = self._grid(budget // frames, rng)
-            return np.stack([self._image(c, h, w, 0.4 * t, rng) for t in range(frames)])
-        # audio: budget positions x subsampling frames of n_mels
-        n = budget * self.geometry.audio_subsampling
-        t = np.arange(n, dtype=np.float32)[:, None] / n
-        spec = self._profile[c][None, :] + 0.3 * np.sin(2 * np.pi * (1 + c % 4) * t)
-        spec = spec + rng.normal(0, NOISE_STD, size=spec.shape)
-        return spec.astype(np.float32)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import torch
@@ -104,11 +104,17 @@ def first_stage_input(
     return flat.reshape(s, b, h)
 
 
-def to_device_batch(mb, device: torch.device, *, media: Collection[str] = ()) -> DeviceBatch:
+def to_device_batch(
+    mb, device: torch.device, *, load: Callable, media: Collection[str] = ()
+) -> DeviceBatch:
     """Move a collated numpy micro-batch (``omni_trainer.data``) to ``device``.
 
-    Only the media arrays of the modalities in ``media`` are moved (the ones this rank encodes:
-    the zero-redundancy filter); the positions of every modality's tokens always are.
+    Args:
+        mb: the micro-batch; its media items are references.
+        device: where the tensors go.
+        load: reads a media reference into an ndarray (``data.MediaReader.load``).
+        media: the modalities whose media this rank encodes (the zero-redundancy filter): only
+            those are loaded and moved; the positions of every modality's tokens always are.
     """
     b = mb.tokens.shape[0]
     segment_ids = torch.as_tensor(mb.segment_ids, device=device)
@@ -116,7 +122,7 @@ def to_device_batch(mb, device: torch.device, *, media: Collection[str] = ()) ->
     for item in mb.media:
         arrays, positions = per_modality.setdefault(item.modality, ([], []))
         if item.modality in media:
-            arrays.append(torch.as_tensor(item.array, device=device))
+            arrays.append(torch.as_tensor(load(item.ref), device=device))
         seq_pos = torch.arange(item.offset, item.offset + item.num_tokens, device=device)
         positions.append(seq_pos * b + item.row)  # [s, b] flattened row-major
     return DeviceBatch(
