@@ -57,6 +57,12 @@ class TrainConfig(Spec):
     peak_flops_per_device: float | None = Field(
         None, gt=0, description="override the peak FLOP/s used for MFU"
     )
+    step_log: str | None = Field(
+        None,
+        description="a file that global rank 0 appends one JSON line per optimizer step to "
+        "(step, loss, tokens/s, MFU, restart attempt); a resumed run appends, so the last line "
+        "of each step is the curve that counted",
+    )
 
 
 class TrainerConfig(Spec):

@@ -45,11 +45,12 @@ def run_worker(
     resume: bool = False,
     metrics_port: int | None = None,
 ) -> dict:
-    """Train on this rank; rank 0 writes the summary. Returns the summary (all ranks)."""
+    """Train on this rank; rank 0 writes the summary. Returns the summary (all ranks), empty
+    when a resumed job had no steps left."""
     import torch
 
     from omni_trainer.components.metrics import NullTrainerMetrics
-    from omni_trainer.components.progress import ConsoleReporter, NullReporter
+    from omni_trainer.components.progress import NullReporter
     from omni_trainer.distributed.layout import layout_for
     from omni_trainer.mcore.parallel import (
         build_process_groups,
@@ -68,7 +69,7 @@ def run_worker(
     try:
         dims = layout_for(cfg, world_size)
         groups = build_process_groups(dims, device, reorder_group_size=cfg.data.reorder.group_size)
-        reporter = ConsoleReporter() if rank == 0 else NullReporter()
+        reporter = _reporter(cfg.train.step_log) if rank == 0 else NullReporter()
         metrics = _metrics(job=manifest.metadata.name, rank=rank, port=metrics_port)
         trainer = Trainer(
             cfg,
@@ -78,6 +79,11 @@ def run_worker(
             resume=resume,
             metrics=metrics,
         )
+        if trainer.start_step >= trainer.steps:  # killed after its last step: done already
+            if rank == 0:
+                print(f"nothing left to train: resumed at step {trainer.start_step} of "
+                      f"{trainer.steps}", flush=True)  # fmt: skip
+            return {}
         summary = asdict(trainer.train())
         summary["job"] = manifest.metadata.name
         if rank == 0 and summary_path is not None:
@@ -89,9 +95,20 @@ def run_worker(
         destroy_distributed()
 
 
+def _reporter(step_log: str | None):
+    """Rank 0: the console, plus the step log if the manifest asks for one."""
+    from omni_trainer.components.metrics import restart_attempt_from_env
+    from omni_trainer.components.progress import ConsoleReporter, Reporters, StepLog
+
+    console = ConsoleReporter()
+    if step_log is None:
+        return console
+    return Reporters(console, StepLog(step_log, attempt=restart_attempt_from_env()))
+
+
 def _metrics(*, job: str, rank: int, port: int | None):
-    """The first process of each pod (local rank 0) serves Prometheus metrics on ``port``;
-    ``None`` (the local default) serves nothing."""
+    """The first process of each pod (local rank 0) serves Prometheus metrics on ``port``
+    (address ``OMNI_METRICS_ADDR``, default all); ``None`` (the local default) serves nothing."""
     from omni_trainer.components.metrics import NullTrainerMetrics, TrainerMetrics
 
     if port is None or os.environ.get("LOCAL_RANK", "0") != "0":
@@ -99,5 +116,5 @@ def _metrics(*, job: str, rank: int, port: int | None):
     from megatron.core import parallel_state as ps
 
     metrics = TrainerMetrics(job=job, rank=rank, stage=ps.get_pipeline_model_parallel_rank())
-    metrics.serve(port)
+    metrics.serve(port, addr=os.environ.get("OMNI_METRICS_ADDR", "0.0.0.0"))
     return metrics

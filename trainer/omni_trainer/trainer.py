@@ -10,7 +10,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from omni_trainer.checkpoint.checkpointer import Checkpointer
+from omni_trainer.checkpoint.checkpointer import Checkpointer, SaveResult
 from omni_trainer.checkpoint.state import ModelState
 from omni_trainer.components.dataplane import DataPlane
 from omni_trainer.components.encoder_zero import EncoderZero
@@ -64,6 +64,7 @@ class StepResult:
     fingerprint: str  # of the set of samples the global batch consumed
     samples: dict[str, int]  # per modality, this replica's share of the step
     encoder_activation_peak_bytes: int
+    media_bytes_read: int  # media arrays this rank loaded during the step (the ones it encodes)
 
 
 @dataclass
@@ -93,6 +94,8 @@ class RunSummary:
     seed: int
     wall_time_s: float
     mean_step_time_s: float
+    step_time_curve: list[float] = field(default_factory=list)
+    """Seconds of every step, the first (warm-up) included."""
     parameters: dict[str, int] = field(default_factory=dict)
     data_reorder: dict[str, object] = field(default_factory=dict)
     """Reordering of sequences between data-parallel ranks: group size, method, traffic."""
@@ -201,11 +204,15 @@ class Trainer:
             dist.all_gather_object(everyone, self.data.state_dict(), group=self.groups.dp)
             shards = {k: v for state in everyone for k, v in state["shards"].items()}
             self.checkpointer.save(step, ModelState.from_trainer(self), {"shards": shards})
-        if previous is not None and previous.committed:
+        self._report_save(previous)
+
+    def _report_save(self, result: SaveResult | None) -> None:
+        """Export a committed checkpoint (the operator reads it to refill the restart budget)."""
+        if result is not None and result.committed:
             self.metrics.record_checkpoint(
-                step=previous.step,
-                seconds=previous.blocking_s + previous.background_s,
-                blocking_seconds=previous.blocking_s,
+                step=result.step,
+                seconds=result.blocking_s + result.background_s,
+                blocking_seconds=result.blocking_s,
             )
 
     # -- the loop ---------------------------------------------------------------------------
@@ -223,6 +230,8 @@ class Trainer:
                 r = self.train_step(step)
                 results.append(r)
                 self._export(r)
+                if self.checkpointer is not None:
+                    self._report_save(self.checkpointer.poll())
                 self.reporter.update(
                     step + 1,
                     loss=r.loss,
@@ -235,16 +244,12 @@ class Trainer:
                 last = self.checkpointer.close()
                 if last is not None and not last.committed:
                     raise RuntimeError(f"the last checkpoint failed: {last.errors}")
-                if last is not None:
-                    self.metrics.record_checkpoint(
-                        step=last.step,
-                        seconds=last.blocking_s + last.background_s,
-                        blocking_seconds=last.blocking_s,
-                    )
+                self._report_save(last)
         return self._summary(results, time.perf_counter() - t0)
 
     def train_step(self, step: int) -> StepResult:
         start = time.perf_counter()
+        media_bytes = self.data.media.bytes_read
         with self.timer.span("data"):
             local = self.data.next_local_batch()
             tokens, training_flops, fingerprint = self._global_work(
@@ -287,6 +292,7 @@ class Trainer:
             samples=_samples_per_modality(local),
             phases=phases,
             encoder_activation_peak_bytes=self.anchor.memory.take_peak(),
+            media_bytes_read=self.data.media.bytes_read - media_bytes,
         )
 
     def _global_work(self, flops: StepFlops, local: list[PackedSequence]) -> tuple[int, float, str]:
@@ -360,7 +366,8 @@ class Trainer:
         )
         mine = media_encoded_on(table, self.groups.anchor.stage)
         self._batches = [
-            to_device_batch(mb, self.device, media=mine.get(m, ())) for m, mb in enumerate(micro)
+            to_device_batch(mb, self.device, load=self.data.media.load, media=mine.get(m, ()))
+            for m, mb in enumerate(micro)
         ]
         encoders = self.cfg.model.encoders
         works = build_works(
@@ -429,6 +436,7 @@ class Trainer:
             samples=r.samples,
             mixture=stream.mixer.schedule.weights(stream.mixer.total),
             encoder_activation_peak_bytes=r.encoder_activation_peak_bytes,
+            media_bytes_read=r.media_bytes_read,
         )
 
     def _global_counters(self) -> dict[str, dict[str, int]]:
@@ -476,6 +484,7 @@ class Trainer:
                 for phase in PHASES
             },
             "encoder_activation_peak_bytes": max(r.encoder_activation_peak_bytes for r in results),
+            "media_bytes_read": sum(r.media_bytes_read for r in results),
         }
         breakdown: list = [None] * dims.world_size
         dist.all_gather_object(breakdown, mine)
@@ -506,6 +515,7 @@ class Trainer:
             seed=self.cfg.seed,
             wall_time_s=wall,
             mean_step_time_s=seconds / len(timed),
+            step_time_curve=[r.seconds for r in results],
             parameters={"llm": int(llm_params.item()), "encoders": enc_params},
             breakdown=breakdown,
             data_reorder={

@@ -103,6 +103,10 @@ class BackgroundSaver:
         self._future = self._pool.submit(fn, *args)
         return self._future
 
+    def poll(self) -> Any:
+        """The finished job's result, once (None while it runs or when idle)."""
+        return self.wait() if self._future is not None and self._future.done() else None
+
     def wait(self) -> Any:
         """Block until the job in flight is done; returns its result (None when idle)."""
         future, self._future = self._future, None

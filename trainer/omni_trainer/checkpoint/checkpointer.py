@@ -157,6 +157,13 @@ class Checkpointer:
             return result
         return self._saver.wait()
 
+    def poll(self) -> SaveResult | None:
+        """The save that finished since the last look, once (None while one runs or none
+        did): lets the loop report a committed checkpoint as soon as it is, not at the next."""
+        if not self.config.async_save:
+            return self.wait()
+        return self._saver.poll()
+
     def close(self) -> SaveResult | None:
         """Finish the last save and stop the background thread."""
         result = self.wait()

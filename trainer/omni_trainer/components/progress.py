@@ -1,8 +1,12 @@
-"""Training progress for people: a rich progress bar on a terminal, plain lines in pod logs."""
+"""Training progress: a rich progress bar on a terminal, plain lines in pod logs, and an
+optional JSON-lines step log for programs (loss curves across restarts)."""
 
 from __future__ import annotations
 
+import json
 import sys
+import time
+from pathlib import Path
 from typing import Protocol
 
 from rich.console import Console
@@ -69,3 +73,58 @@ class ConsoleReporter:
     def close(self) -> None:
         if self.progress is not None:
             self.progress.stop()
+
+
+class StepLog:
+    """Appends ``{"step", "loss", "tokens_per_s", "mfu", "attempt", "time"}`` per step, flushed
+    at once: a killed job keeps every step it finished."""
+
+    def __init__(self, path: str | Path, *, attempt: int = 0) -> None:
+        self.path = Path(path)
+        self.attempt = attempt
+        self._file = None
+
+    def start(self, total_steps: int, description: str) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a", encoding="utf-8")
+
+    def update(self, step: int, *, loss: float, tokens_per_s: float, mfu: float) -> None:
+        assert self._file is not None, "StepLog.start() was not called"
+        record = {"step": step, "loss": loss, "tokens_per_s": tokens_per_s, "mfu": mfu,
+                  "attempt": self.attempt, "time": time.time()}  # fmt: skip
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def read_step_log(path: str | Path) -> dict[int, float]:
+    """Loss per step as it finally counted: a step re-run after a restart replaces the lost one."""
+    losses: dict[int, float] = {}
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            record = json.loads(line)
+            losses[record["step"]] = record["loss"]
+    return dict(sorted(losses.items()))
+
+
+class Reporters:
+    """Several reporters as one."""
+
+    def __init__(self, *reporters: StepReporter) -> None:
+        self.reporters = reporters
+
+    def start(self, total_steps: int, description: str) -> None:
+        for r in self.reporters:
+            r.start(total_steps, description)
+
+    def update(self, step: int, *, loss: float, tokens_per_s: float, mfu: float) -> None:
+        for r in self.reporters:
+            r.update(step, loss=loss, tokens_per_s=tokens_per_s, mfu=mfu)
+
+    def close(self) -> None:
+        for r in self.reporters:
+            r.close()
