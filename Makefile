@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 # The CPU build for this machine; GPU images pin their CUDA build instead (dockerfiles/).
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= trainer,operator,test
+EXTRAS ?= trainer,operator,sandbox,test
 comma  := ,
 STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 PYTEST_ARGS ?=

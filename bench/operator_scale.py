@@ -72,9 +72,9 @@ from omni_operator.crd import crd  # noqa: E402
 from omni_operator.handlers.kube import Kube  # noqa: E402
 from omni_operator.reconcile import Progress  # noqa: E402
 from omni_operator.render import ANNOTATION_NODE, LABEL_ATTEMPT, LABEL_JOB  # noqa: E402
+from omni_operator.sandbox.emulator import Emulator  # noqa: E402
 from omni_operator.spec import parse_job  # noqa: E402
 from tests.operator.conftest import JOBS, NS, Cluster, gpu_node, job_manifest  # noqa: E402
-from tests.operator.emulator import Emulator  # noqa: E402
 
 GPUS = 8
 ARGS_RESYNC = float(os.environ["OMNI_RESYNC_SECONDS"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -13,6 +14,87 @@ def register(app: typer.Typer) -> None:
     """Add the operator's commands to ``omni``."""
     app.command(name="render")(render)
     app.command(name="operator")(operator)
+    app.add_typer(sandbox, name="sandbox")
+
+
+sandbox = typer.Typer(
+    help="A cluster on this machine: emulated API server and GPU nodes whose pods really run, "
+    "the operator, and fault injection. Real kubectl works against it.",
+    no_args_is_help=True,
+)
+SandboxDir = Annotated[
+    Path, typer.Option("--dir", help="sandbox state: kubeconfig, pod volumes and logs")
+]
+
+
+@sandbox.command("up")
+def sandbox_up(
+    nodes: Annotated[int, typer.Option(min=1, help="emulated nodes")] = 4,
+    gpus_per_node: Annotated[int, typer.Option(min=0, help="nvidia.com/gpu per node")] = 8,
+    spines: Annotated[int, typer.Option(min=1, help="network domains (spine labels)")] = 2,
+    port: Annotated[int, typer.Option(min=0, help="API server port (0: any free)")] = 0,
+    workdir: SandboxDir = Path(".omni-sandbox"),
+    resync: Annotated[float, typer.Option(min=0.1, help="operator resync seconds")] = 2.0,
+) -> None:
+    """Run the sandbox until Ctrl-C: pods run as local processes in this directory."""
+    import asyncio
+    import logging
+
+    from omni_operator.sandbox.cluster import Sandbox, SandboxConfig
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("kopf").setLevel(logging.WARNING)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    config = SandboxConfig(
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        spines=spines,
+        port=port,
+        workdir=workdir,
+        resync_seconds=resync,
+    )
+
+    async def main() -> None:
+        async with Sandbox.start(config) as sb:
+            typer.echo(
+                f"sandbox up: API server {sb.url}, nodes "
+                f"{', '.join(n.name for n in sb.kubelet.nodes)}\n"
+                f"  export KUBECONFIG={sb.kubeconfig_path}\n"
+                "  kubectl apply --validate=false -f examples/tiny-cpu.yaml\n"
+                "  kubectl get otj -w     # pod logs: kubectl logs POD, or "
+                f"{sb.config.workdir}/logs/\n"
+                f"  omni sandbox fault node-lost NODE --dir {workdir}\n"
+                "Ctrl-C stops the sandbox and every pod.",
+                err=True,
+            )
+            await sb.wait()  # kopf stops the operator on SIGINT/SIGTERM
+
+    with contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError):
+        asyncio.run(main())
+
+
+@sandbox.command("fault")
+def sandbox_fault(
+    fault: Annotated[str, typer.Argument(help="node-lost | node-ready | kill-pod | hang-pod")],
+    target: Annotated[str, typer.Argument(help="the node or pod name")],
+    namespace: Annotated[str, typer.Option("--namespace", "-n", help="the pod's namespace")] = (
+        "default"
+    ),
+    workdir: SandboxDir = Path(".omni-sandbox"),
+) -> None:
+    """Inject a fault into a running sandbox (through an annotation its kubelet acts on)."""
+    import asyncio
+
+    from omni_operator.sandbox.cluster import FAULTS, inject_fault, read_state
+
+    if fault not in FAULTS:
+        _fail(f"unknown fault {fault!r}; choose one of {', '.join(FAULTS)}", code=2)
+    try:
+        state = read_state(workdir)
+        done = asyncio.run(inject_fault(state["server"], fault, target, namespace=namespace))
+    except (RuntimeError, OSError) as err:
+        _fail(str(err), code=1)
+    typer.echo(done)
 
 
 def operator(

@@ -208,13 +208,20 @@ def classify(
     policy = spec.restart_policy
     live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
 
-    # 1. Lost nodes: pods on them cannot report, and their peers fail as a consequence.
+    # 1. Lost nodes: pods on them cannot report, and their peers fail as a consequence. A node
+    #    still within its grace counts as lost as soon as a peer fails: the attempt is over
+    #    anyway, and the blame (quarantine) belongs to the node that went away, not the peer.
     lost: dict[str, str] = {}
+    unready: dict[str, str] = {}
     for pod in pods:
         node = pod_node(pod, placement)
         why = node_lost(node, nodes, spec=spec, now=now)
         if node and why:
             lost[node] = why
+        elif node and node in nodes and node_not_ready_since(nodes[node], now) is not None:
+            unready[node] = f"node {node} is {_ready_status(nodes[node])}"
+    if unready and any(_terminated(p, placement) for p in live):
+        lost.update({n: f"{why} and its peers failed" for n, why in unready.items()})
     if lost:
         names = tuple(sorted(lost))
         return Failure(

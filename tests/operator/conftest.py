@@ -32,10 +32,10 @@ import omni_operator.handlers  # noqa: F401  (registers the handlers)
 from omni_operator.crd import crd
 from omni_operator.reconcile import Progress
 from omni_operator.render import LABEL_ATTEMPT, LABEL_JOB
+from omni_operator.sandbox.emulator import Emulator
 from omni_operator.spec import GROUP, PLURAL, VERSION
 
 from ..conftest import EXAMPLES
-from .emulator import Emulator
 
 NS = "ml"
 JOBS = f"{GROUP}/{VERSION}/{PLURAL}"

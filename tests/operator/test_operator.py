@@ -285,3 +285,70 @@ async def test_reacts_to_watch_events_not_to_the_resync(cluster: Cluster) -> Non
 
     assert reconciles("resync") == 0
     assert reconciles("pod") >= 3 and reconciles("node") >= 1 and reconciles("deadline") >= 1
+
+
+INVALID: dict[str, tuple[dict[str, Any], str]] = {
+    # name: (spec overrides, the field the message must name)
+    "nodes": ({"nodes": 0}, "spec.nodes"),
+    "gpus": ({"gpusPerNode": -1}, "spec.gpusPerNode"),
+    "micro": ({"trainer": {"data": {"microBatchSize": 3}}}, "spec.trainer.data.microBatchSize"),
+    "typo": (
+        {"trainer": {"data": {"sources": [{"colour": "red"}]}}},
+        "spec.trainer.data.sources[0].colour",
+    ),
+    "preset": (
+        {"trainer": {"model": {"llm": {"preset": "gpt-9"}}}},
+        "spec.trainer.model.llm.preset",
+    ),
+    "tensor": ({"trainer": {"parallelism": {"tensor": 3}}}, "spec.trainer.parallelism.tensor"),
+    "hang": (
+        {"restartPolicy": {"hangTimeoutSeconds": 10}},
+        "spec.restartPolicy.hangTimeoutSeconds",
+    ),
+    "group": ({"topology": {"reorderGroupSize": 3}}, "spec.topology.reorderGroupSize"),
+    "ckpt": ({"trainer": {"checkpoint": {"intervalSteps": 5}}}, "spec.trainer.checkpoint.path"),
+    "memory": ({"resources": {"memory": "lots"}}, "spec.resources.memory"),
+    "lr": ({"trainer": {"optimizer": {"lr": -1}}}, "spec.trainer.optimizer.lr"),
+    "suspend": ({"suspend": "maybe"}, "spec.suspend"),
+    "mixture": (
+        {"trainer": {"data": {"mixture": [{"atTokens": 0, "weights": {"video": 1}}]}}},
+        "spec.trainer.data.mixture",
+    ),
+    "steps": ({"trainer": {"train": {"steps": 0}}}, "spec.trainer.train.steps"),
+    "exitcodes": (
+        {"restartPolicy": {"nonRetryableExitCodes": [0]}},
+        "spec.restartPolicy.nonRetryableExitCodes[0]",
+    ),
+}
+
+
+def _deep_update(doc: dict[str, Any], changes: dict[str, Any]) -> None:
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(doc.get(key), dict):
+            _deep_update(doc[key], value)
+        elif isinstance(value, list) and value and isinstance(value[0], dict) and doc.get(key):
+            doc[key][0].update(value[0])
+        else:
+            doc[key] = value
+
+
+async def test_invalid_manifests_fail_naming_the_field_and_create_nothing(cluster: Cluster) -> None:
+    """Fifteen kinds of mistakes, applied as the API server would store them (the emulator does
+    no schema validation): each job fails at once with the field in status and an Event."""
+    for name, (changes, _) in INVALID.items():
+        doc = job_manifest(name)
+        _deep_update(doc["spec"], changes)
+        await cluster.apply(doc)
+    for name, (_, field) in INVALID.items():
+        await cluster.wait(
+            f"{name} Failed", lambda n=name: cluster.status(n).get("phase") == "Failed"
+        )
+        st = cluster.status(name)
+        assert st["message"].startswith("invalid spec: ") and field in st["message"], st["message"]
+        valid = {x["type"]: x for x in st["conditions"]}["Valid"]
+        assert valid["status"] == "False" and valid["reason"] == "InvalidSpec"
+        await cluster.wait(f"{name} Event", lambda n=name: "InvalidSpec" in _reasons(cluster, n))
+        (event,) = [e for e in cluster.events(name) if e["reason"] == "InvalidSpec"]
+        assert event["type"] == "Warning" and field in event["message"]
+        assert not cluster.pods(name)
+    assert not cluster.emu.stored_all("v1/pods", NS)

@@ -7,6 +7,7 @@ watch replays every object whatever resourceVersion it starts from. :class:`Emul
 the writes (create, patch, delete) with those semantics and filters reads. What it still does not
 do, on purpose: garbage collection by ownerReferences (the operator must clean up itself here),
 admission/validation, strategic merge (a strategic patch is applied as a JSON merge patch), PUT.
+Pod logs are served from :attr:`Emulator.pod_logs` (the sandbox's kubelet keeps them in files).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import attrs
 import jsonpatch
 import kmock
 from kmock._internal import parsing, rendering
+
+from omni_operator.sandbox.tables import BUILTIN, Column, as_table
 
 Obj = dict[str, Any]
 _parse_path = parsing.parse_path
@@ -143,8 +146,11 @@ class Emulator(kmock.KubernetesEmulator):
     _rv: int = attrs.field(default=0, init=False)
     _status_sub: set[Any] = attrs.field(factory=set, init=False)
     _namespaced: dict[Any, bool] = attrs.field(factory=dict, init=False)
+    _columns: dict[Any, list[Column]] = attrs.field(factory=dict, init=False)
     before_create: Callable[[Obj], Awaitable[None]] | None = None
     """Awaited before an object is stored: tests delay or interleave creations with it."""
+    pod_logs: Callable[[str, str], str | None] | None = None
+    """Serves ``pods/<name>/log`` (``kubectl logs``): (namespace, name) -> text or None."""
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -155,16 +161,29 @@ class Emulator(kmock.KubernetesEmulator):
                 {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
             )
 
-    def declare(self, key: str, *, kind: str, namespaced: bool, status: bool) -> None:
-        """Serve a resource in discovery (kopf and kubectl find resources there)."""
+    def declare(
+        self,
+        key: str,
+        *,
+        kind: str,
+        namespaced: bool,
+        status: bool,
+        short_names: Any = (),
+        columns: list[Column] | None = None,
+    ) -> None:
+        """Serve a resource in discovery (kopf and kubectl find resources there); ``columns``
+        are what ``kubectl get`` prints (a CRD's printer columns)."""
         self.resources[key] = kmock.ResourceInfo(
             kind=kind,
             namespaced=namespaced,
+            singular=kind.lower(),
             verbs=VERBS,
+            shortnames=set(short_names),
             subresources={"status"} if status else set(),
         )
         res = kmock.resource(key)
         self._namespaced[res] = namespaced
+        self._columns[res] = columns if columns is not None else BUILTIN.get(kind, [])
         if status:
             self._status_sub.add(res)
 
@@ -183,6 +202,8 @@ class Emulator(kmock.KubernetesEmulator):
     # -- writes ------------------------------------------------------------------------------
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        if request.subresource == "log" and request.resource == kmock.resource("v1/pods"):
+            return await self._log(request)
         if request.resource is None or request.subresource not in (None, "status"):
             return await super()._handle(request)
         if request.action == kmock.action.CREATE and request.name is None:
@@ -295,7 +316,31 @@ class Emulator(kmock.KubernetesEmulator):
                 await self._publish(request, "DELETED", obj)
         return aiohttp.web.json_response(obj)
 
+    async def _log(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        self._get(request)  # 404 for a pod that does not exist
+        text = self.pod_logs(request.namespace, request.name) if self.pod_logs else None
+        if text is None:
+            raise kmock.KubernetesError(
+                status=400,
+                reason="BadRequest",
+                message=f'container "trainer" in pod "{request.name}" is waiting to start',
+            )
+        tail = request.params.get("tailLines")
+        if tail:
+            text = "".join(text.splitlines(keepends=True)[-int(tail) :])
+        return aiohttp.web.Response(text=text, content_type="text/plain")
+
     # -- reads -------------------------------------------------------------------------------
+
+    async def _serve_version(self, request: rendering.Request) -> rendering.Payload:
+        """kmock names the core group version ``/v1`` and gives subresources the short names
+        of their resource; kubectl wants ``v1`` and short names on the resource only."""
+        doc = await super()._serve_version(request)
+        doc["groupVersion"] = doc["groupVersion"].lstrip("/")
+        for res in doc["resources"]:
+            if "/" in res["name"]:
+                res.update(singularName="", shortNames=[])
+        return doc
 
     def _selected(self, request: rendering.Request, obj: Obj) -> bool:
         labels = (obj.get("metadata") or {}).get("labels") or {}
@@ -303,9 +348,25 @@ class Emulator(kmock.KubernetesEmulator):
             request.params.get("fieldSelector"), obj
         )
 
+    def _table(self, request: rendering.Request, objs: list[Obj]) -> Obj | None:
+        """The Table ``kubectl get`` asks for, or None when the client wants objects."""
+        accept = request.headers.get("Accept", "")
+        if "as=Table" not in accept or request.params.get("watch"):
+            return None
+        return as_table(
+            objs, self._columns.get(request.resource, []), resource_version=str(self._rv)
+        )
+
+    async def _serve_fetch(self, request: rendering.Request) -> rendering.Payload:
+        obj = await super()._serve_fetch(request)
+        return self._table(request, [obj]) or obj
+
     async def _serve_list(self, request: rendering.Request) -> rendering.Payload:
         result = await super()._serve_list(request)
         items = [o for o in result["items"] if self._selected(request, o)]
+        table = self._table(request, items)
+        if table is not None:
+            return table
         kind = self.resources[request.resource].kind or ""
         return {
             "apiVersion": "v1"

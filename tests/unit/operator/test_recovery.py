@@ -97,6 +97,16 @@ def test_node_not_ready_counts_only_after_the_grace() -> None:
     assert f.reason == "NodeLost" and f.retryable
 
 
+def test_peers_failing_while_a_node_is_not_ready_blame_the_node_at_once() -> None:
+    flaky = _nodes("n0", "n1", not_ready={"n1": 3})  # within the grace of 60 s
+    assert _classify([_pod(0), _pod(1)], flaky) is None  # no failure yet: wait for the grace
+    f = _classify([_exited(0, 1), _pod(1)], flaky)  # rank 0 lost its peer
+    assert f is not None and f.kind == "node_lost" and f.nodes == ("n1",)
+    assert "node n1 is unreachable (Ready=Unknown) and its peers failed" in f.message
+    f = _classify([_exited(0, 1), _pod(1)])  # the same crash with every node Ready
+    assert f is not None and f.kind == "pod_failed" and f.nodes == ("n0",)
+
+
 def test_next_deadline_is_the_earliest_grace_or_hang_timeout() -> None:
     pods = [_pod(0), _pod(1)]
     spec = _spec(hangTimeoutSeconds=600)  # nodeLostGraceSeconds 60

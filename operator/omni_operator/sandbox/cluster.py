@@ -1,0 +1,226 @@
+"""A Kubernetes cluster on one machine for trying the operator: ``omni sandbox up``.
+
+The kmock API emulator (:mod:`.emulator`) on 127.0.0.1 with the OmniTrainingJob CRD, N emulated
+GPU nodes labelled with a zone and a spine, the kubelet simulator (:mod:`.kubelet`) that really
+runs the pods, and the operator itself in the same process. A kubeconfig is written next to a
+state file, so real ``kubectl`` and ``omni sandbox fault`` find it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+import logging
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import kmock
+import kopf
+import yaml
+
+from omni_operator.sandbox.emulator import Emulator
+from omni_operator.sandbox.kubelet import FAULT, GPU, Kubelet, SimNode, ready_condition
+from omni_operator.sandbox.tables import printer_columns
+from omni_operator.spec import GROUP, PLURAL, VERSION
+
+ZONE = "topology.kubernetes.io/zone"
+SPINE = f"{GROUP}/spine"
+STATE_FILE = "sandbox.json"
+KUBECONFIG_FILE = "kubeconfig"
+log = logging.getLogger("omni.sandbox")
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    nodes: int = 4
+    gpus_per_node: int = 8
+    """Emulated ``nvidia.com/gpu`` per node (processes still run on the CPU)."""
+    spines: int = 2
+    """Network domains: consecutive nodes share a spine label (placement keeps groups inside)."""
+    port: int = 0
+    """API server port on 127.0.0.1 (0: any free port)."""
+    workdir: Path = Path(".omni-sandbox")
+    """State file, kubeconfig, pod volumes and logs."""
+    resync_seconds: float = 2.0
+    """The operator's longest pause between reconciles (progress polling)."""
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.spines < 1 or self.gpus_per_node < 0:
+            raise ValueError("the sandbox needs nodes >= 1, spines >= 1 and gpus-per-node >= 0")
+
+
+def node_object(name: str, *, gpus: int, spine: str) -> dict[str, Any]:
+    capacity = {"cpu": str(os.cpu_count() or 1), "memory": "64Gi", GPU: str(gpus)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {"kubernetes.io/hostname": name, ZONE: "sandbox", SPINE: spine},
+        },
+        "spec": {},
+        "status": {
+            "allocatable": capacity,
+            "capacity": capacity,
+            "conditions": ready_condition(True),
+        },
+    }
+
+
+def kubeconfig(server: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "omni-sandbox", "cluster": {"server": server}}],
+        "users": [{"name": "omni-sandbox", "user": {}}],
+        "contexts": [
+            {
+                "name": "omni-sandbox",
+                "context": {"cluster": "omni-sandbox", "user": "omni-sandbox"},
+            }
+        ],
+        "current-context": "omni-sandbox",
+    }
+
+
+@dataclass
+class Sandbox:
+    """The running sandbox (use ``async with Sandbox.start(config) as sb``)."""
+
+    config: SandboxConfig
+    url: str
+    emulator: Emulator
+    kubelet: Kubelet
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    @property
+    def kubeconfig_path(self) -> Path:
+        return self.config.workdir / KUBECONFIG_FILE
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def start(cls, config: SandboxConfig) -> AsyncIterator[Sandbox]:
+        import omni_operator.handlers  # noqa: F401  (registers the operator's handlers)
+        from omni_operator.crd import crd
+
+        workdir = config.workdir.resolve()
+        workdir.mkdir(parents=True, exist_ok=True)
+        config = SandboxConfig(**{**config.__dict__, "workdir": workdir})
+        async with Emulator() as emu, kmock.Server(emu, port=config.port or None) as server:
+            definition = crd()
+            names = definition["spec"]["names"]
+            emu.declare(f"{GROUP}/{VERSION}/{PLURAL}", kind=names["kind"], namespaced=True,
+                        status=True, short_names=names.get("shortNames", ()),
+                        columns=printer_columns(definition))  # fmt: skip
+            url = str(server.url).rstrip("/")
+            nodes = [SimNode(f"node-{i}", i, config.gpus_per_node) for i in range(config.nodes)]
+            kubelet = Kubelet(api=url, nodes=nodes, workdir=workdir)
+            emu.pod_logs = kubelet.pod_log
+            sb = cls(config=config, url=url, emulator=emu, kubelet=kubelet)
+            async with aiohttp.ClientSession() as http:
+                await _post(http, url, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+                            copy.deepcopy(crd()))  # fmt: skip
+                per_spine = -(-config.nodes // config.spines)
+                for n in nodes:
+                    spine = f"spine-{n.index // per_spine}"
+                    await _post(http, url, "/api/v1/nodes",
+                                node_object(n.name, gpus=n.gpus, spine=spine))  # fmt: skip
+            sb.tasks.append(asyncio.create_task(kubelet.run(), name="sandbox-kubelet"))
+            memo = kopf.Memo(api_server=url, resync_seconds=config.resync_seconds)
+            sb.tasks.append(
+                asyncio.create_task(
+                    kopf.operator(
+                        registry=kopf.get_default_registry(),
+                        standalone=True,
+                        clusterwide=True,
+                        memo=memo,
+                    ),
+                    name="sandbox-operator",
+                )
+            )
+            sb._write_state()
+            try:
+                yield sb
+            finally:
+                for task in reversed(sb.tasks):
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
+                kubelet.stop_all()
+                (workdir / STATE_FILE).unlink(missing_ok=True)
+
+    async def wait(self) -> None:
+        """Until a part of the sandbox stops (kopf stops the operator on SIGINT/SIGTERM); its
+        error, if any, is raised."""
+        done, _ = await asyncio.wait(self.tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                raise RuntimeError(f"sandbox: {task.get_name()} failed") from task.exception()
+
+    def _write_state(self) -> None:
+        workdir = self.config.workdir
+        self.kubeconfig_path.write_text(yaml.safe_dump(kubeconfig(self.url), sort_keys=False))
+        state = {
+            "server": self.url,
+            "pid": os.getpid(),
+            "kubeconfig": str(self.kubeconfig_path),
+            "nodes": [n.name for n in self.kubelet.nodes],
+        }
+        (workdir / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+
+
+async def _post(http: aiohttp.ClientSession, url: str, path: str, body: Any) -> None:
+    async with http.post(url + path, json=body) as resp:
+        if resp.status >= 400:
+            raise RuntimeError(f"sandbox setup: POST {path}: {resp.status} {await resp.text()}")
+
+
+# -- faults, from another process ------------------------------------------------------------
+
+
+def read_state(workdir: Path) -> dict[str, Any]:
+    """The running sandbox's state file, or a clear error."""
+    path = workdir / STATE_FILE
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RuntimeError(
+            f"no sandbox is running with --dir {workdir} (no {path}); start one with "
+            "`omni sandbox up`"
+        ) from None
+
+
+FAULTS = {
+    "node-lost": ("node", "lost"),
+    "node-ready": ("node", "ready"),
+    "kill-pod": ("pod", "kill"),
+    "hang-pod": ("pod", "hang"),
+}
+
+
+async def inject_fault(server: str, fault: str, target: str, *, namespace: str) -> str:
+    """Annotate the node or pod; the sandbox's kubelet acts on it within a tick."""
+    kind, value = FAULTS[fault]
+    path = (
+        f"/api/v1/nodes/{target}"
+        if kind == "node"
+        else (f"/api/v1/namespaces/{namespace}/pods/{target}")
+    )
+    body = {"metadata": {"annotations": {FAULT: value}}}
+    headers = {"Content-Type": "application/merge-patch+json"}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.patch(server + path, json=body, headers=headers) as resp,
+    ):
+        if resp.status == 404:
+            where = "" if kind == "node" else f" in namespace {namespace}"
+            raise RuntimeError(f"{kind} {target!r} not found{where}")
+        if resp.status >= 400:
+            raise RuntimeError(f"{fault} {target}: {resp.status} {await resp.text()}")
+    return f"{kind} {target}: {FAULT}={value}"

@@ -1,0 +1,513 @@
+"""The sandbox's scheduler and kubelets: pods of the API emulator run as local processes.
+
+One :class:`Kubelet` plays every emulated node. Each tick it reads Nodes and Pods over HTTP
+like the real components do and:
+
+* schedules: a pending pod is bound (``spec.nodeName``) to the node its required node affinity
+  or ``nodeSelector`` names, if that node is Ready and has the GPUs the pod asks for;
+* runs: a bound pod's container command starts as a process group in the sandbox's working
+  directory (a shared filesystem for every node), with the pod's environment, its ConfigMap
+  volumes written to files, and its status reported through ``/status`` (Running with a pod IP,
+  then Succeeded/Failed with the exit code);
+* stops: a deleted pod's processes get SIGTERM, then SIGKILL after the pod's grace period.
+
+Networking is emulated on the loopback: every pod gets its own address ``127.0.<node>.<n>``
+(the trainer's metrics endpoint binds to it through ``OMNI_METRICS_ADDR``, so the operator scrapes
+``podIP:9464`` as in a cluster), cluster names (``*.svc``) resolve to the loopback where every
+listener is, and a service port (torchrun's rendezvous) maps to a free local port per service
+name so that jobs never collide. ``torchrun`` is this Python's ``torch.distributed.run``.
+
+Faults are requested through the API, so ``kubectl annotate`` works as well as
+``omni sandbox fault``: the annotation :data:`FAULT` on a Node (``lost``: its processes are
+killed, it stops reporting and turns Ready=Unknown; ``ready``: it comes back) or on a Pod
+(``kill``: SIGKILL, exit 137; ``hang``: SIGSTOP, the process stops making progress).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import psutil
+
+Obj = dict[str, Any]
+FAULT = "sandbox.omni.megascale.io/fault"
+POD_MARKER = "OMNI_SANDBOX_POD_UID"
+"""Set in every pod process's environment: descendants inherit it, so a pod's processes are
+found even after torchrun's workers lost their parent (what a container's cgroup gives)."""
+GPU = "nvidia.com/gpu"
+log = logging.getLogger("omni.sandbox")
+
+
+def now_iso() -> str:
+    return dt.datetime.now(tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def requested_gpus(pod: Obj) -> int:
+    total = 0
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        limits = (c.get("resources") or {}).get("limits") or {}
+        total += int(limits.get(GPU, 0))
+    return total
+
+
+def target_node(pod: Obj) -> str | None:
+    """The one node a pod may run on: required affinity on ``metadata.name`` or the hostname
+    label in ``nodeSelector`` (what the operator renders), else None."""
+    spec = pod.get("spec") or {}
+    terms = (
+        ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        )
+        or {}
+    ).get("nodeSelectorTerms") or []
+    for term in terms:
+        for expr in term.get("matchFields") or []:
+            if expr.get("key") == "metadata.name" and expr.get("operator") == "In":
+                values = expr.get("values") or []
+                if len(values) == 1:
+                    return str(values[0])
+    host = (spec.get("nodeSelector") or {}).get("kubernetes.io/hostname")
+    return str(host) if host else None
+
+
+def node_ready(node: Obj) -> bool:
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return cond.get("status") == "True"
+    return False
+
+
+def ready_condition(ready: bool) -> list[Obj]:
+    return [
+        {
+            "type": "Ready",
+            "status": "True" if ready else "Unknown",
+            "reason": "KubeletReady" if ready else "NodeStatusUnknown",
+            "message": "sandbox kubelet is posting ready status"
+            if ready
+            else "Kubelet stopped posting node status (sandbox fault: lost)",
+            "lastHeartbeatTime": now_iso(),
+            "lastTransitionTime": now_iso(),
+        }
+    ]
+
+
+class Network:
+    """Loopback addresses for pods; cluster DNS names (``*.svc``) resolve to the loopback, and
+    each (service name, port) maps to its own free local port so that jobs never collide."""
+
+    def __init__(self) -> None:
+        self._next_host: dict[int, int] = {}
+        self._ports: dict[tuple[str, int], int] = {}
+
+    def pod_ip(self, node_index: int) -> str:
+        n = self._next_host.get(node_index, 0) % 254 + 1
+        self._next_host[node_index] = n
+        return f"127.0.{node_index + 1}.{n}"
+
+    @staticmethod
+    def is_cluster_name(host: str) -> bool:
+        return bool(_SVC.fullmatch(host))
+
+    def port(self, host: str, port: int) -> int:
+        """The local port standing for ``host:port`` (stable per name)."""
+        key = (host.removesuffix(".cluster.local"), port)
+        if key not in self._ports:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                self._ports[key] = s.getsockname()[1]
+        return self._ports[key]
+
+
+_SVC = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?\.svc(\.cluster\.local)?")
+
+
+def localize(text: str, mounts: Mapping[str, Path]) -> str:
+    """A command-line word or env value as the sandbox runs it: mount paths -> pod directories,
+    cluster DNS names -> the loopback (every service listens there)."""
+    for mount, local in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
+        if text == mount or text.startswith(mount + "/") or ("=" + mount) in text:
+            text = text.replace(mount, str(local), 1)
+    return _SVC.sub("127.0.0.1", text)
+
+
+def _flag(words: list[str], name: str) -> str | None:
+    for i, w in enumerate(words):
+        if w.startswith(name + "="):
+            return w.split("=", 1)[1]
+        if w == name and i + 1 < len(words):
+            return words[i + 1]
+    return None
+
+
+def map_service_ports(words: list[str], env: dict[str, str], net: Network) -> None:
+    """torchrun's ``--master-addr/--master-port`` and ``MASTER_ADDR/MASTER_PORT`` naming a
+    cluster service -> its local port (in place; before the names are localized)."""
+    host, port = _flag(words, "--master-addr"), _flag(words, "--master-port")
+    if host and port and Network.is_cluster_name(host):
+        local = str(net.port(host, int(port)))
+        for i, w in enumerate(words):
+            if w == f"--master-port={port}":
+                words[i] = f"--master-port={local}"
+            elif w == port and i > 0 and words[i - 1] == "--master-port":
+                words[i] = local
+    host, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
+    if host and port and Network.is_cluster_name(host):
+        env["MASTER_PORT"] = str(net.port(host, int(port)))
+
+
+@dataclass
+class SimNode:
+    name: str
+    index: int
+    gpus: int
+    lost: bool = False
+
+
+@dataclass
+class Container:
+    """A pod's running process group."""
+
+    pod: str  # "<namespace>/<name>"
+    uid: str
+    node: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    grace_s: float
+    gpus: int = 0
+    hung: bool = False
+    lost: bool = False
+    """Its node was lost: it is killed and nobody reports its end."""
+    killing_since: float | None = None
+
+
+@dataclass
+class Kubelet:
+    """Scheduler + kubelets of all emulated nodes (see the module docstring)."""
+
+    api: str
+    nodes: list[SimNode]
+    workdir: Path
+    cwd: Path = field(default_factory=Path.cwd)
+    tick_s: float = 0.2
+    net: Network = field(default_factory=Network)
+    containers: dict[str, Container] = field(default_factory=dict)
+    _http: aiohttp.ClientSession | None = None
+    _unschedulable: set[str] = field(default_factory=set)
+
+    # -- the loop ------------------------------------------------------------------------------
+    async def run(self) -> None:
+        async with aiohttp.ClientSession() as http:
+            self._http = http
+            try:
+                while True:
+                    try:
+                        await self.tick()
+                    except aiohttp.ClientError as err:
+                        log.warning(f"sandbox kubelet: API call failed: {err}")
+                    await asyncio.sleep(self.tick_s)
+            finally:
+                self.stop_all()
+                self._http = None
+
+    async def tick(self) -> None:
+        nodes = {n["metadata"]["name"]: n for n in await self._list("/api/v1/nodes")}
+        for sim in self.nodes:
+            if sim.name in nodes:
+                await self._node_faults(sim, nodes[sim.name])
+        pods = await self._list("/api/v1/pods")
+        live = set()
+        for pod in pods:
+            key = _key(pod)
+            live.add(key)
+            await self._sync_pod(pod, nodes)
+        for key in [k for k in self.containers if k not in live]:
+            self._terminate(self.containers[key], grace_s=0)  # deleted outright
+        await self._reap()
+
+    # -- nodes ---------------------------------------------------------------------------------
+    async def _node_faults(self, sim: SimNode, node: Obj) -> None:
+        fault = ((node["metadata"].get("annotations") or {}).get(FAULT) or "").strip()
+        if fault == "lost" and not sim.lost:
+            sim.lost = True
+            for c in list(self.containers.values()):
+                if c.node == sim.name:
+                    _signal(c, signal.SIGKILL)
+                    c.lost = True
+            await self._patch(
+                f"/api/v1/nodes/{sim.name}", {"status": {"conditions": ready_condition(False)}}
+            )
+            log.warning(f"sandbox: node {sim.name} lost (its processes killed)")
+        elif fault in ("", "ready") and sim.lost:
+            sim.lost = False
+            await self._patch(
+                f"/api/v1/nodes/{sim.name}", {"status": {"conditions": ready_condition(True)}}
+            )
+            log.warning(f"sandbox: node {sim.name} is back")
+
+    # -- pods ----------------------------------------------------------------------------------
+    async def _sync_pod(self, pod: Obj, nodes: Mapping[str, Obj]) -> None:
+        key = _key(pod)
+        meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
+        running = self.containers.get(key)
+        if running is not None and running.uid != meta.get("uid"):  # same name, new pod
+            self._terminate(running, grace_s=0)
+            running = None
+        if meta.get("deletionTimestamp"):
+            if running is not None:
+                self._terminate(running, grace_s=_grace(spec))
+            return
+        if running is not None:
+            fault = ((meta.get("annotations") or {}).get(FAULT) or "").strip()
+            if fault == "kill":
+                _signal(running, signal.SIGKILL)
+            elif fault == "hang" and not running.hung:
+                running.hung = True
+                _signal(running, signal.SIGSTOP)
+            return
+        if status.get("phase") in ("Succeeded", "Failed"):
+            return
+        node_name = spec.get("nodeName")
+        if not node_name:
+            await self._schedule(pod, nodes)
+            return
+        sim = self._sim(node_name)
+        if sim is None or sim.lost or status.get("phase") not in (None, "", "Pending"):
+            return
+        await self._start(pod, sim)
+
+    async def _schedule(self, pod: Obj, nodes: Mapping[str, Obj]) -> None:
+        key = _key(pod)
+        name = target_node(pod)
+        sim = self._sim(name) if name else None
+        why = None
+        if sim is None:
+            why = f"node {name!r} is not a sandbox node" if name else "no node affinity"
+        elif sim.lost or name not in nodes or not node_ready(nodes[name]):
+            why = f"node {name} is not Ready"
+        elif self._gpus_used(sim.name) + requested_gpus(pod) > sim.gpus:
+            why = f"node {name}: {requested_gpus(pod)} GPUs requested, {sim.gpus} allocatable"
+        if why is not None:
+            if key not in self._unschedulable:
+                self._unschedulable.add(key)
+                cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                        "message": why, "lastTransitionTime": now_iso()}  # fmt: skip
+                await self._patch(_pod_path(pod, "status"), {"status": {"phase": "Pending",
+                                  "conditions": [cond]}})  # fmt: skip
+            return
+        self._unschedulable.discard(key)
+        await self._patch(_pod_path(pod), {"spec": {"nodeName": name}})
+
+    def _gpus_used(self, node: str) -> int:
+        return sum(c.gpus for c in self.containers.values() if c.node == node and not c.lost)
+
+    async def _start(self, pod: Obj, sim: SimNode) -> None:
+        meta, spec = pod["metadata"], pod["spec"]
+        key = _key(pod)
+        root = self.workdir / "pods" / meta["namespace"] / meta["name"]
+        ip = self.net.pod_ip(sim.index)
+        try:
+            mounts = await self._volumes(pod, root)
+            (container,) = spec["containers"]
+            argv, env = self._command(pod, container, mounts, ip=ip, node=sim.name)
+        except (ValueError, KeyError) as err:
+            await self._report_exit(pod, 128, reason="CreateContainerError", message=str(err))
+            return
+        log_path = self.workdir / "logs" / meta["namespace"] / f"{meta['name']}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("ab") as out:
+            proc = subprocess.Popen(
+                argv, cwd=self.cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+        self.containers[key] = Container(
+            key, meta["uid"], sim.name, proc, log_path, _grace(spec), gpus=requested_gpus(pod)
+        )
+        started = {"running": {"startedAt": now_iso()}}
+        await self._patch(
+            _pod_path(pod, "status"),
+            {"status": {"phase": "Running", "podIP": ip, "hostIP": f"127.0.{sim.index + 1}.0",
+                        "startTime": now_iso(),
+                        "containerStatuses": [{"name": container["name"], "ready": True,
+                                               "restartCount": 0, "state": started}]}},
+        )  # fmt: skip
+        log.info(f"sandbox: {key} started on {sim.name} ({ip}), log {log_path}")
+
+    async def _volumes(self, pod: Obj, root: Path) -> dict[str, Path]:
+        """ConfigMap volumes as files, emptyDirs as directories; ``/dev/shm`` stays the host's."""
+        meta, spec = pod["metadata"], pod["spec"]
+        dirs: dict[str, Path] = {}
+        for vol in spec.get("volumes") or []:
+            path = root / "volumes" / vol["name"]
+            path.mkdir(parents=True, exist_ok=True)
+            if "configMap" in vol:
+                name = vol["configMap"]["name"]
+                cm = await self._get(f"/api/v1/namespaces/{meta['namespace']}/configmaps/{name}")
+                if cm is None:
+                    raise ValueError(f'configmap "{name}" not found')
+                for file, text in (cm.get("data") or {}).items():
+                    (path / file).write_text(text)
+            dirs[vol["name"]] = path
+        mounts: dict[str, Path] = {}
+        for c in spec["containers"]:
+            for m in c.get("volumeMounts") or []:
+                if m["mountPath"] != "/dev/shm":
+                    mounts[m["mountPath"]] = dirs[m["name"]]
+        return mounts
+
+    def _command(
+        self, pod: Obj, container: Obj, mounts: Mapping[str, Path], *, ip: str, node: str
+    ) -> tuple[list[str], dict[str, str]]:
+        words = [*(container.get("command") or []), *(container.get("args") or [])]
+        if not words:
+            raise ValueError("the sandbox runs only containers with a command")
+        fields = {"metadata.name": pod["metadata"]["name"],
+                  "metadata.namespace": pod["metadata"]["namespace"],
+                  "spec.nodeName": node, "status.podIP": ip}  # fmt: skip
+        pod_env: dict[str, str] = {}
+        for item in container.get("env") or []:
+            if "value" in item:
+                pod_env[item["name"]] = str(item["value"])
+            elif "fieldRef" in (item.get("valueFrom") or {}):
+                pod_env[item["name"]] = fields.get(item["valueFrom"]["fieldRef"]["fieldPath"], "")
+        map_service_ports(words, pod_env, self.net)
+        words = [localize(w, mounts) for w in words]
+        if words[0] == "torchrun":
+            words = [sys.executable, "-m", "torch.distributed.run", *words[1:]]
+        elif not os.path.isabs(words[0]):
+            local = Path(sys.executable).parent / words[0]
+            words[0] = str(local) if local.exists() else words[0]
+        env = {**os.environ, **{k: localize(v, mounts) for k, v in pod_env.items()}}
+        env[POD_MARKER] = pod["metadata"]["uid"]
+        env["OMNI_METRICS_ADDR"] = ip
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        return words, env
+
+    async def _reap(self) -> None:
+        loop = asyncio.get_running_loop()
+        for key, c in list(self.containers.items()):
+            if c.killing_since is not None and loop.time() - c.killing_since > c.grace_s:
+                _signal(c, signal.SIGKILL)
+            code = c.proc.poll()
+            if code is None:
+                continue
+            _signal(c, signal.SIGKILL)  # stragglers of a pod whose first process ended
+            del self.containers[key]
+            if c.lost or c.killing_since is not None:
+                continue  # lost node (silent) or a deleted pod: nobody to tell
+            exit_code = 128 - code if code < 0 else code  # killed by signal N -> 128 + N
+            ns, name = key.split("/", 1)
+            pod = {"metadata": {"namespace": ns, "name": name}}
+            await self._report_exit(
+                pod, exit_code, reason="Completed" if exit_code == 0 else "Error", message=None
+            )
+            log.info(f"sandbox: {key} exited with code {exit_code}")
+
+    async def _report_exit(self, pod: Obj, code: int, *, reason: str, message: str | None) -> None:
+        term: Obj = {"exitCode": code, "reason": reason, "finishedAt": now_iso()}
+        if message:
+            term["message"] = message
+        await self._patch(
+            _pod_path(pod, "status"),
+            {"status": {"phase": "Succeeded" if code == 0 else "Failed",
+                        "containerStatuses": [{"name": "trainer", "ready": False,
+                                               "restartCount": 0,
+                                               "state": {"terminated": term}}]}},
+        )  # fmt: skip
+
+    def _terminate(self, c: Container, *, grace_s: float) -> None:
+        if c.killing_since is None:
+            c.killing_since = asyncio.get_running_loop().time()
+            c.grace_s = grace_s
+            if c.hung:
+                _signal(c, signal.SIGCONT)
+            if grace_s > 0:  # like a runtime: SIGTERM to the first process, later SIGKILL all
+                _signal(c, signal.SIGTERM, all_processes=False)
+            else:
+                _signal(c, signal.SIGKILL)
+
+    def stop_all(self) -> None:
+        for c in self.containers.values():
+            _signal(c, signal.SIGKILL)
+        for c in self.containers.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                c.proc.wait(timeout=5)
+        self.containers.clear()
+
+    def pod_log(self, namespace: str, name: str) -> str | None:
+        path = self.workdir / "logs" / namespace / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else None
+
+    # -- HTTP ----------------------------------------------------------------------------------
+    def _sim(self, name: str | None) -> SimNode | None:
+        return next((n for n in self.nodes if n.name == name), None)
+
+    async def _list(self, path: str) -> list[Obj]:
+        assert self._http is not None
+        async with self._http.get(self.api + path) as resp:
+            resp.raise_for_status()
+            return (await resp.json()).get("items") or []
+
+    async def _get(self, path: str) -> Obj | None:
+        assert self._http is not None
+        async with self._http.get(self.api + path) as resp:
+            if resp.status == 404:
+                return None
+            resp.raise_for_status()
+            return await resp.json()
+
+    async def _patch(self, path: str, body: Obj) -> None:
+        assert self._http is not None
+        headers = {"Content-Type": "application/merge-patch+json"}
+        async with self._http.patch(self.api + path, json=body, headers=headers) as resp:
+            if resp.status not in (200, 404):  # gone meanwhile: nothing to report to
+                resp.raise_for_status()
+
+
+def _key(pod: Obj) -> str:
+    return f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+
+
+def _pod_path(pod: Obj, sub: str | None = None) -> str:
+    meta = pod["metadata"]
+    path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
+    return f"{path}/{sub}" if sub else path
+
+
+def _grace(spec: Obj) -> float:
+    return float(spec.get("terminationGracePeriodSeconds", 30))
+
+
+def pod_processes(uid: str) -> list[psutil.Process]:
+    """Every live process of the pod with this uid (by the environment marker)."""
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get(POD_MARKER) == uid:
+                found.append(proc)
+    return found
+
+
+def _signal(c: Container, sig: signal.Signals, *, all_processes: bool = True) -> None:
+    """Signal the pod's first process, or all of them (the runtime kills the whole cgroup)."""
+    procs = pod_processes(c.uid) if all_processes else []
+    if not all_processes or not procs:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(c.proc.pid, sig)
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.send_signal(sig)

@@ -1,0 +1,100 @@
+"""The sandbox's pure parts: what the kubelet simulator reads from a rendered pod, how it
+localizes paths and cluster names, and the Tables `kubectl get` prints."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import yaml
+
+from omni_operator.crd import crd
+from omni_operator.placement import place
+from omni_operator.render import CONFIG_DIR, CONFIG_PATH, render_all
+from omni_operator.sandbox.kubelet import (
+    Network,
+    localize,
+    map_service_ports,
+    requested_gpus,
+    target_node,
+)
+from omni_operator.sandbox.tables import age, as_table, printer_columns
+from omni_operator.spec import parse_job
+
+from ...conftest import EXAMPLES
+from .nodes import cluster
+
+
+def _pods() -> list[dict]:
+    doc = yaml.safe_load((EXAMPLES / "tiny-cpu.yaml").read_text())
+    doc["metadata"].update(namespace="ml")
+    doc["spec"].update(nodes=2, gpusPerNode=2)
+    doc["spec"]["trainer"]["data"]["microBatchSize"] = 2
+    job = parse_job(doc)
+    placement = place(cluster({("z1", "a"): 4}), job.spec)
+    return [o for o in render_all(job, placement, attempt=3) if o["kind"] == "Pod"]
+
+
+def test_the_kubelet_reads_the_node_and_gpus_the_operator_rendered() -> None:
+    pods = _pods()
+    assert [target_node(p) for p in pods] == [
+        p["metadata"]["annotations"]["omni.megascale.io/placed-node"] for p in pods
+    ]
+    assert [requested_gpus(p) for p in pods] == [2, 2]
+    assert target_node({"spec": {"nodeSelector": {"kubernetes.io/hostname": "n7"}}}) == "n7"
+    assert target_node({"spec": {}}) is None
+
+
+def test_mounts_and_cluster_names_become_local(tmp_path: Path) -> None:
+    mounts = {CONFIG_DIR: tmp_path / "config"}
+    assert localize(CONFIG_PATH, mounts) == str(tmp_path / "config" / "job.yaml")
+    assert localize(f"--config={CONFIG_PATH}", mounts).endswith("/config/job.yaml")
+    assert localize("--master-addr=train-a3-n0.train.ml.svc", mounts) == "--master-addr=127.0.0.1"
+    assert localize("rank0.train.ml.svc.cluster.local:29500", {}) == "127.0.0.1:29500"
+    assert localize("/etc/omnibus", mounts) == "/etc/omnibus"  # a prefix is not a mount
+
+
+def test_each_service_gets_its_own_stable_local_port() -> None:
+    net = Network()
+    words = [p["spec"]["containers"][0]["command"] for p in _pods()]
+    envs = [{e["name"]: e["value"] for e in p["spec"]["containers"][0]["env"] if "value" in e}
+            for p in _pods()]  # fmt: skip
+    for w, e in zip(words, envs, strict=True):
+        map_service_ports(w, e, net)
+    ports = {next(x for x in w if x.startswith("--master-port=")) for w in words}
+    assert len(ports) == 1 and ports != {"--master-port=29500"}  # both pods agree, remapped
+    assert {e["MASTER_PORT"] for e in envs} == {ports.pop().split("=")[1]}
+    other = net.port("other-a0-n0.other.ml.svc", 29500)
+    assert str(other) != envs[0]["MASTER_PORT"]
+    assert net.port("other-a0-n0.other.ml.svc", 29500) == other
+    assert net.pod_ip(0) == "127.0.1.1" and net.pod_ip(0) == "127.0.1.2"
+    assert net.pod_ip(2) == "127.0.3.1"
+
+
+def test_age_prints_like_kubectl() -> None:
+    now = dt.datetime(2026, 12, 2, 12, 0, tzinfo=dt.UTC)
+
+    def ago(seconds: int) -> str:
+        t = now - dt.timedelta(seconds=seconds)
+        return age(t.strftime("%Y-%m-%dT%H:%M:%SZ"), now)
+
+    assert [ago(5), ago(119), ago(125), ago(300), ago(3000), ago(7200), ago(3 * 86400)] == [
+        "5s", "119s", "2m5s", "5m", "50m", "120m", "3d"
+    ]  # fmt: skip
+    assert age(None) == "<unknown>"
+
+
+def test_crd_printer_columns_become_a_table() -> None:
+    job = {
+        "metadata": {"name": "train", "creationTimestamp": "2026-12-02T12:00:00Z"},
+        "spec": {"nodes": 2},
+        "status": {"phase": "Running", "step": 42, "restarts": 1},
+    }
+    table = as_table([job], printer_columns(crd()), resource_version="7")
+    names = [c["name"] for c in table["columnDefinitions"]]
+    assert names[:3] == ["Name", "Phase", "Step"] and "Restarts" in names
+    (row,) = table["rows"]
+    cells = dict(zip(names, row["cells"], strict=True))
+    assert cells["Name"] == "train" and cells["Phase"] == "Running" and cells["Step"] == 42
+    assert cells["Restarts"] == 1 and cells["Nodes"] == 2 and cells["MFU"] is None
+    assert row["object"]["metadata"]["name"] == "train"
