@@ -1,0 +1,174 @@
+"""The sandbox's kubelet simulator against the emulator: it schedules pods onto their node, runs
+their command as processes, reports exits, and injects faults (kill, hang, node lost)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import kmock
+import psutil
+import pytest
+import pytest_asyncio
+
+from omni_operator.sandbox.cluster import inject_fault, node_object
+from omni_operator.sandbox.emulator import Emulator
+from omni_operator.sandbox.kubelet import Kubelet, SimNode, pod_processes
+
+pytestmark = pytest.mark.asyncio
+NS = "default"
+
+
+class Env:
+    def __init__(self, emu: Emulator, url: str, http: aiohttp.ClientSession, kubelet: Kubelet):
+        self.emu, self.url, self.http, self.kubelet = emu, url, http, kubelet
+
+    async def post(self, path: str, body: dict[str, Any]) -> None:
+        async with self.http.post(self.url + path, json=body) as resp:
+            assert resp.status < 400, await resp.text()
+
+    async def delete(self, path: str) -> None:
+        async with self.http.delete(self.url + path) as resp:
+            assert resp.status < 400, await resp.text()
+
+    def pod(self, name: str) -> dict[str, Any]:
+        obj = self.emu.stored("v1/pods", NS, name)
+        assert obj is not None
+        return obj
+
+    async def wait(self, what: str, check: Callable[[], Any], timeout: float = 20) -> Any:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not (value := check()):
+            if asyncio.get_running_loop().time() > deadline:
+                pytest.fail(f"timed out waiting for {what}")
+            await asyncio.sleep(0.05)
+        return value
+
+
+def _pod(name: str, node: str, script: str, *, gpus: int = 0) -> dict[str, Any]:
+    """A pod pinned like the operator pins them, running a Python one-liner and a child."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}},
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "trainer",
+                "command": [sys.executable, "-c", script],
+                "env": [{"name": "WHO", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+                "resources": {"limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {},
+            }],
+        },
+    }  # fmt: skip
+
+
+# The pod's first process starts a child (like torchrun's workers) and both sleep.
+SLEEPER = (
+    "import os, subprocess, sys, time; "
+    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+    "print('hello from', os.environ['WHO'], flush=True); time.sleep(120)"
+)
+
+
+@pytest_asyncio.fixture
+async def env(tmp_path: Path) -> AsyncIterator[Env]:
+    async with Emulator() as emu, kmock.Server(emu) as server, aiohttp.ClientSession() as http:
+        url = str(server.url).rstrip("/")
+        nodes = [SimNode("node-0", 0, 1), SimNode("node-1", 1, 1)]
+        kubelet = Kubelet(api=url, nodes=nodes, workdir=tmp_path, cwd=tmp_path, tick_s=0.05)
+        emu.pod_logs = kubelet.pod_log
+        e = Env(emu, url, http, kubelet)
+        for n in nodes:
+            await e.post("/api/v1/nodes", node_object(n.name, gpus=n.gpus, spine="s"))
+        task = asyncio.create_task(kubelet.run())
+        try:
+            yield e
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def _phase(e: Env, name: str) -> str | None:
+    return (e.pod(name).get("status") or {}).get("phase")
+
+
+def _exit_code(e: Env, name: str) -> int | None:
+    (cs,) = e.pod(name)["status"].get("containerStatuses") or [{}]
+    return ((cs.get("state") or {}).get("terminated") or {}).get("exitCode")
+
+
+async def test_runs_reports_and_kills_a_pod_with_all_its_processes(env: Env) -> None:
+    await env.post(f"/api/v1/namespaces/{NS}/pods", _pod("a", "node-1", SLEEPER))
+    await env.wait("Running", lambda: _phase(env, "a") == "Running")
+    pod = env.pod("a")
+    assert pod["spec"]["nodeName"] == "node-1" and pod["status"]["podIP"].startswith("127.0.2.")
+    await env.wait("both processes", lambda: len(pod_processes(pod["metadata"]["uid"])) == 2)
+    await env.wait("the log", lambda: "hello from a" in (env.kubelet.pod_log(NS, "a") or ""))
+
+    await inject_fault(env.url, "kill-pod", "a", namespace=NS)
+    await env.wait("Failed", lambda: _phase(env, "a") == "Failed")
+    assert _exit_code(env, "a") == 137  # SIGKILL, as a container runtime reports it
+    await env.wait("no process left", lambda: not pod_processes(pod["metadata"]["uid"]))
+
+
+async def test_exit_codes_and_gpu_accounting(env: Env) -> None:
+    await env.post(f"/api/v1/namespaces/{NS}/pods", _pod("ok", "node-0", "print(1)", gpus=1))
+    await env.wait("Succeeded", lambda: _phase(env, "ok") == "Succeeded")
+    assert _exit_code(env, "ok") == 0
+    await env.post(f"/api/v1/namespaces/{NS}/pods", _pod("bad", "node-0", "raise SystemExit(3)"))
+    await env.wait("Failed", lambda: _phase(env, "bad") == "Failed")
+    assert _exit_code(env, "bad") == 3
+
+    await env.post(f"/api/v1/namespaces/{NS}/pods", _pod("big", "node-0", SLEEPER, gpus=2))
+    await asyncio.sleep(0.5)  # node-0 has 1 GPU: never scheduled
+    cond = env.pod("big")["status"]["conditions"][0]
+    assert "nodeName" not in env.pod("big")["spec"]
+    assert (
+        cond["reason"] == "Unschedulable" and "2 GPUs requested, 1 allocatable" in cond["message"]
+    )
+    await env.delete(f"/api/v1/namespaces/{NS}/pods/big")
+
+
+async def test_hang_stops_the_processes_and_deletion_ends_them(env: Env) -> None:
+    await env.post(f"/api/v1/namespaces/{NS}/pods", _pod("h", "node-0", SLEEPER))
+    await env.wait("Running", lambda: _phase(env, "h") == "Running")
+    uid = env.pod("h")["metadata"]["uid"]
+    await env.wait("both processes", lambda: len(pod_processes(uid)) == 2)
+    await inject_fault(env.url, "hang-pod", "h", namespace=NS)
+    await env.wait(
+        "stopped", lambda: {p.status() for p in pod_processes(uid)} == {psutil.STATUS_STOPPED}
+    )
+    assert _phase(env, "h") == "Running"  # a hang is silent: the API still says Running
+    await env.delete(f"/api/v1/namespaces/{NS}/pods/h")
+    await env.wait("no process left", lambda: not pod_processes(uid))
+
+
+async def test_node_lost_kills_its_pods_silently_and_marks_it_unknown(env: Env) -> None:
+    await env.post(f"/api/v1/namespaces/{NS}/pods", _pod("p", "node-0", SLEEPER))
+    await env.wait("Running", lambda: _phase(env, "p") == "Running")
+    uid = env.pod("p")["metadata"]["uid"]
+    await inject_fault(env.url, "node-lost", "node-0", namespace=NS)
+
+    def ready() -> str:
+        node = env.emu.stored("v1/nodes", None, "node-0") or {}
+        (cond,) = node["status"]["conditions"]
+        return cond["status"]
+
+    await env.wait("Ready=Unknown", lambda: ready() == "Unknown")
+    await env.wait("no process left", lambda: not pod_processes(uid))
+    await asyncio.sleep(0.3)
+    assert _phase(env, "p") == "Running"  # nobody reports for a lost node's pods
+    await inject_fault(env.url, "node-ready", "node-0", namespace=NS)
+    await env.wait("Ready again", lambda: ready() == "True")
+    with pytest.raises(RuntimeError, match="pod 'nope' not found in namespace default"):
+        await inject_fault(env.url, "kill-pod", "nope", namespace=NS)
