@@ -51,6 +51,31 @@ def full_grads(trainer) -> dict[str, torch.Tensor]:
     return grads
 
 
+def context_plans(local: list, micro: list, micro_batch_size: int, groups) -> list[dict]:
+    """Per micro-batch, what context-parallel sharding did: each sample's modality, length and
+    the CP ranks that hold its tokens, and each rank's tokens and causal work."""
+    from omni_trainer.data.packing import split_micro_batches
+    from omni_trainer.models.context_parallel import context_token_index
+
+    plans = []
+    for seqs, mb in zip(split_micro_batches(local, micro_batch_size), micro, strict=True):
+        _, plan = context_token_index(mb.segment_ids, groups.dims.cp)
+        modalities = [seg.modality for seq in seqs for seg in seq.segments]
+        lengths = [seg.length for seq in seqs for seg in seq.segments]
+        holders = [
+            sorted({r for r, rs in enumerate(plan.ranges) for i, *_ in rs if i == k})
+            for k in range(len(lengths))
+        ]
+        plans.append(
+            {
+                "samples": [list(t) for t in zip(modalities, lengths, holders, strict=True)],
+                "tokens": list(plan.tokens),
+                "work": list(plan.work),
+            }
+        )
+    return plans
+
+
 def run_scenario(doc: dict, steps: int, out: Path | None) -> dict:
     from omni_trainer.config import parse_manifest
     from omni_trainer.distributed.config import ParallelDims
@@ -99,6 +124,8 @@ def run_scenario(doc: dict, steps: int, out: Path | None) -> dict:
             m: {k for k, v in b.media.items() if v.arrays} for m, b in enumerate(trainer._batches)
         }
         everywhere = {m: set(b.media) for m, b in enumerate(trainer._batches)}
+        if groups.dims.cp > 1:
+            contexts.append(context_plans(local, micro, cfg.data.micro_batch_size, groups))
         filtered.append(
             {
                 "exact": {m: sorted(v) for m, v in got.items() if v}
@@ -118,6 +145,7 @@ def run_scenario(doc: dict, steps: int, out: Path | None) -> dict:
         return table, works, micro
 
     trainer._prepare = recording_prepare
+    contexts: list = []
     for step in range(steps):
         losses.append(trainer.train_step(step).loss)
         if step == 0:
@@ -127,7 +155,13 @@ def run_scenario(doc: dict, steps: int, out: Path | None) -> dict:
         torch.save(grads, out / f"rank{dist.get_rank()}.pt")
         (out / f"data{dist.get_rank()}.json").write_text(
             json.dumps(
-                {"samples": seen, "reorder": moved, "dp_rank": groups.dp_rank, "filter": filtered}
+                {
+                    "samples": seen,
+                    "reorder": moved,
+                    "dp_rank": groups.dp_rank,
+                    "filter": filtered,
+                    "context": contexts,
+                }
             )
         )
         if dist.get_rank() == 0:

@@ -1,11 +1,11 @@
 """A checkpoint saved with one layout loads into another, exactly (real torchrun, gloo, CPU).
 
-One 2-rank launch: the real trainer trains 2 steps with tp2 (+ ZeRO-2 encoders) and with pp2,
+One 2-rank launch: the real trainer trains 2 steps with tp2 (+ ZeRO-2 encoders), pp2 and cp2,
 saves asynchronously while it keeps training, and each checkpoint is loaded into other layouts
-(tp2 -> tp1 x dp2, pp2 -> tp1 x dp2, pp2 -> tp2). The pp2 checkpoint goes to a real S3 endpoint
-(moto server) so multi-rank upload + commit run too. Parameters and AdamW state (exp_avg,
-exp_avg_sq, step) must be bit-identical after load, and the next training step after the load must
-give the loss the saving run gave (1e-6: fp32 reductions differ between layouts).
+(tp2 -> tp1 x dp2, pp2 -> tp1 x dp2, pp2 -> tp2, cp2 -> dp2 and tp2). The pp2 checkpoint goes to
+a real S3 endpoint (moto server) so multi-rank upload + commit run too. Parameters and AdamW state
+(exp_avg, exp_avg_sq, step) must be bit-identical after load, and the next training step after the
+load must give the loss the saving run gave (1e-6: fp32 reductions differ between layouts).
 """
 
 from __future__ import annotations
@@ -29,11 +29,12 @@ STEPS = 2
 WORKER = Path(__file__).with_name("_checkpoint_worker.py")
 
 
-def job(tensor: int = 1, pipeline: int = 1, zero: int = 0) -> dict:
+def job(tensor: int = 1, pipeline: int = 1, zero: int = 0, context: int = 1) -> dict:
     doc = yaml.safe_load((EXAMPLES / "tiny-cpu.yaml").read_text())
     trainer = doc["spec"]["trainer"]
     trainer["data"]["mixture"] = [{"atTokens": 0, "weights": {"image": 1, "audio": 1, "text": 1}}]
-    trainer["parallelism"] = {"tensor": tensor, "pipeline": pipeline, "encoder": {"zero": zero}}
+    trainer["parallelism"] = {"tensor": tensor, "pipeline": pipeline, "context": context,
+                              "encoder": {"zero": zero}}  # fmt: skip
     return doc
 
 
@@ -59,6 +60,11 @@ def launch(tmp_path_factory, moto_endpoint) -> Path:
         "pp2": {
             "path": f"s3://{bucket}/runs/pp2",
             "save": job(pipeline=2),
+            "load": {"dp2": job(), "tp2": job(tensor=2)},
+        },
+        "cp2": {  # CP ranks hold equal LLM weights: one of them writes each shard
+            "path": str(out / "store-cp2"),
+            "save": job(context=2),
             "load": {"dp2": job(), "tp2": job(tensor=2)},
         },
     }
@@ -97,7 +103,7 @@ def merged(directory: Path, pattern: str) -> dict[str, torch.Tensor]:
     return state
 
 
-@pytest.mark.parametrize("name", ["tp2", "pp2"])
+@pytest.mark.parametrize("name", ["tp2", "pp2", "cp2"])
 def test_load_into_another_layout_is_exact(launch: Path, name: str) -> None:
     report = json.loads((launch / "report.json").read_text())[name]
     saved = merged(launch / name, "saved-rank*.pt")

@@ -30,6 +30,7 @@ from omni_trainer.config import TrainerConfig
 from omni_trainer.data.packing import MicroBatch, PackedSequence, collate, split_micro_batches
 from omni_trainer.distributed.layout import check_layout
 from omni_trainer.mcore.parallel import ProcessGroups, schedule_kwargs, seed_everything
+from omni_trainer.models.context_parallel import set_rope_positions, shard_for_context
 from omni_trainer.models.omni import DeviceBatch, OmniModel, first_stage_input, to_device_batch
 from omni_trainer.multiplex.anchor import EncoderAnchor, EncoderWork, build_works
 from omni_trainer.multiplex.dataflow import PRE, DataflowTable, plan_dataflow
@@ -369,6 +370,11 @@ class Trainer:
             to_device_batch(mb, self.device, load=self.data.media.load, media=mine.get(m, ()))
             for m, mb in enumerate(micro)
         ]
+        if dims.cp > 1:  # adaptive sample sharding: this CP rank's tokens of every micro-batch
+            self._batches = [
+                shard_for_context(b, mb.segment_ids, cp=dims.cp, cp_rank=self.groups.cp_rank)
+                for b, mb in zip(self._batches, micro, strict=True)
+            ]
         encoders = self.cfg.model.encoders
         works = build_works(
             encoder_mbs,
@@ -387,6 +393,7 @@ class Trainer:
         self._forward_calls += 1
         batch = self._batches[m]
         labels = batch.labels if model.post_process else None
+        set_rope_positions(model, batch.position_ids)  # context parallel: positions in the row
         with autocast_context(self.cfg, self.device):
             if model.pre_process:
                 decoder_input = first_stage_input(model, batch, self.anchor.embeddings(m))
@@ -409,13 +416,15 @@ class Trainer:
     def _loss(self, batch: DeviceBatch, per_token: torch.Tensor):
         loss_sum = (per_token.float() * batch.loss_mask).sum()
         num_tokens = torch.tensor(batch.num_loss_tokens, dtype=torch.int)
-        return loss_sum / self._global_tokens, num_tokens, {"loss_sum": loss_sum.detach()}
+        # reported in float64: an fp32 sum's rounding depends on how tokens are split over ranks
+        reported = (per_token.detach().double() * batch.loss_mask.double()).sum()
+        return loss_sum / self._global_tokens, num_tokens, {"loss_sum": reported}
 
     def _finalize_grads(self, *_args, **_kwargs) -> None:
         """Called by megatron after the last backward: the anchor's POST slot, then grad sync."""
         self.anchor.end_step()
         with self.timer.span("sync"):
-            all_reduce_grads(self.llm_params, self.groups.dp)
+            all_reduce_grads(self.llm_params, self.groups.dp_cp)  # CP ranks hold partial sums
             if self.encoder_zero:
                 self.encoder_zero.reduce_gradients()
             else:

@@ -138,3 +138,16 @@ def test_file_errors_name_the_file(tmp_path) -> None:
     listy.write_text(yaml.safe_dump([1, 2]))
     with pytest.raises(ManifestError, match="must be a YAML mapping"):
         load_manifest(listy)
+
+
+def test_context_parallel_layouts_are_accepted_where_the_sequence_splits(
+    tiny_manifest: dict,
+) -> None:
+    from omni_trainer.distributed.layout import layout_for
+
+    tiny_manifest["spec"]["trainer"]["parallelism"] = {"context": 2}
+    cfg = parse_manifest(tiny_manifest).spec.trainer
+    assert layout_for(cfg, 4).as_dict()["cp"] == 2  # dp2 x cp2
+    tiny_manifest["spec"]["trainer"]["data"]["seqLength"] = 255
+    with pytest.raises(ManifestError, match=r"seqLength \(255\) must be a multiple of .*context"):
+        layout_for(parse_manifest(tiny_manifest).spec.trainer, 2)

@@ -87,7 +87,8 @@ class ModelState:
             rank=groups.rank,
             tp_rank=groups.tp_rank,
             tp_size=groups.dims.tp,
-            dp_rank=groups.dp_rank,
+            # replicas of an LLM shard: data x context parallel (CP ranks hold equal weights)
+            dp_rank=groups.dp_rank * groups.dims.cp + groups.cp_rank,
             owned=owned,
         )
 

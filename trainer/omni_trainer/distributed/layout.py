@@ -18,10 +18,11 @@ def layout_for(cfg: TrainerConfig, world_size: int) -> ParallelDims:
 
 def check_layout(cfg: TrainerConfig, dims: ParallelDims) -> None:
     """Reject layouts this trainer cannot run, naming the manifest field and the fix."""
-    if dims.cp > 1:
+    if dims.cp > 1 and cfg.data.seq_length % dims.cp:
         raise ManifestError(
-            f"spec.trainer.parallelism.context={dims.cp}: context parallelism needs "
-            "TransformerEngine attention (GPU images); use context: 1 here"
+            f"spec.trainer.data.seqLength ({cfg.data.seq_length}) must be a multiple of "
+            f"spec.trainer.parallelism.context ({dims.cp}): every context-parallel rank holds "
+            "seqLength / context positions of each sequence; change either"
         )
     per_step = cfg.data.micro_batch_size * dims.dp
     if cfg.data.global_batch_size % per_step:

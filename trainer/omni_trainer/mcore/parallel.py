@@ -21,10 +21,13 @@ class ProcessGroups:
     rank: int
     world: dist.ProcessGroup
     tp: dist.ProcessGroup
-    dp: dist.ProcessGroup
+    dp: dist.ProcessGroup  # data-parallel replicas at this (tp, cp, pp) position: same data
+    cp: dist.ProcessGroup  # context-parallel ranks: one micro-batch's tokens split among them
+    dp_cp: dist.ProcessGroup  # dp x cp: the LLM gradients are summed over these
     model_parallel: dist.ProcessGroup  # tp x pp ranks of one replica: sums the grad norm
     tp_rank: int
     dp_rank: int
+    cp_rank: int
     device: torch.device
     anchor: object  # multiplex.anchor.AnchorGroups (imported lazily: it needs the groups first)
     reorder: dist.ProcessGroup | None  # this rank's data reorder group (None: no reordering)
@@ -75,9 +78,12 @@ def build_process_groups(
         world=dist.group.WORLD,
         tp=ps.get_tensor_model_parallel_group(),
         dp=ps.get_data_parallel_group(),
+        cp=ps.get_context_parallel_group(),
+        dp_cp=ps.get_data_parallel_group(with_context_parallel=True),
         model_parallel=ps.get_model_parallel_group(),
         tp_rank=ps.get_tensor_model_parallel_rank(),
         dp_rank=ps.get_data_parallel_rank(),
+        cp_rank=ps.get_context_parallel_rank(),
         device=device,
         anchor=build_anchor_groups(dims),
         reorder=build_reorder_group(dims, reorder_group_size),
@@ -101,40 +107,46 @@ def destroy_distributed() -> None:
         dist.destroy_process_group()
 
 
-def global_rank(dims: ParallelDims, *, tp_rank: int, dp_rank: int, stage: int) -> int:
-    """megatron's default rank order tp-cp-ep-dp-pp, with cp = 1: tp + TP * (dp + DP * pp)."""
-    return tp_rank + dims.tp * (dp_rank + dims.dp * stage)
+def global_rank(
+    dims: ParallelDims, *, tp_rank: int, dp_rank: int, stage: int, cp_rank: int = 0
+) -> int:
+    """megatron's rank order tp-cp-ep-dp-pp (ep = 1): tp + TP * (cp + CP * (dp + DP * pp))."""
+    return tp_rank + dims.tp * (cp_rank + dims.cp * (dp_rank + dims.dp * stage))
 
 
 def build_anchor_groups(dims: ParallelDims):
     """Groups of the encoder anchor: who holds stage k of this replica, the encoder SP group of
     each (stage, replica) and a process group of its own for encoder traffic.
 
-    megatron orders ranks tp-cp-ep-dp-pp (cp = 1 here): rank = tp + TP * (dp + DP * pp).
+    megatron orders ranks tp-cp-ep-dp-pp: rank = tp + TP * (cp + CP * (dp + DP * pp)). Each
+    context-parallel rank runs its own anchor over the whole micro-batch (its stage-0 ranks then
+    keep the rows of the positions they hold), so a "replica" here is a (dp, cp) pair.
     Every rank creates every group in the same order, as torch.distributed requires.
     """
     from megatron.core import parallel_state as ps
 
     from omni_trainer.multiplex.anchor import AnchorGroups
 
-    tp, dp, pp = dims.tp, dims.dp, dims.pp
+    tp, dp, pp, cp = dims.tp, dims.dp, dims.pp, dims.cp
     rank = dist.get_rank()
     dp_rank = ps.get_data_parallel_rank()
+    cp_rank = ps.get_context_parallel_rank()
     stage = ps.get_pipeline_model_parallel_rank()
     tp_rank = ps.get_tensor_model_parallel_rank()
 
-    def ranks_of(d: int, k: int) -> tuple[int, ...]:
-        return tuple(global_rank(dims, tp_rank=t, dp_rank=d, stage=k) for t in range(tp))
+    def ranks_of(d: int, c: int, k: int) -> tuple[int, ...]:
+        return tuple(global_rank(dims, tp_rank=t, dp_rank=d, stage=k, cp_rank=c) for t in range(tp))
 
-    stage_ranks = tuple(ranks_of(dp_rank, k) for k in range(pp))
+    stage_ranks = tuple(ranks_of(dp_rank, cp_rank, k) for k in range(pp))
     if stage_ranks[stage][tp_rank] != rank:
-        raise RuntimeError(f"rank {rank}: megatron's rank order is not tp-dp-pp as assumed")
+        raise RuntimeError(f"rank {rank}: megatron's rank order is not tp-cp-dp-pp as assumed")
     sp_group = None
     for k in range(pp):
         for d in range(dp):
-            group = dist.new_group(list(ranks_of(d, k)))
-            if (d, k) == (dp_rank, stage):
-                sp_group = group
+            for c in range(cp):
+                group = dist.new_group(list(ranks_of(d, c, k)))
+                if (d, c, k) == (dp_rank, cp_rank, stage):
+                    sp_group = group
     p2p_group = dist.new_group(list(range(dims.world_size)))
     return AnchorGroups(
         rank=rank,
@@ -192,24 +204,29 @@ def schedule_kwargs(config, timer) -> dict:
 
 def build_reorder_group(dims: ParallelDims, group_size: int) -> dist.ProcessGroup | None:
     """This rank's reorder group: ``group_size`` consecutive data-parallel ranks at the same
-    (tensor, pipeline) position. Every position reorders its copy of the data identically."""
+    (tensor, context, pipeline) position. Every position reorders its copy of the data
+    identically."""
     from megatron.core import parallel_state as ps
 
     if group_size == 1:
         return None
-    tp, dp, pp = dims.tp, dims.dp, dims.pp
+    tp, dp, pp, cp = dims.tp, dims.dp, dims.pp, dims.cp
     me = (
         ps.get_tensor_model_parallel_rank(),
+        ps.get_context_parallel_rank(),
         ps.get_pipeline_model_parallel_rank(),
         ps.get_data_parallel_rank() // group_size,
     )
     mine = None
     for k in range(pp):
         for t in range(tp):
-            for g in range(dp // group_size):
-                members = range(g * group_size, (g + 1) * group_size)
-                ranks = [global_rank(dims, tp_rank=t, dp_rank=d, stage=k) for d in members]
-                group = dist.new_group(ranks)
-                if (t, k, g) == me:
-                    mine = group
+            for c in range(cp):
+                for g in range(dp // group_size):
+                    members = range(g * group_size, (g + 1) * group_size)
+                    ranks = [
+                        global_rank(dims, tp_rank=t, dp_rank=d, stage=k, cp_rank=c) for d in members
+                    ]
+                    group = dist.new_group(ranks)
+                    if (t, c, k, g) == me:
+                        mine = group
     return mine

@@ -28,7 +28,8 @@ def build_gpt(
     vp_stage: int | None = None,
 ):
     """Build one GPTModel chunk for this rank: its TP shard of the layers of its pipeline stage
-    (and virtual stage ``vp_stage``), megatron's layer assignment.
+    (and virtual stage ``vp_stage``), megatron's layer assignment. With context parallelism the
+    core attention and RoPE are ``models.context_parallel``'s (adaptive sample sharding).
 
     Dropout is zero: the trainer's equivalence guarantees (a parallel run equals a single process)
     need every rank to compute the same function of the same data.
@@ -69,7 +70,12 @@ def build_gpt(
         spec = get_gpt_layer_with_transformer_engine_spec()
     else:
         spec = get_gpt_layer_local_spec(normalization=cfg.normalization)
-    return GPTModel(
+    context_parallel = _context_parallel_size() > 1
+    if context_parallel:
+        from omni_trainer.models.context_parallel import context_parallel_spec
+
+        spec = context_parallel_spec(spec)
+    model = GPTModel(
         config=config,
         transformer_layer_spec=spec,
         vocab_size=cfg.vocab_size,
@@ -80,6 +86,20 @@ def build_gpt(
         position_embedding_type="rope",
         vp_stage=vp_stage,
     )
+    if context_parallel:
+        from omni_trainer.models.context_parallel import use_positional_rope
+
+        use_positional_rope(model)
+    return model
+
+
+def _context_parallel_size() -> int:
+    """megatron's CP group size (the model's config keeps cp = 1: see models.context_parallel)."""
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        return 1
+    return ps.get_context_parallel_world_size()
 
 
 def build_gpt_chunks(cfg: LLMConfig, *, max_sequence_length: int, seed: int) -> list:

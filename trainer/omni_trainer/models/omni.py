@@ -18,6 +18,9 @@ class MediaBatch:
 
     arrays: list[torch.Tensor]
     flat_positions: torch.Tensor  # [sum(tokens)] index into the [s*b] flattened LLM input
+    rows: torch.Tensor | None = None
+    """Which rows of the encoder outputs go to ``flat_positions`` (None: all); with context
+    parallelism a rank keeps only the rows of the positions it holds."""
 
 
 @dataclass
@@ -28,7 +31,8 @@ class DeviceBatch:
     labels: torch.Tensor  # [b, s]
     loss_mask: torch.Tensor  # [b, s] float
     position_ids: torch.Tensor  # [b, s]
-    attention_mask: torch.Tensor  # [b, 1, s, s] bool, True = may NOT attend
+    attention_mask: torch.Tensor  # [b, 1, s, s] bool, True = may NOT attend (CP: see
+    # models.context_parallel.shard_for_context)
     media: dict[str, MediaBatch]
 
     @property
@@ -100,7 +104,10 @@ def first_stage_input(
     s, b, h = emb.shape
     flat = emb.reshape(s * b, h)
     for modality, encoded in sorted(media.items()):
-        flat = flat.index_copy(0, batch.media[modality].flat_positions, encoded.to(flat.dtype))
+        target = batch.media[modality]
+        if target.rows is not None:
+            encoded = encoded.index_select(0, target.rows)
+        flat = flat.index_copy(0, target.flat_positions, encoded.to(flat.dtype))
     return flat.reshape(s, b, h)
 
 
