@@ -112,9 +112,14 @@ def plan(
     gpus: Annotated[
         int | None, typer.Option(min=1, help="GPUs for --tune (default --world)")
     ] = None,
+    proxy_gpus: Annotated[
+        int | None,
+        typer.Option(min=1, help="--tune: cap the proxy cluster proposed for validation"),
+    ] = None,
 ) -> None:
     """Show where each encoder micro-batch runs in the LLM pipeline (the dataflow table), or with
-    ``--tune`` predict the best parallel configurations for a cluster."""
+    ``--tune`` predict the best parallel configurations for a cluster, and propose a proxy
+    (fewer data-parallel replicas, the same replica) to validate the choice on a small cluster."""
     from omni_trainer.multiplex.dataflow import POLICIES, format_dataflow
     from omni_trainer.plan import plan_step
 
@@ -124,7 +129,12 @@ def plan(
         raise _fail(f"--policy must be one of {', '.join(POLICIES)}, not {policy!r}")
     p = cfg.parallelism
     if tune:
-        _tune(cfg, name=job.metadata.name, gpus=gpus or world or p.tensor * p.pipeline)
+        _tune(
+            cfg,
+            name=job.metadata.name,
+            gpus=gpus or world or p.tensor * p.pipeline,
+            proxy_gpus=proxy_gpus,
+        )
         return
     world = world or p.tensor * p.pipeline * p.context
     try:
@@ -149,14 +159,18 @@ def plan(
         )
 
 
-def _tune(cfg, *, name: str, gpus: int) -> None:
-    """Predict the job on ``gpus`` H100s for many configurations; print the best few."""
+def _tune(cfg, *, name: str, gpus: int, proxy_gpus: int | None = None) -> None:
+    """Predict the job on ``gpus`` H100s for many configurations; print the best few and a proxy
+    configuration of the best to validate it on a small cluster."""
+    import time
+
     from rich.progress import Progress
 
     from omni_trainer.planner.devices import H100
-    from omni_trainer.planner.tune import tune
+    from omni_trainer.planner.tune import propose_proxy, tune
     from omni_trainer.planner.workloads import workload_from_config
 
+    started = time.perf_counter()
     workload = workload_from_config(cfg, world_size=gpus, name=name)
     with Progress(console=err_console, transient=True) as bar:
         task = bar.add_task("simulating configurations", total=None)
@@ -167,7 +181,8 @@ def _tune(cfg, *, name: str, gpus: int) -> None:
         best = tune(workload, device=H100, progress=progress)
     if not best:
         raise _fail(f"no configuration of {name} fits in H100 memory on {gpus} GPUs")
-    table = Table(title=f"{name} on {gpus} x {H100.name} (predicted)")
+    searched = time.perf_counter() - started
+    table = Table(title=f"{name} on {gpus} x {H100.name} (predicted; searched in {searched:.1f} s)")
     for col in ("#", "layout", "policy", "tokens/s", "MFU", "step s", "stage-0 GiB"):
         table.add_column(col)
     for i, c in enumerate(best, 1):
@@ -185,6 +200,13 @@ def _tune(cfg, *, name: str, gpus: int) -> None:
     console.print(table)
     for i, c in enumerate(best, 1):
         console.print(f"{i}. {c.reason}", highlight=False)
+    if workload.note:
+        console.print(f"data: {workload.note}", highlight=False)
+    try:
+        proxy = propose_proxy(workload, best[0].prediction, device=H100, max_gpus=proxy_gpus)
+    except ValueError as err:
+        raise _fail(str(err)) from None
+    console.print(proxy.reason, highlight=False)
 
 
 def _is_rank0() -> bool:

@@ -203,7 +203,7 @@ def test_predict_and_tune_on_a_tiny_job() -> None:
 
 
 def test_vlm_7b_manifest_tunes_for_64_gpus() -> None:
-    import time
+    """Its search time is printed by `omni plan --tune` (a figure, not a unit-test limit)."""
     from pathlib import Path
 
     import yaml
@@ -215,7 +215,5 @@ def test_vlm_7b_manifest_tunes_for_64_gpus() -> None:
     cfg = TrainerConfig.model_validate(doc["spec"]["trainer"])
     w = workload_from_config(cfg, world_size=64, name="vlm-7b")
     assert w.image_share == 0.5 and w.seq_length == 16384
-    start = time.perf_counter()
     best = tune(w, device=H100, top=3, max_microbatches=16, keep_layouts=1, groups=(8,))
-    assert time.perf_counter() - start < 15
     assert best and all(not c.prediction.oom for c in best)

@@ -1,11 +1,14 @@
 """CPU calibration: a planner device for one trainer process on this machine, from measured figures.
 
-``omni train --nproc W`` on a CPU runs W processes on the machine's cores; torchrun gives each one
-OpenMP thread, a single process keeps torch's default (one thread per core). A process is a
+``omni train --nproc W`` on a CPU runs W processes on the machine's C cores; torchrun gives each
+one OpenMP thread, a single process keeps torch's default (one thread per core). A process is a
 "device" whose matmul rate is the rate measured at the model's own GEMM shapes with that many
-threads, times its share of the cores when processes outnumber them. Gloo all-reduce is an
-alpha-beta link fitted to timed all-reduces. Work the FLOP model does not see (Python dispatch per
-micro-batch, optimizer step) is a measured overhead, stretched by the same oversubscription.
+threads, while as many such processes as have a core of their own run the same benchmark at the
+same time (so shared caches, memory bandwidth and clock are those of the run), divided by the
+oversubscription when processes outnumber cores (4 processes on 2 cores share them: each gets
+half a core). Gloo all-reduce is an alpha-beta link fitted to timed all-reduces. Work the FLOP
+model does not see (Python dispatch, norms, data loading per micro-batch; clip and optimizer per
+step) is a measured overhead, stretched by the same oversubscription.
 
 Pure helpers (no torch): the measurements come from ``bench/calibrate.py``.
 """
@@ -15,95 +18,131 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from omni_trainer.planner.devices import DeviceProfile, cpu_profile
+from omni_trainer.planner.devices import DeviceProfile, Link, all_reduce_time, cpu_profile
 
 __all__ = [
-    "CpuCalibration",
+    "SMALL_COLLECTIVES_PER_STEP",
+    "CpuOverheads",
+    "CpuRates",
+    "concurrent_processes",
     "cpu_rank_profile",
     "fit_all_reduce_link",
+    "fit_overheads",
     "oversubscription",
     "predicted_step_time",
-    "rank_gemm_flops",
     "threads_per_rank",
 ]
 
+SMALL_COLLECTIVES_PER_STEP = 3
+"""Latency-bound all-reduces of a data-parallel CPU step besides the gradients (``trainer.py``):
+tokens/FLOPs and the sample fingerprint in ``_global_work``, the loss in
+``forward_backward_step``. Each costs ``2 (W - 1)`` link latencies."""
+
 
 @dataclass(frozen=True, kw_only=True)
-class CpuCalibration:
-    """Figures measured on this machine (every one by the benchmark, none chosen)."""
+class CpuRates:
+    """FLOP/s of one trainer process at the model's shapes, measured next to a run."""
 
-    cores: int
-    gemm_flops_1t: float
-    """FLOP/s of the model's GEMM shapes, forward and backward, on one thread."""
-    gemm_flops_all: float
-    """The same with ``cores`` threads (one process alone on the machine)."""
-    attention_flops_1t: float
-    """FLOP/s of the model's attention (unfused, as the CPU runs it) on one thread."""
-    attention_flops_all: float
-    alpha_s: float
-    """Gloo all-reduce latency per ring step."""
-    bandwidth: float
-    """Gloo bytes/s per rank and direction."""
-    overhead_per_microbatch_s: float = 0.0
-    """CPU seconds per micro-batch the FLOP model does not count (dispatch, norms, copies)."""
-    overhead_per_step_s: float = 0.0
-    """CPU seconds per step outside the micro-batches (data, clip, optimizer step)."""
+    threads: int
+    """OpenMP threads of the measuring process (the trainer's: :func:`threads_per_rank`)."""
+    processes: int
+    """Processes that measured at the same time (:func:`concurrent_processes`)."""
+    gemm_flops: float
+    """Forward + both backward GEMMs of every model shape."""
+    attention_flops: float
+    """Causal attention forward + backward, FLOPs counted as the planner counts them."""
 
     def __post_init__(self) -> None:
-        if self.cores < 1:
-            raise ValueError(f"cores must be >= 1, got {self.cores}")
-        for name in ("gemm_flops_1t", "gemm_flops_all", "attention_flops_1t",
-                     "attention_flops_all", "bandwidth"):  # fmt: skip
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.alpha_s < 0 or self.overhead_per_microbatch_s < 0 or self.overhead_per_step_s < 0:
-            raise ValueError("latency and overheads must be >= 0")
+        if self.threads < 1 or self.processes < 1:
+            raise ValueError("threads and processes must be >= 1")
+        if self.gemm_flops <= 0 or self.attention_flops <= 0:
+            raise ValueError("measured rates must be positive")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CpuOverheads:
+    """CPU seconds the FLOP model does not count, per process with a core of its own."""
+
+    per_microbatch_s: float
+    """Per micro-batch: dispatch, norms, copies, data loading and collation of its sequences."""
+    per_step_s: float
+    """Per step: gradient clipping and the optimizer step."""
+
+    def __post_init__(self) -> None:
+        if self.per_microbatch_s < 0 or self.per_step_s < 0:
+            raise ValueError("overheads must be >= 0")
 
 
 def threads_per_rank(world_size: int, cores: int) -> int:
     """OpenMP threads of each process: torchrun sets 1; a lone process uses every core."""
-    return cores if world_size == 1 else 1
+    return max(cores, 1) if world_size == 1 else 1
+
+
+def concurrent_processes(world_size: int, cores: int) -> int:
+    """Processes that measure the rates at once: as many trainer processes as get a core each."""
+    return 1 if world_size == 1 else min(world_size, max(cores, 1))
 
 
 def oversubscription(world_size: int, cores: int) -> float:
     """How much slower each process runs because runnable threads outnumber cores (>= 1)."""
     busy = world_size * threads_per_rank(world_size, cores)
-    return max(1.0, busy / cores)
+    return max(1.0, busy / max(cores, 1))
 
 
-def rank_gemm_flops(cal: CpuCalibration, world_size: int) -> float:
-    """GEMM FLOP/s one process gets: the rate at its thread count over the oversubscription."""
-    t = threads_per_rank(world_size, cal.cores)
-    rate = cal.gemm_flops_all if t > 1 else cal.gemm_flops_1t
-    return rate / oversubscription(world_size, cal.cores)
-
-
-def cpu_rank_profile(cal: CpuCalibration, world_size: int, *, memory_bytes: float) -> DeviceProfile:
+def cpu_rank_profile(
+    rates: CpuRates, *, world_size: int, cores: int, link: Link, memory_bytes: float
+) -> DeviceProfile:
     """The planner device of one process of a ``world_size``-process CPU job.
 
-    The GEMM rate is the peak (efficiency 1: it was measured at the model's shapes); attention's
-    efficiency is its measured rate over the GEMM rate at the same thread count.
+    The GEMM rate, over the oversubscription, is the peak (efficiency 1: it was measured at the
+    model's shapes); attention's efficiency is its measured rate over the GEMM rate.
+
+    A lone process (``world_size`` 1) may run any thread count (``OMP_NUM_THREADS``).
+
+    Raises:
+        ValueError: ``rates`` were measured with another thread count than the job's processes.
     """
-    t = threads_per_rank(world_size, cal.cores)
-    gemm = cal.gemm_flops_all if t > 1 else cal.gemm_flops_1t
-    attn = cal.attention_flops_all if t > 1 else cal.attention_flops_1t
+    if world_size > 1 and rates.threads != threads_per_rank(world_size, cores):
+        raise ValueError(
+            f"rates measured with {rates.threads} threads; a world-{world_size} process on "
+            f"{cores} cores runs {threads_per_rank(world_size, cores)}"
+        )
     return cpu_profile(
-        rank_gemm_flops(cal, world_size),
+        rates.gemm_flops / oversubscription(world_size, cores),
         memory_bytes=memory_bytes,
         cores=max(world_size, 1),  # every rank on one "node": gloo over loopback
-        alpha_s=cal.alpha_s,
-        bandwidth=cal.bandwidth,
+        alpha_s=link.alpha_s,
+        bandwidth=link.bandwidth,
         gemm_efficiency=1.0,
-        attention_efficiency=min(1.0, attn / gemm),
+        attention_efficiency=min(1.0, rates.attention_flops / rates.gemm_flops),
     )
 
 
+def fit_overheads(
+    *, measured_s: float, simulated_s: float, per_step_s: float, microbatches: int
+) -> CpuOverheads:
+    """Overheads of a single-process run: the step's clip + optimizer time is measured directly
+    (``per_step_s``); what the simulator leaves of the measured step is spread per micro-batch."""
+    if microbatches < 1:
+        raise ValueError(f"microbatches must be >= 1, got {microbatches}")
+    left = measured_s - simulated_s - per_step_s
+    return CpuOverheads(per_microbatch_s=max(0.0, left / microbatches), per_step_s=per_step_s)
+
+
 def predicted_step_time(
-    simulated_s: float, cal: CpuCalibration, *, world_size: int, microbatches_per_rank: int
+    simulated_s: float,
+    overheads: CpuOverheads,
+    *,
+    world_size: int,
+    cores: int,
+    microbatches_per_rank: int,
+    link: Link,
 ) -> float:
-    """Simulator step time plus the measured CPU overheads, stretched by oversubscription."""
-    over = cal.overhead_per_step_s + cal.overhead_per_microbatch_s * microbatches_per_rank
-    return simulated_s + over * oversubscription(world_size, cal.cores)
+    """Simulator step time (compute at the rank's rate + gradient sync) plus the overheads
+    stretched by oversubscription, plus the step's latency-bound collectives."""
+    over = overheads.per_step_s + overheads.per_microbatch_s * microbatches_per_rank
+    small = SMALL_COLLECTIVES_PER_STEP * all_reduce_time(8, world_size, link)
+    return simulated_s + over * oversubscription(world_size, cores) + small
 
 
 def fit_all_reduce_link(

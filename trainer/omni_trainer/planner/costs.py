@@ -308,14 +308,16 @@ def static_memory(model: ModelConfig, layout: Layout, stage: int) -> dict[str, f
 
 def dp_sync_time(model: ModelConfig, layout: Layout, stage: int, device: DeviceProfile) -> float:
     """Gradient sync of one stage after its last backward, not overlapped (a pessimistic bound):
-    LLM grads reduce-scattered and weights all-gathered over dp (bf16, distributed optimizer);
-    encoder grads reduce-scattered over all replicas (ZeRO-2) and, with ZeRO-0, all-gathered."""
+    LLM grads reduce-scattered and weights all-gathered over dp (distributed optimizer);
+    encoder grads reduce-scattered over all replicas (ZeRO-2) and all-gathered back. Either pair
+    costs one all-reduce of ``device.grad_bytes`` per element (bf16 on GPUs, fp32 on a CPU)."""
     link = device.link(layout.world_size)  # dp groups span nodes unless the job fits one
+    b = device.grad_bytes
     p = llm_stage_params(model.llm, layout, stage)
-    t = reduce_scatter_time(BF16 * p, layout.dp, link) + all_gather_time(BF16 * p, layout.dp, link)
+    t = reduce_scatter_time(b * p, layout.dp, link) + all_gather_time(b * p, layout.dp, link)
     pe = encoder_params(model)
-    t += reduce_scatter_time(BF16 * pe, layout.world_size, link)
-    t += all_gather_time(BF16 * pe, layout.world_size, link)
+    t += reduce_scatter_time(b * pe, layout.world_size, link)
+    t += all_gather_time(b * pe, layout.world_size, link)
     return t
 
 

@@ -120,6 +120,9 @@ class DeviceProfile:
     reserved_bytes: float = 4 * GiB
     """Memory the framework takes besides tensors (CUDA context, NCCL buffers, allocator
     fragmentation): our assumption, ~4 GiB on an 80 GB GPU."""
+    grad_bytes: int = 2
+    """Bytes per gradient element in the data-parallel sync: bf16 on GPUs; 4 on a CPU, where the
+    trainer runs in fp32."""
 
     def compute_time(self, flops: float, kind: OpKind = "gemm", *, width: float = 8192) -> float:
         """Seconds for ``flops`` of one op kind on one device (overhead included)."""
@@ -210,6 +213,7 @@ def cpu_profile(
             gemm=((1, gemm_efficiency),), attention=attention_efficiency, overhead=1.0
         ),
         reserved_bytes=0.0,
+        grad_bytes=4,
     )
 
 

@@ -5,6 +5,9 @@ Two passes, so that a search over hundreds of layouts stays under a minute: firs
 reorder groups of 8) on a shortened step; then the few fastest layouts that fit in memory are
 searched over the encoder knobs (policy, eta, reorder group size). Only configurations whose
 predicted peak memory fits the device are returned.
+
+:func:`propose_proxy` then scales the winner down for validation on a small cluster (PAPER.md
+technique 10): fewer data-parallel replicas, everything else of a replica unchanged.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from omni_trainer.planner.devices import DeviceProfile
 from omni_trainer.planner.simulate import Prediction, predict
 from omni_trainer.planner.workloads import Workload
 
-__all__ = ["Candidate", "Progress", "layouts", "tune"]
+__all__ = ["Candidate", "Progress", "ProxyPlan", "layouts", "propose_proxy", "tune"]
 
 Progress = Callable[[int, int, str], None]
 """``progress(done, total, label)``: called after each simulated configuration."""
@@ -173,3 +176,93 @@ def tune(
             )
         )
     return out
+
+
+@dataclass(frozen=True)
+class ProxyPlan:
+    """A scaled-down configuration to validate a prediction on, and what it should show."""
+
+    full: Prediction
+    proxy: Prediction
+    proxy_global_batch: int
+    reason: str
+    """Why this size, and how to read the proxy's measurement."""
+
+    @property
+    def proxy_gpus(self) -> int:
+        return self.proxy.layout.world_size
+
+    @property
+    def per_gpu_ratio(self) -> float:
+        """Predicted tokens/s per GPU of the full job over the proxy's (1: perfect weak scaling)."""
+        full = self.full.tokens_per_s / self.full.layout.world_size
+        return full / (self.proxy.tokens_per_s / self.proxy.layout.world_size)
+
+
+def propose_proxy(
+    workload: Workload,
+    best: Prediction,
+    *,
+    device: DeviceProfile,
+    max_gpus: int | None = None,
+    seed: int = 0,
+    max_microbatches: int = 32,
+) -> ProxyPlan:
+    """A proxy of ``best``: the same replica (tp, pp, vpp, micro-batch, recompute, eta, policy,
+    per-replica batch) with the fewest data-parallel replicas that keep what the full job
+    exercises: a whole reorder group (so balancing sees the same group), two replicas if the job
+    has more than one (a gradient sync), and, if the full job's pipeline/data-parallel traffic
+    spans nodes, at least two nodes (so its traffic crosses nodes too). ``max_gpus`` caps the proxy.
+
+    Returns:
+        Both predictions; the proxy should measure its predicted tokens/s per GPU, and the full
+        job ``per_gpu_ratio`` times that per GPU.
+
+    Raises:
+        ValueError: ``max_gpus`` cannot hold one reorder group of replicas.
+    """
+    lay = best.layout
+    replica = lay.tp * lay.pp
+    per_replica = workload.global_batch // lay.dp
+    want = max(lay.reorder_group, min(2, lay.dp))
+    why = [f"reorder group {lay.reorder_group}"] if lay.reorder_group > 1 else []
+    if lay.dp > 1 and lay.reorder_group < 2:
+        why.append("a gradient sync over 2 replicas")
+    if lay.world_size > device.gpus_per_node:
+        nodes = -(-2 * device.gpus_per_node // replica)  # replicas filling two nodes
+        want = max(want, nodes)
+        why.append("two nodes, as the full job's traffic crosses nodes")
+    dp = min(lay.dp, -(-want // lay.reorder_group) * lay.reorder_group)
+    while lay.dp % dp:  # the proxy's replicas divide the job's, so it is the same job, thinner
+        dp += lay.reorder_group
+    if max_gpus is not None:
+        fit = [d for d in range(lay.reorder_group, dp + 1, lay.reorder_group)
+               if d * replica <= max_gpus and lay.dp % d == 0]  # fmt: skip
+        if not fit:
+            raise ValueError(
+                f"a proxy of {lay.describe()} needs at least {lay.reorder_group * replica} GPUs "
+                f"(one reorder group of tp x pp = {replica}); --proxy-gpus is {max_gpus}"
+            )
+        if fit[-1] < dp:
+            why.append(f"capped at {max_gpus} GPUs")
+        dp = fit[-1]
+    proxy_layout = replace(lay, dp=dp)
+    proxy_job = replace(
+        workload, world_size=dp * replica, global_batch=per_replica * dp,
+        name=f"{workload.name}-proxy",
+    )  # fmt: skip
+    proxy = predict(
+        proxy_job, proxy_layout, policy=best.policy, device=device, seed=seed,
+        max_microbatches=max_microbatches,
+    )  # fmt: skip
+    plan = ProxyPlan(best, proxy, proxy_job.global_batch, "")
+    per_gpu = proxy.tokens_per_s / plan.proxy_gpus
+    reason = (
+        f"proxy: {proxy_layout.describe()} on {plan.proxy_gpus} GPUs (of {lay.world_size}), "
+        f"global batch {proxy_job.global_batch} (same {per_replica} sequences per replica); "
+        f"sized for {', '.join(why) or 'one replica'}. Expect {per_gpu:,.0f} "
+        f"tokens/s per GPU there and {best.tokens_per_s / lay.world_size:,.0f} on the full job "
+        f"({plan.per_gpu_ratio:.3f}x: gradient sync over more replicas and a heavier slowest "
+        f"replica); a proxy measured x% off moves the full prediction by about x%."
+    )
+    return replace(plan, reason=reason)

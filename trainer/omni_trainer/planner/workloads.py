@@ -1,21 +1,28 @@
 """The paper's workloads A-D (PAPER.md) and the sampled packed sequences the planner costs.
 
-A workload is a model, a cluster size, a global batch, a sequence length and an image:text token
-mix. Sequences are drawn with the data presets' length distributions (``data/config.PRESETS``,
-``data/synthetic.draw_length``, 85% of an image sample's positions are media as in the synthetic
-source) and packed best-fit like ``data/packing.Packer``, but from lengths alone (no arrays), so a
-step of thousands of sequences samples in milliseconds.
+A workload is a model, a cluster size, a global batch, a sequence length, its data sources (length
+distribution, ``lengthScale``, weight) and the modality token shares. Sequences are drawn the way
+the trainer's loader draws them, from lengths alone (no arrays), so a step of thousands of
+sequences samples in milliseconds: the trainer's own :class:`~omni_trainer.data.mixture.
+DeficitMixer` picks the source, ``data/synthetic.draw_length`` the length, media samples get the
+synthetic source's geometry (85% media, images on an (h, w) patch grid, audio one position per
+subsampled frame), over-long texts are cut into sequence-long chunks (``data/sample.split_text``)
+and a best-fit buffer of ``pack_buffer`` samples packs them like ``data/packing.Packer``.
+Image, audio and text are planned; the model has no video encoder, so video is not.
 """
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from omni_trainer.config import TrainerConfig
-from omni_trainer.data.config import PRESETS
+from omni_trainer.data.config import PRESETS, LengthDistribution, MixturePoint
+from omni_trainer.data.mixture import DeficitMixer, MixtureSchedule
 from omni_trainer.data.packing import PackedSequence, Segment
 from omni_trainer.data.synthetic import MEDIA_FRACTION, draw_length
 from omni_trainer.models.config import EncodersConfig, LLMConfig, ModelConfig
@@ -23,15 +30,23 @@ from omni_trainer.models.encoders.config import VisionEncoderConfig
 
 __all__ = [
     "GPT_45B",
+    "PLANNED_MODALITIES",
     "RATIOS",
+    "SourceShape",
     "Workload",
+    "mixture_shares",
+    "modality_token_shares",
     "paper_workloads",
+    "preset_source",
     "sample_sequences",
     "workload_from_config",
 ]
 
 RATIOS: tuple[tuple[int, int], ...] = ((1, 9), (3, 7), (5, 5), (7, 3), (9, 1))
 """Image:text token ratios the paper sweeps."""
+
+PLANNED_MODALITIES = ("image", "audio", "text")
+"""Modalities the planner samples and costs (one encoder per media modality in the model)."""
 
 GPT_45B = LLMConfig(
     num_layers=56,
@@ -49,6 +64,28 @@ that 12 h^2 L = 45.1B parameters; 64 heads of 128 as in GPT-3."""
 
 
 @dataclass(frozen=True, kw_only=True)
+class SourceShape:
+    """One data source as the sampler draws it (a synthetic source's length model)."""
+
+    name: str
+    modality: str
+    length: LengthDistribution
+    scale: float = 1.0
+    """``lengthScale`` of the manifest: multiplies every drawn length."""
+    weight: float = 1.0
+    """Token share inside its modality, relative to its siblings."""
+
+
+def preset_source(preset: str, *, weight: float = 1.0, scale: float = 1.0) -> SourceShape:
+    """A source with one of the paper's length presets (``data/config.PRESETS``)."""
+    modality, dist = PRESETS[preset]
+    return SourceShape(name=preset, modality=modality, length=dist, scale=scale, weight=weight)
+
+
+_PAPER_SOURCES = (preset_source("openimages"), preset_source("refcocog"), preset_source("longtext"))
+
+
+@dataclass(frozen=True, kw_only=True)
 class Workload:
     """One training job to predict: what runs, on how many GPUs, on what data."""
 
@@ -58,16 +95,42 @@ class Workload:
     global_batch: int
     """Packed sequences per step."""
     seq_length: int
-    image_share: float = 0.5
-    """Token share of image samples (media + caption); the rest is text."""
-    image_sources: tuple[tuple[str, float], ...] = (("openimages", 1.0), ("refcocog", 1.0))
-    """(data preset, weight) of the image sources, as in ``examples/vlm-7b.yaml``."""
-    text_source: str = "longtext"
+    shares: tuple[tuple[str, float], ...] = (("image", 0.5), ("text", 0.5))
+    """Token share per modality (samples of that modality: media + caption)."""
+    sources: tuple[SourceShape, ...] = _PAPER_SOURCES
+    """The sources drawn from, as in ``examples/vlm-7b.yaml`` by default."""
+    pack_buffer: int = 64
+    """Samples in the best-fit packing buffer (``data.packBuffer``)."""
     note: str = ""
 
+    def __post_init__(self) -> None:
+        for modality, share in self.shares:
+            if share < 0:
+                raise ValueError(f"share of {modality} must be >= 0, got {share}")
+            if modality not in PLANNED_MODALITIES:
+                raise ValueError(
+                    f"the planner samples {PLANNED_MODALITIES}; {modality!r} has no encoder"
+                )
+            if share > 0 and not any(s.modality == modality for s in self.sources):
+                raise ValueError(f"{modality} has a share of {share} but no source")
+            if share > 0 and modality != "text" and getattr(self.model.encoders, modality) is None:
+                raise ValueError(
+                    f"{modality} has a share of {share} but the model has no encoder for it"
+                )
+        if not any(share > 0 for _, share in self.shares):
+            raise ValueError("at least one modality share must be > 0")
+
+    @property
+    def image_share(self) -> float:
+        """Token share of image samples (media + caption)."""
+        total = sum(v for _, v in self.shares)
+        return dict(self.shares).get("image", 0.0) / total
+
     def with_share(self, image: int, text: int) -> Workload:
-        """The same job at another image:text ratio."""
-        return _replace(self, image_share=image / (image + text))
+        """The same job at another image:text ratio (other modalities dropped)."""
+        return _replace(
+            self, shares=(("image", image / (image + text)), ("text", text / (image + text)))
+        )
 
     def with_seq_length(self, seq_length: int) -> Workload:
         """The same job at another sequence length (global batch kept in sequences)."""
@@ -80,66 +143,90 @@ def _replace(w: Workload, **changes: object) -> Workload:
     return replace(w, **changes)
 
 
-def _clipped_mean(preset: str, seq_length: int, rng: np.random.Generator) -> float:
-    """Mean LLM positions of a preset's samples after clipping to the sequence (Monte Carlo)."""
-    dist = PRESETS[preset][1]
-    return float(np.mean([min(draw_length(dist, 1.0, rng), seq_length) for _ in range(2000)]))
+def _grid_tokens(budget: int, rng: np.random.Generator) -> int:
+    """Patches of a synthetic image with ``budget`` media positions (``SyntheticSource._grid``):
+    ``h x w <= budget`` with aspect ratio ``h / w`` drawn log-uniformly in [0.5, 2]."""
+    aspect = math.exp(rng.uniform(math.log(0.5), math.log(2.0)))
+    h = min(budget, max(1, round(math.sqrt(budget * aspect))))
+    return h * max(1, budget // h)
 
 
 @dataclass
-class _Draw:
-    """Draws samples (modality, positions, media positions) to hit the workload's token mix."""
+class _Stream:
+    """Samples in the order one loader draws them: the trainer's deficit mixer picks the source."""
 
     workload: Workload
     rng: np.random.Generator
     counter: int = 0
-    probs: list[float] = field(default_factory=list)
-    names: list[str] = field(default_factory=list)
+    sources: list[SourceShape] = field(default_factory=list)
+    pending: deque[Segment] = field(default_factory=deque)
 
     def __post_init__(self) -> None:
         w = self.workload
-        probe = np.random.default_rng(0)
-        total = sum(weight for _, weight in w.image_sources)
-        for name, weight in w.image_sources:
-            share = w.image_share * weight / total
-            self.names.append(name)
-            self.probs.append(share / _clipped_mean(name, w.seq_length, probe))
-        self.names.append(w.text_source)
-        self.probs.append((1 - w.image_share) / _clipped_mean(w.text_source, w.seq_length, probe))
-        s = sum(self.probs)
-        self.probs = [p / s for p in self.probs]
+        live = {m for m, share in w.shares if share > 0}
+        self.sources = [s for s in w.sources if s.modality in live]
+        point = MixturePoint(at_tokens=0, weights={m: v for m, v in w.shares if v > 0})
+        self.mixer = DeficitMixer(
+            MixtureSchedule([point]), [(s.modality, s.weight) for s in self.sources]
+        )
 
     def __call__(self) -> Segment:
-        w = self.workload
-        i = int(self.rng.choice(len(self.names), p=self.probs))
-        modality, dist = PRESETS[self.names[i]]
-        length = min(draw_length(dist, 1.0, self.rng), w.seq_length)
+        if self.pending:
+            return self.pending.popleft()
+        s_len = self.workload.seq_length
+        i = self.mixer.choose()
+        src = self.sources[i]
+        length = draw_length(src.length, src.scale, self.rng)
         self.counter += 1
-        sid = f"{self.names[i]}/{self.counter:07d}"
-        if modality == "text":  # longer texts are chunked by the loader; a chunk is a sample
-            return Segment(sid, "text", 0, length, 0)
-        length = max(length, 3)
-        media = length - max(2, length - round(MEDIA_FRACTION * length))
-        return Segment(sid, modality, 0, length, media)
+        sid = f"{src.name}/{self.counter:07d}"
+        if src.modality == "text":
+            length = max(2, length)
+            self.mixer.record(i, length)
+            chunks = [
+                Segment(f"{sid}#{k}", "text", 0, min(s_len, length - k * s_len), 0)
+                for k in range(-(-length // s_len))
+            ]
+            self.pending.extend(chunks[1:])
+            return chunks[0]
+        length = min(max(length, 3), s_len)
+        n_text = max(2, length - round(MEDIA_FRACTION * length))
+        budget = length - n_text
+        media = _grid_tokens(budget, self.rng) if src.modality == "image" else budget
+        self.mixer.record(i, media + n_text)
+        return Segment(sid, src.modality, 0, media + n_text, media)
 
 
-def sample_sequences(
-    workload: Workload, count: int, *, seed: int = 0, buffer: int = 64
-) -> list[PackedSequence]:
-    """``count`` packed sequences of the workload (best-fit over a ``buffer`` of samples).
+_CACHE: dict[tuple, list[PackedSequence]] = {}
+_CACHE_SIZE = 16
+
+
+def sample_sequences(workload: Workload, count: int, *, seed: int = 0) -> list[PackedSequence]:
+    """``count`` packed sequences of the workload (best fit over ``workload.pack_buffer``).
 
     Returns real :class:`~omni_trainer.data.packing.PackedSequence` objects (without sample
     arrays), so the trainer's own helpers (``multiplex/workload.encoder_micro_batches``,
-    ``components/model_flops``) read them.
+    ``components/model_flops``) read them. The stream is a pure function of the data fields and
+    the seed, and a longer draw starts with a shorter one, so draws are cached by those (the tuner
+    samples the same data for every configuration).
     """
-    draw = _Draw(workload, np.random.default_rng(seed))
+    key = (workload.shares, workload.sources, workload.seq_length, workload.pack_buffer, seed)
+    have = _CACHE.get(key, [])
+    if len(have) < count:
+        if len(_CACHE) >= _CACHE_SIZE:
+            _CACHE.pop(next(iter(_CACHE)))
+        have = _CACHE[key] = _sample(workload, max(count, 2 * len(have)), seed=seed)
+    return have[:count]
+
+
+def _sample(workload: Workload, count: int, *, seed: int) -> list[PackedSequence]:
+    draw = _Stream(workload, np.random.default_rng(seed))
     pending: list[Segment] = []
     out: list[PackedSequence] = []
     for _ in range(count):
         segments: list[Segment] = []
         offset = 0
         while True:
-            while len(pending) < buffer:
+            while len(pending) < workload.pack_buffer:
                 pending.append(draw())
             room = workload.seq_length - offset
             best = -1
@@ -157,11 +244,19 @@ def sample_sequences(
     return out
 
 
-def image_token_share(sequences: Sequence[PackedSequence]) -> float:
-    """Measured image share of used positions (to check the sampler hits the mix)."""
+def modality_token_shares(sequences: Sequence[PackedSequence]) -> dict[str, float]:
+    """Measured share of used positions per modality (to check the sampler hits the mix)."""
     used = sum(s.used for s in sequences)
-    image = sum(g.length for s in sequences for g in s.segments if g.modality == "image")
-    return image / used if used else 0.0
+    out: dict[str, float] = {}
+    for s in sequences:
+        for g in s.segments:
+            out[g.modality] = out.get(g.modality, 0.0) + g.length / used
+    return out
+
+
+def image_token_share(sequences: Sequence[PackedSequence]) -> float:
+    """Measured image share of used positions."""
+    return modality_token_shares(sequences).get("image", 0.0)
 
 
 def paper_workloads() -> dict[str, Workload]:
@@ -206,26 +301,71 @@ def paper_workloads() -> dict[str, Workload]:
     }
 
 
-def workload_from_config(cfg: TrainerConfig, *, world_size: int, name: str = "job") -> Workload:
-    """A job manifest's trainer section as a planner workload (for ``omni plan --tune``).
+def mixture_shares(
+    points: Sequence[MixturePoint], *, start: float, end: float, samples: int = 64
+) -> dict[str, float]:
+    """Token shares per modality averaged over the tokens ``[start, end)`` of a training run.
 
-    Image sources with a length preset keep their preset and weight; the image share is the first
-    mixture point's image weight over image + text (audio and video are not planned yet).
+    The trainer's :class:`~omni_trainer.data.mixture.MixtureSchedule` gives the shares at each
+    token count; the average over the window is what a run of those tokens draws.
+    """
+    schedule = MixtureSchedule(points)
+    if end <= start:
+        return dict(schedule.weights(int(start)))
+    acc: dict[str, float] = {}
+    for k in range(samples):
+        at = start + (k + 0.5) * (end - start) / samples
+        for m, v in schedule.weights(int(at)).items():
+            acc[m] = acc.get(m, 0.0) + v / samples
+    return acc
+
+
+def workload_from_config(
+    cfg: TrainerConfig,
+    *,
+    world_size: int,
+    name: str = "job",
+    tokens: tuple[float, float] | None = None,
+) -> Workload:
+    """A job manifest's trainer section as a planner workload (``omni plan``, calibration).
+
+    Synthetic sources keep their length shape, ``lengthScale`` and weight; a modality with only
+    shard sources (lengths unknown until read) uses the paper's preset of that modality. The
+    modality shares are the mixture averaged over ``tokens = (start, end)``, by default the whole
+    run (``train.steps`` x global batch x sequence length tokens).
+
+    Raises:
+        ValueError: the mixture gives a share to video (the model has no video encoder).
     """
     data = cfg.data
-    images = tuple(
-        (s.preset, s.weight)
-        for s in data.sources
-        if s.modality == "image" and getattr(s, "preset", None) is not None
-    )
-    weights = data.mixture[0].weights
-    image, text = weights.get("image", 0.0), weights.get("text", 0.0)
+    if tokens is None:
+        tokens = (0.0, float(cfg.train.steps * data.global_batch_size * data.seq_length))
+    shares = mixture_shares(data.mixture, start=tokens[0], end=tokens[1])
+    if shares.get("video", 0.0) > 0:
+        raise ValueError("the planner cannot cost video: the model has no video encoder")
+    sources: list[SourceShape] = []
+    notes: list[str] = []
+    for s in data.sources:
+        if s.kind == "synthetic" and s.modality in PLANNED_MODALITIES:
+            sources.append(
+                SourceShape(
+                    name=s.name, modality=s.modality, length=s.length_distribution(),
+                    scale=s.length_scale, weight=s.weight,
+                )
+            )  # fmt: skip
+    for m, share in shares.items():
+        if share > 0 and not any(s.modality == m for s in sources):
+            preset = next(k for k, (pm, _) in PRESETS.items() if pm == m)
+            sources.append(preset_source(preset))
+            notes.append(f"{m}: lengths of the {preset} preset (shard sources)")
     return Workload(
         name=name,
         model=cfg.model,
         world_size=world_size,
         global_batch=data.global_batch_size,
         seq_length=data.seq_length,
-        image_share=image / (image + text) if image + text else 0.0,
-        image_sources=images or (("openimages", 1.0),),
+        shares=tuple((m, v) for m, v in shares.items() if m in PLANNED_MODALITIES),
+        sources=tuple(sources),
+        pack_buffer=data.pack_buffer,
+        note="; ".join(notes),
     )
