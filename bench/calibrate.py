@@ -19,7 +19,7 @@ and prints its share; it never corrects a figure for the load. What is measured:
   * CPU overheads the FLOP model does not see (per step the clip + optimizer time, its ``sync``
     phase; per micro-batch what is left of the median step after the simulator's compute: Python
     dispatch, norms, data loading), from single-process runs at each thread count the predicted
-    runs use: world 1 as it runs (every core) and world 1 with ``OMP_NUM_THREADS=1`` (the thread
+    runs use: world 1 as it runs (every core) and world 1 with ``OMNI_NUM_THREADS=1`` (the thread
     count of every process of worlds 2 and 4; that work is partly multi-threaded, so it costs
     more per micro-batch on one thread). World 1 is therefore a fitting point; worlds 2 and 4
     (several processes, their collectives, a quarter or half of the data each, oversubscription)
@@ -253,11 +253,12 @@ def gloo_link(sizes: list[int]) -> tuple[list[float], Link]:
 
 
 def run_train(manifest: Path, world: int, steps: int, tmp: Path, *, threads: int = 0) -> dict:
-    """``omni train --nproc world``; ``threads`` > 0 sets OMP_NUM_THREADS of a lone process."""
+    """``omni train --nproc world``; ``threads`` > 0 sets the trainer's thread count
+    (``OMNI_NUM_THREADS``) of a lone process."""
     out = tmp / f"w{world}t{threads}.json"
     cmd = [str(Path(sys.executable).parent / "omni"), "train", str(manifest), "--steps",
            str(steps), "--nproc", str(world), "--summary", str(out)]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)} if threads else None
+    env = {**os.environ, "OMNI_NUM_THREADS": str(threads)} if threads else None
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode:
         sys.exit(f"omni train --nproc {world} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")

@@ -37,6 +37,19 @@ _KNOWN_NOISE = (
 )
 
 
+def compute_threads() -> int:
+    """Intra-op threads of this process: ``OMNI_NUM_THREADS`` if set, else the machine's cores
+    shared by the processes on it (torchrun's own OMP_NUM_THREADS=1 default would leave all but
+    one core idle on a CPU run)."""
+    explicit = os.environ.get("OMNI_NUM_THREADS")
+    if explicit:
+        if not explicit.isdigit() or int(explicit) < 1:
+            raise ValueError(f"OMNI_NUM_THREADS must be a positive integer, got {explicit!r}")
+        return int(explicit)
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return max(1, (os.cpu_count() or 1) // local_world)
+
+
 def run_worker(
     manifest: JobManifest,
     *,
@@ -61,8 +74,7 @@ def run_worker(
 
     for message in _KNOWN_NOISE:
         warnings.filterwarnings("ignore", message=f".*{message}.*", category=UserWarning)
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    torch.set_num_threads(compute_threads())
     cfg = manifest.spec.trainer
     rank, world_size, device = init_distributed()
     metrics = NullTrainerMetrics()
