@@ -32,6 +32,7 @@ import omni_operator.handlers  # noqa: F401  (registers the handlers)
 from omni_operator.crd import crd
 from omni_operator.reconcile import Progress
 from omni_operator.render import LABEL_ATTEMPT, LABEL_JOB
+from omni_operator.sandbox.cluster import SPINE, ZONE, node_object
 from omni_operator.sandbox.emulator import Emulator
 from omni_operator.spec import GROUP, PLURAL, VERSION
 
@@ -39,8 +40,6 @@ from ..conftest import EXAMPLES
 
 NS = "ml"
 JOBS = f"{GROUP}/{VERSION}/{PLURAL}"
-ZONE = "topology.kubernetes.io/zone"
-SPINE = "omni.megascale.io/spine"
 
 
 class Clock:
@@ -80,22 +79,11 @@ def job_manifest(name: str = "train", **spec: Any) -> dict[str, Any]:
 
 
 def gpu_node(name: str, spine: str, *, clock: Clock) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "labels": {"kubernetes.io/hostname": name, ZONE: "z1", SPINE: spine},
-        },
-        "spec": {},
-        "status": {
-            "allocatable": {"cpu": "96", "memory": "1Ti", "nvidia.com/gpu": "8"},
-            "capacity": {"cpu": "96", "memory": "1Ti", "nvidia.com/gpu": "8"},
-            "conditions": [
-                {"type": "Ready", "status": "True", "lastTransitionTime": clock.iso(3600)}
-            ],
-        },
-    }
+    """8 GPUs in zone z1, Ready for an hour (of the test's clock)."""
+    node = node_object(name, gpus=8, spine=spine, zone="z1", cpu=96)
+    (ready,) = node["status"]["conditions"]
+    ready["lastTransitionTime"] = clock.iso(3600)
+    return node
 
 
 class Cluster:

@@ -55,14 +55,17 @@ class SandboxConfig:
             raise ValueError("the sandbox needs nodes >= 1, spines >= 1 and gpus-per-node >= 0")
 
 
-def node_object(name: str, *, gpus: int, spine: str) -> dict[str, Any]:
-    capacity = {"cpu": str(os.cpu_count() or 1), "memory": "64Gi", GPU: str(gpus)}
+def node_object(
+    name: str, *, gpus: int, spine: str, zone: str = "sandbox", cpu: int | None = None
+) -> dict[str, Any]:
+    """A Ready GPU node as a cluster reports it, with the topology labels placement reads."""
+    capacity = {"cpu": str(cpu or os.cpu_count() or 1), "memory": "64Gi", GPU: str(gpus)}
     return {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {
             "name": name,
-            "labels": {"kubernetes.io/hostname": name, ZONE: "sandbox", SPINE: spine},
+            "labels": {"kubernetes.io/hostname": name, ZONE: zone, SPINE: spine},
         },
         "spec": {},
         "status": {
