@@ -4,6 +4,8 @@ Runs the planner's simulator (``omni_trainer.planner``) on H100 profiles: for ea
 layout is picked by the tuner's first pass (uniform insertion, 5:5 mix, fastest layout that fits
 in memory), then held fixed while the image:text ratio moves over 1:9 .. 9:1 and the insertion
 policy changes. Ratios are uniform's tokens/s over the baseline's (>1: uniform is faster).
+A policy that runs out of memory with the layout's activation choice gets the fastest other
+choice that fits (sel-AC, offload-AC, full-AC; marked +s/+o/+f), so an OOM mark means none fits.
 Nothing here is fitted to the paper's figures; every parameter is printed in the header.
 
     make bench-paper
@@ -18,7 +20,7 @@ import sys
 import time
 from dataclasses import replace
 
-from omni_trainer.planner.costs import Layout
+from omni_trainer.planner.costs import AC_NAMES, OFFLOAD_RESIDENT_LAYERS, Layout, dp_bucket_params
 from omni_trainer.planner.devices import H100, DeviceProfile
 from omni_trainer.planner.simulate import (
     Prediction,
@@ -34,6 +36,8 @@ GiB = 2**30
 
 def header(device: DeviceProfile, max_mb: int) -> str:
     e = device.efficiency
+    host = device.host
+    assert host is not None
     return "\n".join(
         [
             "# Predicted (not measured) step figures, planner simulator; PAPER.md workloads A-D",
@@ -49,11 +53,20 @@ def header(device: DeviceProfile, max_mb: int) -> str:
             f"{device.inter.alpha_s * 1e6:.0f}us (80% of spec); ring collectives",
             "# memory: bf16 weights + fp32 grads + Adam (ZeRO-1 over dp); encoders ZeRO-2 over "
             "all GPUs; activations 34 sbh/t per layer (Korthikanti 2022, FA) or 2 sbh/t (full AC)",
+            f"# offload-AC: the 34 sbh/t go to host memory over {host.name} at "
+            f"{host.bandwidth / 1e9:.1f} GB/s/GPU/direction (80% of the ~64 GB/s spec; H100 "
+            f"datasheet 128 GB/s bidirectional) + {host.alpha_s * 1e6:.0f}us per copy; a layer's "
+            "copy overlaps its neighbour's compute (only the excess is exposed); "
+            f"{OFFLOAD_RESIDENT_LAYERS} layers resident while an op runs; encoders not offloaded",
             "# data: openimages+refcocog (images, 85% media positions) vs longtext, data/config "
             "PRESETS lognormals, best-fit packed; mbs 1; heaviest of 8 sampled replicas after "
             "KK reordering in groups of 8",
             f"# steps over {max_mb} micro-batches/replica: time extrapolated linearly from two "
-            "shortened runs; TP comm not overlapped; DP grad sync not overlapped",
+            "shortened runs; TP comm not overlapped",
+            "# DP grad sync: LLM reduce-scatter in buckets of max(40M, 1M x dp) params "
+            f"(megatron-core default; {dp_bucket_params(16) / 1e6:.0f}M at dp16) overlapped with "
+            "the last micro-batch's backward (all but the last bucket can hide); weight "
+            "all-gather and encoder ZeRO-2 sync exposed",
             "# disaggregated: encoders on whole LLM replicas' worth of GPUs, sized by the "
             "encoder FLOPs share at 5:5 (fixed), LLM on the rest; step = max(LLM, encoders)",
             "# GPT-45B shape (ours; the paper gives none): h8192, 56 layers, 64 heads, GELU 4h, "
@@ -89,9 +102,31 @@ def encoder_gpus(w: Workload, lay: Layout) -> int:
     return max(1, math.ceil(share * w.world_size / replica)) * replica
 
 
-def cell(p: Prediction, ref: Prediction) -> str:
-    flag = " OOM" if p.oom else ""
+def fitted(w: Workload, lay: Layout, policy: str, **kw) -> tuple[Prediction, str]:
+    """``policy`` on ``lay``; if that runs out of memory, the fastest other LLM activation
+    choice that fits, with its mark (``+s``, ``+o``, ``+f``); else the OOM prediction."""
+    p = predict(w, lay, policy=policy, **kw)
+    if not p.oom:
+        return p, ""
+    alts = [
+        predict(w, replace(lay, recompute=rc), policy=policy, **kw)
+        for rc in AC_NAMES
+        if rc != lay.recompute
+    ]
+    fit = [a for a in alts if not a.oom]
+    if not fit:
+        return p, ""
+    best = max(fit, key=lambda a: a.tokens_per_s)
+    return best, "+" + AC_NAMES[best.layout.recompute][0]
+
+
+def cell(p: Prediction, mark: str, ref: Prediction) -> str:
+    flag = " OOM" if p.oom else f" {mark}" if mark else ""
     return f"{ref.tokens_per_s / p.tokens_per_s:5.2f}x{flag:4}"
+
+
+def gib(p: Prediction) -> str:
+    return f"{p.stage0_gib:.0f}{'!' if p.oom else ''}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     base = paper_workloads()
     jobs = {**base, "C32K": base["C"].with_seq_length(32768)}
     print(
-        f"{'wl':5} {'seq':>4} {'img:txt':7} {'layout':32} {'uniform':>11} {'MFU':>6} "
+        f"{'wl':5} {'seq':>4} {'img:txt':7} {'layout':40} {'uniform':>13} {'MFU':>6} "
         f"{'bubble':>6} | {'vs stage0':10} {'vs front':10} {'vs disagg':10} | "
         f"PP0 GiB uni/st0/front"
     )
@@ -118,16 +153,15 @@ def main(argv: list[str] | None = None) -> int:
         for image, text in RATIOS:
             w = w0.with_share(image, text)
             kw = dict(device=device, max_microbatches=args.max_microbatches)
-            uni = predict(w, lay, policy="uniform", **kw)
-            st0 = predict(w, lay, policy="stage0", **kw)
-            front = predict(w, lay, policy="front_loaded", **kw)
+            uni, u_mark = fitted(w, lay, "uniform", **kw)
+            st0, s_mark = fitted(w, lay, "stage0", **kw)
+            front, f_mark = fitted(w, lay, "front_loaded", **kw)
             dis = predict_disaggregated(w, replace(lay), encoder_gpus=n_enc, **kw)
             print(
-                f"{name:5} {w.seq_length // 1024:>3}K {image}:{text:<5} {lay.describe():32} "
-                f"{uni.tokens_per_s / 1e3:8.0f}K/s {uni.mfu:6.1%} {uni.bubble:6.1%} | "
-                f"{cell(st0, uni)} {cell(front, uni)} {cell(dis, uni)} | "
-                f"{uni.stage0_gib:.0f}{'!' if uni.oom else ''}/{st0.stage0_gib:.0f}"
-                f"{'!' if st0.oom else ''}/{front.stage0_gib:.0f}{'!' if front.oom else ''}"
+                f"{name:5} {w.seq_length // 1024:>3}K {image}:{text:<5} {lay.describe():40} "
+                f"{uni.tokens_per_s / 1e3:8.0f}K/s{u_mark:2} {uni.mfu:6.1%} {uni.bubble:6.1%} | "
+                f"{cell(st0, s_mark, uni)} {cell(front, f_mark, uni)} {cell(dis, '', uni)} | "
+                f"{gib(uni)}/{gib(st0)}/{gib(front)}"
             )
         best = predict(
             w0.with_share(5, 5), free, device=device, max_microbatches=args.max_microbatches
@@ -136,7 +170,10 @@ def main(argv: list[str] | None = None) -> int:
             f"#   {name}: {w0.note}; disaggregated: {n_enc} encoder GPUs; best layout with pp "
             f"free at 5:5: {free.describe()} {best.tokens_per_s / 1e3:.0f}K/s MFU {best.mfu:.1%}"
         )
-    print(f"# {time.perf_counter() - started:.0f} s; '!' = predicted OOM (> HBM)")
+    print(
+        f"# {time.perf_counter() - started:.0f} s; '!' = predicted OOM (> HBM); +s/+o/+f = OOM "
+        "with the layout's activation choice, runs with sel-/offload-/full-AC instead"
+    )
     return 0
 
 

@@ -6,13 +6,22 @@ schedule objects (``simulate``), the paper's workloads (``workloads``) and a con
 """
 
 from omni_trainer.planner.costs import Layout
-from omni_trainer.planner.devices import A100, H100, H200, PROFILES, DeviceProfile, cpu_profile
+from omni_trainer.planner.devices import (
+    A100,
+    GH200,
+    H100,
+    H200,
+    PROFILES,
+    DeviceProfile,
+    cpu_profile,
+)
 from omni_trainer.planner.simulate import Prediction, predict, predict_disaggregated, run_schedule
 from omni_trainer.planner.tune import Candidate, tune
 from omni_trainer.planner.workloads import Workload, paper_workloads
 
 __all__ = [
     "A100",
+    "GH200",
     "H100",
     "H200",
     "PROFILES",

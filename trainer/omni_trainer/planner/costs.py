@@ -8,7 +8,8 @@ main gradients, fp32 master weights + Adam moments (sharded over data parallel w
 distributed optimizer, ZeRO-1), activations per Korthikanti et al. 2022 ("Reducing Activation
 Recomputation in Large Transformer Models", Table 2: ``34 s b h / t`` bytes per layer with tensor
 and sequence parallelism once attention scores are not stored, which FlashAttention guarantees;
-``2 s b h / t`` with full recomputation).
+``2 s b h / t`` with full recomputation). A third choice offloads the selective activations to
+host memory and brings them back for the backward, over ``DeviceProfile.host``.
 
 Pure Python: the planner runs without torch.
 """
@@ -34,12 +35,16 @@ from omni_trainer.planner.devices import (
 )
 
 __all__ = [
+    "AC_NAMES",
+    "OFFLOAD_RESIDENT_LAYERS",
     "EncoderMBCost",
     "LLMOpCost",
     "Layout",
+    "dp_bucket_params",
     "dp_sync_time",
     "encoder_mb_cost",
     "encoder_params",
+    "exposed_bucketed_sync",
     "layers_per_virtual_stage",
     "llm_op_costs",
     "llm_stage_params",
@@ -51,6 +56,11 @@ BF16 = 2
 ACT_BYTES_PER_HIDDEN = 34
 """Korthikanti et al. 2022: bytes per token per hidden unit per layer kept for backward (bf16,
 dropout masks included), with TP+SP and attention scores not stored."""
+OFFLOAD_RESIDENT_LAYERS = 2
+"""Activation offload keeps two layers of one micro-batch on the device while a virtual stage
+runs it: the layer being computed and the one whose copy (to the host in F, back in B) is in
+flight (double buffering); everything else of the micro-batch lives in host memory."""
+Recompute = Literal["selective", "full", "offload"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,9 +74,11 @@ class Layout:
     dp: int = 1
     micro_batch_size: int = 1
     """Packed sequences per micro-batch."""
-    recompute: Literal["selective", "full"] = "selective"
+    recompute: Recompute = "selective"
     """LLM activations: ``selective`` keeps 34 sbh/t per layer (attention recomputed by
-    FlashAttention's backward); ``full`` keeps only layer inputs and reruns the forward."""
+    FlashAttention's backward); ``full`` keeps only layer inputs and reruns the forward;
+    ``offload`` copies the selective activations to host memory after each layer's forward and
+    back before its backward (``OFFLOAD_RESIDENT_LAYERS`` stay on the device)."""
     encoder_recompute: Literal["selective", "full"] = "selective"
     llm_zero: Literal[0, 1] = 1
     """1: Megatron's distributed optimizer (optimizer state sharded over dp)."""
@@ -76,6 +88,10 @@ class Layout:
     """LSSP: encoder samples longer than this run sequence parallel over the stage's tp ranks."""
     reorder_group: int = 1
     """Data-parallel ranks per reorder group (1: no reordering)."""
+    overlap_grad_reduce: bool = True
+    """Megatron DDP's ``overlap_grad_reduce``: the LLM gradient reduce-scatter runs bucket by
+    bucket during the last micro-batch's backward (:func:`exposed_bucketed_sync`); False prices
+    the whole sync after the backward (the pessimistic bound)."""
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "vpp", "dp", "micro_batch_size", "reorder_group"):
@@ -89,11 +105,15 @@ class Layout:
         return self.tp * self.pp * self.dp
 
     def describe(self) -> str:
-        """``tp4 pp2 dp8 vpp1 eta4096 g8 sel``: one line for tables."""
+        """``tp4 pp2 vpp1 dp8 eta4096 g8 sel-AC``: one line for tables."""
         return (
             f"tp{self.tp} pp{self.pp} vpp{self.vpp} dp{self.dp} eta{self.eta} "
-            f"g{self.reorder_group} {'full-AC' if self.recompute == 'full' else 'sel-AC'}"
+            f"g{self.reorder_group} {AC_NAMES[self.recompute]}"
         )
+
+
+AC_NAMES: dict[str, str] = {"selective": "sel-AC", "full": "full-AC", "offload": "offload-AC"}
+"""How tables name the LLM activation choices."""
 
 
 def layers_per_virtual_stage(num_layers: int, pp: int, vpp: int) -> list[int]:
@@ -128,6 +148,8 @@ class LLMOpCost:
     """Per rank, kept from F until B."""
     send_bytes: float
     """Per rank, the activation sent to the next stage (sequence-parallel shard)."""
+    working_bytes: float = 0.0
+    """Per rank, held only while F runs and again while B runs (offload's resident layers)."""
 
 
 def llm_op_costs(
@@ -145,6 +167,15 @@ def llm_op_costs(
     half, which the attention efficiency absorbs). The LM head (``h x vocab``) runs on the last
     virtual stage. TP+SP moves four ``tokens x h`` bf16 tensors per layer and direction (two
     all-gathers, two reduce-scatters); ``tp_overlap`` hides that fraction of it behind GEMMs.
+
+    Activation offload moves each layer's ``34 s h / t`` bytes to the host in F and back in B
+    over ``device.host``; a layer's copy overlaps the compute of its neighbour, so per layer
+    only ``max(0, copy - layer time)`` is exposed (F: ``copy - F_layer``; B: ``copy -
+    B_layer``). Nothing of the micro-batch stays on the device between F and B except the last
+    stage's logits; ``min(n, OFFLOAD_RESIDENT_LAYERS)`` layers are resident while F or B runs.
+
+    Raises:
+        ValueError: offload on a device without a host link.
     """
     tp = layout.tp
     seg = [g.length for s in micro_batch for g in s.segments]
@@ -166,23 +197,32 @@ def llm_op_costs(
     )
     comm *= 1.0 - tp_overlap
     head_f = device.compute_time(2.0 * h * llm.vocab_size * tokens / tp, "gemm", width=width)
-    per_layer_act = (
-        ACT_BYTES_PER_HIDDEN * tokens * h / tp
-        if layout.recompute == "selective"
-        else BF16 * tokens * h / tp
-    )
+    selective_act = ACT_BYTES_PER_HIDDEN * tokens * h / tp
+    per_layer_act = BF16 * tokens * h / tp if layout.recompute == "full" else selective_act
     redo = 1.0 if layout.recompute == "full" else 0.0
+    layer_fwd = layer_f + comm
+    layer_bwd = (2.0 + redo) * layer_f + (1.0 + redo) * comm
+    exposed_f = exposed_b = 0.0
+    if layout.recompute == "offload":
+        if device.host is None:
+            raise ValueError(f"{device.name} has no host link to offload activations over")
+        copy = device.host.time(selective_act)
+        exposed_f = max(0.0, copy - layer_fwd)
+        exposed_b = max(0.0, copy - layer_bwd)
     layers = layers_per_virtual_stage(llm.num_layers, layout.pp, layout.vpp)
     out = []
     for v, n in enumerate(layers):
-        f = n * (layer_f + comm)
-        b = n * ((2.0 + redo) * layer_f + (1.0 + redo) * comm)
-        act = n * per_layer_act
+        f = n * (layer_fwd + exposed_f)
+        b = n * (layer_bwd + exposed_b)
+        if layout.recompute == "offload":
+            act, working = 0.0, min(n, OFFLOAD_RESIDENT_LAYERS) * selective_act
+        else:
+            act, working = n * per_layer_act, 0.0
         if v == len(layers) - 1:
             f += head_f
             b += 2.0 * head_f
             act += 4.0 * tokens * llm.vocab_size / tp  # fp32 logits for the loss backward
-        out.append(LLMOpCost(f, b, act, BF16 * tokens * h / tp))
+        out.append(LLMOpCost(f, b, act, BF16 * tokens * h / tp, working))
     return out
 
 
@@ -306,15 +346,70 @@ def static_memory(model: ModelConfig, layout: Layout, stage: int) -> dict[str, f
     }
 
 
-def dp_sync_time(model: ModelConfig, layout: Layout, stage: int, device: DeviceProfile) -> float:
-    """Gradient sync of one stage after its last backward, not overlapped (a pessimistic bound):
-    LLM grads reduce-scattered and weights all-gathered over dp (distributed optimizer);
-    encoder grads reduce-scattered over all replicas (ZeRO-2) and all-gathered back. Either pair
-    costs one all-reduce of ``device.grad_bytes`` per element (bf16 on GPUs, fp32 on a CPU)."""
+def dp_bucket_params(dp: int) -> int:
+    """Parameters per gradient bucket: megatron-core's default ``max(40M, 1M x dp)``
+    (``DistributedDataParallelConfig.bucket_size``: larger dp needs larger buckets so the
+    collectives stay bandwidth-bound)."""
+    return max(40_000_000, 1_000_000 * dp)
+
+
+def exposed_bucketed_sync(params: float, bucket: float, sync: float, backward: float) -> float:
+    """Seconds of a gradient sync still running after the backward it overlaps, bucket by bucket.
+
+    The backward produces gradients at a steady rate (bucket ``i`` is ready once its share of
+    ``params`` is done, the last one at the backward's end); buckets sync one at a time, in
+    order, each taking its share of ``sync`` (per-bucket latency ignored, so the result never
+    exceeds ``sync``). That is ``sync`` with one bucket or no backward, the last bucket's share
+    when the link keeps up with the backward, and ``sync - backward (k-1)/k`` for ``k`` equal
+    buckets when it does not.
+
+    Args:
+        params: gradient elements to sync.
+        bucket: elements per bucket (the last one takes the remainder).
+        sync: seconds of the unoverlapped sync of all of them.
+        backward: seconds of the backward that produces them.
+    """
+    if params <= 0 or sync <= 0:
+        return 0.0
+    finish = filled = 0.0
+    while filled < params:
+        size = min(bucket, params - filled)
+        filled += size
+        finish = max(finish, backward * filled / params) + sync * size / params
+    return min(sync, max(0.0, finish - backward))  # min: float rounding of the shares
+
+
+def dp_sync_time(
+    model: ModelConfig,
+    layout: Layout,
+    stage: int,
+    device: DeviceProfile,
+    *,
+    backward: float = 0.0,
+) -> float:
+    """Exposed gradient sync of one stage after its last backward.
+
+    LLM grads reduce-scattered and weights all-gathered over dp (distributed optimizer; without
+    it one all-reduce of the grads, the same cost); encoder grads reduce-scattered over all
+    replicas (ZeRO-2) and all-gathered back. Either pair costs one all-reduce of
+    ``device.grad_bytes`` per element (bf16 on GPUs, fp32 on a CPU).
+
+    With ``layout.overlap_grad_reduce`` the LLM gradient collective runs in buckets of
+    :func:`dp_bucket_params` during ``backward`` (the stage's last micro-batch, when the grads
+    are final) and only what :func:`exposed_bucketed_sync` leaves is counted; the weight
+    all-gather (after the optimizer step) and the encoders' sync stay exposed. Without it (or
+    with ``backward`` 0) the whole sync is counted: the pessimistic bound.
+    """
     link = device.link(layout.world_size)  # dp groups span nodes unless the job fits one
     b = device.grad_bytes
     p = llm_stage_params(model.llm, layout, stage)
-    t = reduce_scatter_time(b * p, layout.dp, link) + all_gather_time(b * p, layout.dp, link)
+    grads = reduce_scatter_time(b * p, layout.dp, link)
+    weights = all_gather_time(b * p, layout.dp, link)
+    if not layout.llm_zero:  # all-reduce of the grads, nothing to gather afterwards
+        grads, weights = grads + weights, 0.0
+    if layout.overlap_grad_reduce:
+        grads = exposed_bucketed_sync(p, dp_bucket_params(layout.dp), grads, backward)
+    t = grads + weights
     pe = encoder_params(model)
     t += reduce_scatter_time(b * pe, layout.world_size, link)
     t += all_gather_time(b * pe, layout.world_size, link)

@@ -18,6 +18,7 @@ from omni_trainer.components.flops import DEVICE_PEAK_FLOPS
 
 __all__ = [
     "A100",
+    "GH200",
     "H100",
     "H200",
     "PROFILES",
@@ -116,6 +117,10 @@ class DeviceProfile:
     """Link between devices of one node (NVLink)."""
     inter: Link
     """Link between nodes (IB/RoCE), per device (one rail NIC per GPU)."""
+    host: Link | None = None
+    """Host <-> device link (PCIe or NVLink-C2C) per device and direction, for activation
+    offload; ``None`` where the "device" is the host (CPU profiles), so nothing can be
+    offloaded."""
     efficiency: EfficiencyTable = field(default_factory=EfficiencyTable)
     reserved_bytes: float = 4 * GiB
     """Memory the framework takes besides tensors (CUDA context, NCCL buffers, allocator
@@ -156,6 +161,17 @@ _IB_NDR = Link(name="IB NDR 400G/GPU", alpha_s=10e-6, bandwidth=40e9)
 # A100 SXM NVLink 3: 600 GB/s bidirectional = 300 per direction; DGX A100: 8 x 200 Gb/s HDR.
 _NVLINK_A100 = Link(name="NVLink3", alpha_s=5e-6, bandwidth=240e9)
 _IB_HDR = Link(name="IB HDR 200G/GPU", alpha_s=10e-6, bandwidth=20e9)
+# Host links (activation offload), per GPU per direction, at 80% of spec (our assumption, the
+# same factor as the network links above; not measured). PCIe Gen5 x16: 32 GT/s x 16 lanes
+# ~64 GB/s per direction (H100 SXM and H200 datasheets: "PCIe Gen5: 128 GB/s", bidirectional)
+# -> 51.2 GB/s; PCIe Gen4 x16 ~32 GB/s per direction (A100 datasheet: "PCIe Gen4: 64 GB/s")
+# -> 25.6 GB/s; GH200 NVLink-C2C 900 GB/s bidirectional = 450 per direction (GH200 datasheet)
+# -> 360 GB/s. Each GPU is assumed to own its x16 link (DGX/HGX boards put two GPUs and NICs
+# behind one PCIe switch, so offload can contend with GPUDirect RDMA: not modelled). Latency:
+# ~10 us per copy (launch + link; our round figure).
+_PCIE5 = Link(name="PCIe Gen5 x16", alpha_s=10e-6, bandwidth=0.8 * 64e9)
+_PCIE4 = Link(name="PCIe Gen4 x16", alpha_s=10e-6, bandwidth=0.8 * 32e9)
+_NVLINK_C2C = Link(name="NVLink-C2C", alpha_s=10e-6, bandwidth=0.8 * 450e9)
 
 H100 = DeviceProfile(
     name="H100 SXM 80GB",
@@ -164,8 +180,14 @@ H100 = DeviceProfile(
     gpus_per_node=8,
     intra=_NVLINK_H100,
     inter=_IB_NDR,
+    host=_PCIE5,
 )
+# HGX H200: the H100 board with 141 GB HBM3e; the host link is still PCIe Gen5.
 H200 = replace(H100, name="H200 141GB", peak_flops=DEVICE_PEAK_FLOPS["H200"], hbm_bytes=141e9)
+# GH200 Grace Hopper (144 GB HBM3e variant): same tensor cores as H100/H200 (989 TFLOP/s dense
+# BF16, datasheet), host memory behind NVLink-C2C. Node and network are taken from the HGX
+# profile (8 per node, one 400G rail NIC each): our assumption, GH200 systems vary.
+GH200 = replace(H200, name="GH200 144GB", hbm_bytes=144e9, host=_NVLINK_C2C)
 A100 = DeviceProfile(
     name="A100 SXM 80GB",
     peak_flops=DEVICE_PEAK_FLOPS["A100"],  # 312e12 dense BF16 (datasheet)
@@ -173,9 +195,10 @@ A100 = DeviceProfile(
     gpus_per_node=8,
     intra=_NVLINK_A100,
     inter=_IB_HDR,
+    host=_PCIE4,
     # A100's narrower tensor cores saturate at smaller widths; same curve kept (not measured).
 )
-PROFILES: dict[str, DeviceProfile] = {"H100": H100, "H200": H200, "A100": A100}
+PROFILES: dict[str, DeviceProfile] = {"H100": H100, "H200": H200, "GH200": GH200, "A100": A100}
 
 
 def cpu_profile(

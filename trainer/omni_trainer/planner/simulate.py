@@ -8,7 +8,8 @@ its inputs have arrived: the previous stage's activation (after a p2p transfer),
 outputs stage 0 needs at ``F(m, 0)``, the gradient an encoder backward waits for. Sends are
 non-blocking, as in the dataflow module, so transfers are latencies on edges, not busy time.
 Memory is tracked by events (activations held from a forward's start to its backward's end,
-encoder outputs buffered on stage 0 from arrival to ``F(m, 0)``).
+working buffers while an op runs, encoder outputs buffered on stage 0 from arrival to
+``F(m, 0)``).
 
 Pure Python; :func:`predict` goes from a workload and a layout to step time, throughput, MFU,
 bubble share and peak memory per stage, and :func:`predict_disaggregated` prices the baseline
@@ -104,6 +105,7 @@ class _Task:
     alloc: float = 0.0  # bytes allocated at start
     free: float = 0.0  # bytes freed at end
     encoder: bool = False
+    working: float = 0.0  # bytes held from start to end only
 
 
 def _programs(table: DataflowTable, work: ReplicaWork) -> list[list[_Task]]:
@@ -156,7 +158,7 @@ def _programs(table: DataflowTable, work: ReplicaWork) -> list[list[_Task]]:
                         d = 0.0 if stage == 0 else lat(work.encoder[eid].output_bytes)
                         deps.append((("EF", eid), d))
                 prog.append(_Task(f"F({m},{c})", cost.forward, deps, ("F", m, c, s),
-                                  cost.activation_bytes))  # fmt: skip
+                                  cost.activation_bytes, working=cost.working_bytes))  # fmt: skip
             else:
                 deps = []
                 if s < pp - 1:
@@ -164,7 +166,7 @@ def _programs(table: DataflowTable, work: ReplicaWork) -> list[list[_Task]]:
                 elif c < vpp - 1:
                     deps.append((("B", m, c + 1, 0), lat(cost.send_bytes)))
                 prog.append(_Task(f"B({m},{c})", cost.backward, deps, ("B", m, c, s), 0.0,
-                                  cost.activation_bytes))  # fmt: skip
+                                  cost.activation_bytes, working=cost.working_bytes))  # fmt: skip
         prog += enc_tasks(s, POST)
         programs.append(prog)
     return programs
@@ -205,6 +207,9 @@ def run_schedule(table: DataflowTable, work: ReplicaWork) -> ScheduleResult:
                     events[s].append((start, t.alloc))
                 if t.free:
                     events[s].append((end, -t.free))
+                if t.working:
+                    events[s].append((start, t.working))
+                    events[s].append((end, -t.working))
                 if t.key[0] == "F" and t.key[3] == 0 and t.key[2] == 0:
                     for (kind, *rest), d in t.deps:  # encoder outputs buffered until now
                         if kind == "EF":
@@ -334,8 +339,14 @@ def _work(
             )  # fmt: skip
             mbs.append(replace(e, cost=enc[e.id].forward / unit))
     link = device.inter if _crosses_nodes(layout, device) else device.intra
-    static = []
+    static, tail = [], []
     for s in range(layout.pp):
+        # The grads are final during the last micro-batch's backward on each of the stage's
+        # chunks: the bucketed reduce-scatter hides behind it. A mean micro-batch stands for
+        # the last one, so shortened runs (see predict) extrapolate without its noise.
+        v = [c * layout.pp + s for c in range(layout.vpp)]
+        last_backward = sum(row[i].backward for row in llm for i in v) / len(llm)
+        tail.append(dp_sync_time(model, layout, s, device, backward=last_backward))
         mem = static_memory(model, layout, s)
         if not with_encoders:
             mem = {k: v for k, v in mem.items() if not k.startswith("encoder")}
@@ -344,7 +355,7 @@ def _work(
         llm=llm,
         encoder=enc,
         static_bytes=static,
-        tail=[dp_sync_time(model, layout, s, device) for s in range(layout.pp)],
+        tail=tail,
         p2p_bandwidth_s_per_byte=1.0 / link.bandwidth,
         p2p_alpha_s=link.alpha_s,
     )

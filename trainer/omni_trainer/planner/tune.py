@@ -6,6 +6,10 @@ reorder groups of 8) on a shortened step; then the few fastest layouts that fit 
 searched over the encoder knobs (policy, eta, reorder group size). Only configurations whose
 predicted peak memory fits the device are returned.
 
+LLM activations are kept (sel-AC), recomputed (full-AC) or offloaded to host memory
+(offload-AC). The last two only trade time for memory, so they are simulated only for layouts
+whose sel-AC variant does not fit.
+
 :func:`propose_proxy` then scales the winner down for validation on a small cluster (PAPER.md
 technique 10): fewer data-parallel replicas, everything else of a replica unchanged.
 """
@@ -47,12 +51,12 @@ def layouts(
     tps: Iterable[int] = (1, 2, 4, 8),
     pps: Iterable[int] = (1, 2, 4, 8, 16),
     vpps: Iterable[int] = (1, 2),
-    recomputes: Sequence[str] = ("selective", "full"),
+    recomputes: Sequence[str] = ("selective", "full", "offload"),
     micro_batch_size: int = 1,
 ) -> list[Layout]:
     """Every layout megatron accepts for the job: tp inside a node and dividing the heads, pp
     at most the layers, vpp only with pp > 1 and micro-batches a multiple of pp, dp dividing
-    the global batch."""
+    the global batch; offload only on a device with a host link."""
     llm = workload.model.llm
     n = workload.world_size
     out = []
@@ -70,6 +74,8 @@ def layouts(
                 if llm.num_layers < pp * vpp or (vpp > 1 and (pp == 1 or m % pp)):
                     continue
                 for rc in recomputes:
+                    if rc == "offload" and device.host is None:
+                        continue
                     out.append(
                         Layout(
                             tp=tp,
@@ -133,14 +139,25 @@ def tune(
             progress(done, total, label)
 
     first: list[Prediction] = []
+    # full-AC and offload-AC only add time to sel-AC's ops (recompute, exposed copies), so a
+    # layout that fits with sel-AC is never faster with them: simulate those only if it does not.
+    pool.sort(key=lambda lay: lay.recompute != "selective")  # stable: sel-AC first
+    selective_fits: set[Layout] = set()
+    simulated = 0
     for lay in pool:
+        if lay.recompute != "selective" and replace(lay, recompute="selective") in selective_fits:
+            tick(f"{lay.describe()} skipped: sel-AC fits")
+            continue
         p = predict(
             workload, lay, policy="uniform", device=device, seed=seed,
             max_microbatches=max_microbatches,
         )  # fmt: skip
         tick(lay.describe())
+        simulated += 1
         if not p.oom:
             first.append(p)
+            if lay.recompute == "selective":
+                selective_fits.add(lay)
     first.sort(key=lambda p: -p.tokens_per_s)
     seen: list[Prediction] = []
     for base in first[:keep_layouts]:
@@ -170,7 +187,7 @@ def tune(
         out.append(
             Candidate(
                 p,
-                f"#{i + 1} of {len(seen)} fitting configs ({fitting}/{len(pool)} layouts fit): "
+                f"#{i + 1} of {len(seen)} fitting configs ({fitting}/{simulated} layouts fit): "
                 f"{p.tokens_per_s / 1e3:.0f}K tok/s, MFU {p.mfu:.1%}, bubble {p.bubble:.1%}"
                 f"{margin}; peak {head:.0f} of {p.hbm_bytes / 2**30:.0f} GiB",
             )
