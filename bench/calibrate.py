@@ -21,9 +21,11 @@ and prints its share; it never corrects a figure for the load. What is measured:
     dispatch, norms, data loading), from single-process runs at each thread count the predicted
     runs use: world 1 as it runs (every core) and world 1 with ``OMNI_NUM_THREADS=1`` (the thread
     count of every process of worlds 2 and 4; that work is partly multi-threaded, so it costs
-    more per micro-batch on one thread). World 1 is therefore a fitting point; worlds 2 and 4
-    (several processes, their collectives, a quarter or half of the data each, oversubscription)
-    are predictions.
+    more per micro-batch on one thread), the latter as several independent runs at once, as many
+    as worlds 2 and 4 have processes with a core of their own: two trainers side by side slow
+    each other by about 20% here (shared caches and memory bandwidth), which a lone run would
+    not show. World 1 is therefore a fitting point; worlds 2 and 4 (several processes, their
+    collectives, a quarter or half of the data each, oversubscription) are predictions.
 
 Measured step time: the median over the steps after ``--warmup``. Predicted: the median of the
 simulator over ``--samples`` sampled batches (the workload sampler draws from the manifest's
@@ -252,17 +254,25 @@ def gloo_link(sizes: list[int]) -> tuple[list[float], Link]:
     return times, Link(name="gloo", alpha_s=alpha, bandwidth=bw)
 
 
-def run_train(manifest: Path, world: int, steps: int, tmp: Path, *, threads: int = 0) -> dict:
-    """``omni train --nproc world``; ``threads`` > 0 sets the trainer's thread count
-    (``OMNI_NUM_THREADS``) of a lone process."""
-    out = tmp / f"w{world}t{threads}.json"
-    cmd = [str(Path(sys.executable).parent / "omni"), "train", str(manifest), "--steps",
-           str(steps), "--nproc", str(world), "--summary", str(out)]  # fmt: skip
+def run_train(
+    manifest: Path, world: int, steps: int, tmp: Path, *, threads: int = 0, copies: int = 1
+) -> list[dict]:
+    """``omni train --nproc world``, ``copies`` independent runs at once (the summaries);
+    ``threads`` > 0 sets each process's thread count (``OMNI_NUM_THREADS``)."""
     env = {**os.environ, "OMNI_NUM_THREADS": str(threads)} if threads else None
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if r.returncode:
-        sys.exit(f"omni train --nproc {world} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
-    return json.loads(out.read_text())
+    outs = [tmp / f"w{world}t{threads}c{c}.json" for c in range(copies)]
+    omni = str(Path(sys.executable).parent / "omni")
+    procs = []
+    for out in outs:
+        cmd = [omni, "train", str(manifest), "--steps", str(steps), "--nproc", str(world),
+               "--summary", str(out)]  # fmt: skip
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, env=env))  # fmt: skip
+    for proc in procs:
+        log, _ = proc.communicate()
+        if proc.returncode:
+            sys.exit(f"omni train --nproc {world} failed:\n{log[-4000:]}")
+    return [json.loads(out.read_text()) for out in outs]
 
 
 def simulate(workload, rates: CpuRates, *, world, cores, link, memory, samples) -> float:
@@ -309,23 +319,29 @@ def main() -> int:
     sizes = sorted({8, 64 << 10, 1 << 20, 4 << 20, *grads})
     ar_times, link = gloo_link(sizes)
 
-    # Runs: (world, threads of a lone process or 0 for the trainer's default). World 1 on one
-    # thread fits the one-thread overheads of the multi-process worlds.
+    # Runs: (world, threads of a lone process or 0 for the trainer's default). The one-thread
+    # overheads of the multi-process worlds are fitted on lone one-thread processes, as many at
+    # once as those worlds have processes with a core of their own: the same sharing of the
+    # machine (caches, memory bandwidth), without any collective or data split.
+    copies = {(1, 0): 1, (1, 1): concurrent_processes(max(args.worlds), cores)}
     runs = [(1, 0), *([(1, 1)] if cores > 1 and args.worlds[1:] else []),
             *((w, 0) for w in args.worlds[1:])]  # fmt: skip
     rates: dict[tuple[int, int], tuple[CpuRates, CpuRates]] = {}
-    measured: dict[tuple[int, int], dict] = {}
+    measured: dict[tuple[int, int], list[dict]] = {}  # run -> the summaries of its copies
     foreign: dict[tuple[int, int], tuple[float, int]] = {}  # run -> (foreign share, attempt)
     for key in runs:
         w, t = key
         for attempt in range(1, args.attempts + 1):
             wait_quiet(cores, threshold=args.max_foreign)
+            n = copies.get(key, 1)
+            like = w if n == 1 else n  # rates measured by as many processes as run at once
             with Foreign(cores) as f:
-                before = measure_rates(cfg, shapes, world=w, cores=cores, threads=t)
-                run = run_train(manifest, w, args.steps, tmp, threads=t)
-                after = measure_rates(cfg, shapes, world=w, cores=cores, threads=t)
-            print(f"# world {w}{f' ({t} thread)' if t else ''} attempt {attempt}: other "
-                  f"processes took {f.share:.0%} of the machine", file=sys.stderr)  # fmt: skip
+                before = measure_rates(cfg, shapes, world=like, cores=cores, threads=t)
+                run = run_train(manifest, w, args.steps, tmp, threads=t, copies=n)
+                after = measure_rates(cfg, shapes, world=like, cores=cores, threads=t)
+            lone = f" ({t} thread, {n} at once)" if t else ""
+            print(f"# world {w}{lone} attempt {attempt}: other processes took {f.share:.0%} of "
+                  "the machine", file=sys.stderr)  # fmt: skip
             if key not in foreign or f.share < foreign[key][0]:
                 measured[key], rates[key], foreign[key] = run, (before, after), (f.share, attempt)
             if f.share <= args.max_foreign:
@@ -338,21 +354,24 @@ def main() -> int:
         r = _best_rates(*rates[key])
         sims[key] = simulate(workload, r, world=w, cores=cores, link=link, memory=memory,
                              samples=args.samples)  # fmt: skip
-        meds[key] = statistics.median(measured[key]["step_time_curve"][args.warmup :])
+        meds[key] = statistics.mean(
+            statistics.median(m["step_time_curve"][args.warmup :]) for m in measured[key]
+        )
     mb1 = cfg.data.global_batch_size // MICRO_BATCH
     overheads = {}  # by threads per process
     for key in [k for k in runs if k[0] == 1]:
         threads = key[1] or threads_per_rank(1, cores)
         overheads[threads] = fit_overheads(
             measured_s=meds[key], simulated_s=sims[key],
-            per_step_s=measured[key]["breakdown"][0]["sync_s"], microbatches=mb1,
+            per_step_s=statistics.mean(m["breakdown"][0]["sync_s"] for m in measured[key]),
+            microbatches=mb1,
         )  # fmt: skip
 
     print("# CPU calibration: planner simulator (uniform policy) vs omni train, tiny-cpu mb2")
     print(
         f"# {cores} cores; workload shares over the run's {tokens_run} tokens: "
         + ", ".join(f"{m} {v:.2f}" for m, v in shares.items())
-        + f"; trained tokens: {measured[(1, 0)]['tokens_per_modality']}"
+        + f"; trained tokens: {measured[(1, 0)][0]['tokens_per_modality']}"
     )
     print(
         "# gloo all-reduce (2 procs) "
@@ -361,7 +380,8 @@ def main() -> int:
     )
     for t, over in overheads.items():
         print(
-            f"# overheads fitted on world 1 with {t} thread(s): {over.per_step_s * 1e3:.1f} "
+            f"# overheads fitted on world 1 with {t} thread(s) ({copies[(1, 0 if t > 1 else 1)]} "
+            f"at once): {over.per_step_s * 1e3:.1f} "
             f"ms/step (clip + optimizer), {over.per_microbatch_s * 1e3:.1f} ms/micro-batch"
         )
     print(
@@ -391,7 +411,7 @@ def main() -> int:
                      "ratio": ratio,
                      "simulated_s": sims[key], "ok": ok, "foreign_share": foreign[key][0],
                      "rates": [a.__dict__, b.__dict__],
-                     "step_time_curve": measured[key]["step_time_curve"]})  # fmt: skip
+                     "curves": [m["step_time_curve"] for m in measured[key]]})  # fmt: skip
         print(
             f"{w:>5} {f'{r.threads}x{r.processes}':>10} "
             f"{f'{a.gemm_flops / 1e9:.0f}->{b.gemm_flops / 1e9:.0f}':>15} "
