@@ -171,8 +171,9 @@ def main(argv: list[str] | None = None) -> int:
             f"free at 5:5: {free.describe()} {best.tokens_per_s / 1e3:.0f}K/s MFU {best.mfu:.1%}"
         )
     print(
-        f"# {time.perf_counter() - started:.0f} s; '!' = predicted OOM (> HBM); +s/+o/+f = OOM "
-        "with the layout's activation choice, runs with sel-/offload-/full-AC instead"
+        f"# {time.perf_counter() - started:.0f} s; '!' = predicted OOM (> HBM) on some stage (the "
+        "GiB shown are stage 0's); +s/+o/+f = OOM with the layout's activation choice, runs with "
+        "sel-/offload-/full-AC instead"
     )
     return 0
 
