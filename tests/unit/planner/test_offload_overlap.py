@@ -29,19 +29,7 @@ from omni_trainer.planner.simulate import ReplicaWork, predict, run_schedule
 from omni_trainer.planner.tune import layouts, tune
 from omni_trainer.planner.workloads import Workload
 
-
-def _tiny_llm() -> LLMConfig:
-    return LLMConfig(
-        num_layers=4,
-        hidden_size=64,
-        num_attention_heads=4,
-        num_query_groups=4,
-        ffn_hidden_size=256,
-        vocab_size=100,
-        gated_mlp=False,
-        normalization="LayerNorm",
-    )
-
+from .llms import plain_llm
 
 # cpu_profile(1e9): GEMM at 1 GFLOP/s, attention at 0.5, no overhead; plus a host link of
 # 8 MB/s without latency, so one layer's copy takes 34 * 128 * 64 / 8e6 = 0.034816 s.
@@ -57,8 +45,8 @@ def _seq() -> list[PackedSequence]:
 
 def test_offload_exposes_only_the_copy_time_beyond_the_layer() -> None:
     device = replace(cpu_profile(1e9), host=SLOW_HOST)
-    sel = llm_op_costs(_tiny_llm(), _seq(), Layout(pp=2), device)
-    off = llm_op_costs(_tiny_llm(), _seq(), Layout(pp=2, recompute="offload"), device)
+    sel = llm_op_costs(plain_llm(), _seq(), Layout(pp=2), device)
+    off = llm_op_costs(plain_llm(), _seq(), Layout(pp=2, recompute="offload"), device)
     # 2 layers per stage. F: the copy (0.0348 s) outlasts the layer (0.0210 s), so each layer
     # takes the copy's time. B: 2 x 0.0210 = 0.0419 s hides the copy back entirely.
     assert COPY > LAYER_F and COPY < 2 * LAYER_F
@@ -75,20 +63,20 @@ def test_offload_exposes_only_the_copy_time_beyond_the_layer() -> None:
     assert off[0].working_bytes == pytest.approx(2 * LAYER_ACT)
     assert off[1].activation_bytes == pytest.approx(4 * 128 * 100)
     # One layer per virtual stage: one resident layer.
-    one = llm_op_costs(_tiny_llm(), _seq(), Layout(pp=4, recompute="offload"), device)
+    one = llm_op_costs(plain_llm(), _seq(), Layout(pp=4, recompute="offload"), device)
     assert one[0].working_bytes == pytest.approx(LAYER_ACT)
 
 
 def test_offload_on_a_fast_link_costs_no_time() -> None:
     fast = replace(cpu_profile(1e9), host=Link(name="fast", alpha_s=0.0, bandwidth=1e15))
-    sel = llm_op_costs(_tiny_llm(), _seq(), Layout(pp=2), fast)
-    off = llm_op_costs(_tiny_llm(), _seq(), Layout(pp=2, recompute="offload"), fast)
+    sel = llm_op_costs(plain_llm(), _seq(), Layout(pp=2), fast)
+    off = llm_op_costs(plain_llm(), _seq(), Layout(pp=2, recompute="offload"), fast)
     assert [(c.forward, c.backward) for c in off] == [(c.forward, c.backward) for c in sel]
 
 
 def test_offload_needs_a_host_link() -> None:
     with pytest.raises(ValueError, match="host link"):
-        llm_op_costs(_tiny_llm(), _seq(), Layout(recompute="offload"), cpu_profile(1e9))
+        llm_op_costs(plain_llm(), _seq(), Layout(recompute="offload"), cpu_profile(1e9))
     assert all(
         lay.recompute != "offload" for lay in layouts(_tiny_workload(), device=cpu_profile(1e9))
     )
@@ -107,7 +95,7 @@ def test_offload_peak_memory_in_a_1f1b_schedule() -> None:
     table = plan_dataflow("uniform", pp=2, vpp=1, num_microbatches=4, encoder_mbs=[])
     peaks = {}
     for rc in ("selective", "offload"):
-        costs = llm_op_costs(_tiny_llm(), _seq(), Layout(pp=2, recompute=rc), device)
+        costs = llm_op_costs(plain_llm(), _seq(), Layout(pp=2, recompute=rc), device)
         peaks[rc] = run_schedule(table, ReplicaWork(llm=[costs] * 4)).peak_bytes
     assert peaks["selective"][0] == pytest.approx(2 * 2 * LAYER_ACT)
     assert peaks["offload"][0] == pytest.approx(2 * LAYER_ACT)
@@ -143,16 +131,8 @@ def test_overlap_is_never_slower_than_the_bound(backward: float) -> None:
 
 def _llm_1b() -> LLMConfig:
     """8 layers of 12 h^2 = 12.6M params at h 1024: 100M parameters, 3 buckets of 40M."""
-    return LLMConfig(
-        num_layers=8,
-        hidden_size=1024,
-        num_attention_heads=8,
-        num_query_groups=8,
-        ffn_hidden_size=4096,
-        vocab_size=1000,
-        gated_mlp=False,
-        normalization="LayerNorm",
-    )
+    return plain_llm(num_layers=8, hidden_size=1024, num_attention_heads=8, num_query_groups=8,
+                     ffn_hidden_size=4096, vocab_size=1000)  # fmt: skip
 
 
 def test_dp_sync_time_switch_keeps_the_bound() -> None:

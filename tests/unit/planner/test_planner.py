@@ -29,6 +29,8 @@ from omni_trainer.planner.simulate import ReplicaWork, predict, run_schedule
 from omni_trainer.planner.tune import tune
 from omni_trainer.planner.workloads import Workload, image_token_share, sample_sequences
 
+from .llms import plain_llm
+
 LINK = Link(name="test", alpha_s=1e-5, bandwidth=1e9)
 
 
@@ -49,22 +51,9 @@ def test_gemm_efficiency_interpolates_and_clamps() -> None:
     assert 0.55 < eff.gemm_efficiency(1448) < 0.64  # between the 1024 and 2048 points
 
 
-def _tiny_llm() -> LLMConfig:
-    return LLMConfig(
-        num_layers=4,
-        hidden_size=64,
-        num_attention_heads=4,
-        num_query_groups=4,
-        ffn_hidden_size=256,
-        vocab_size=100,
-        gated_mlp=False,
-        normalization="LayerNorm",
-    )
-
-
 def test_llm_op_cost_hand_computed_on_cpu_profile() -> None:
     device = cpu_profile(1e9)  # gemm efficiency 1, attention 0.5, no overhead
-    llm = _tiny_llm()
+    llm = plain_llm()
     seq = PackedSequence(128, [Segment("t", "text", 0, 128, 0)], [])
     costs = llm_op_costs(llm, [seq], Layout(pp=2), device)
     # per layer: attn q,k,v,o 4h^2 + MLP 2*h*4h = 12 h^2 = 49152 params; 2*P*128 tokens
@@ -82,7 +71,7 @@ def test_llm_op_cost_hand_computed_on_cpu_profile() -> None:
 
 
 def test_static_memory_hand_computed() -> None:
-    model = ModelConfig(llm=_tiny_llm())
+    model = ModelConfig(llm=plain_llm())
     mem = static_memory(model, Layout(dp=4), 0)
     p = 4 * 12 * 64 * 64 + 2 * 100 * 64  # layers + embedding + LM head (single stage)
     assert mem["llm_weights"] == 2 * p
