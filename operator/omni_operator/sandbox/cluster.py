@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import json
 import logging
 import os
@@ -114,7 +115,7 @@ class Sandbox:
 
         workdir = config.workdir.resolve()
         workdir.mkdir(parents=True, exist_ok=True)
-        config = SandboxConfig(**{**config.__dict__, "workdir": workdir})
+        config = dataclasses.replace(config, workdir=workdir)
         async with Emulator() as emu, kmock.Server(emu, port=config.port or None) as server:
             definition = crd()
             names = definition["spec"]["names"]
