@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import kmock
 import pytest
 
 from omni_operator.metrics import OperatorMetrics
@@ -285,6 +286,12 @@ async def test_reacts_to_watch_events_not_to_the_resync(cluster: Cluster) -> Non
 
     assert reconciles("resync") == 0
     assert reconciles("pod") >= 3 and reconciles("node") >= 1 and reconciles("deadline") >= 1
+    pod_watches = [
+        r.params for r in cluster.emu._requests  # kmock's request log
+        if r.resource == kmock.resource("v1/pods") and r.params.get("watch")
+    ]  # fmt: skip
+    assert pod_watches  # and the API server filters them: other pods never reach the operator
+    assert {p.get("labelSelector") for p in pod_watches} == {LABEL_JOB}
 
 
 INVALID: dict[str, tuple[dict[str, Any], str]] = {

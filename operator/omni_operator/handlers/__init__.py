@@ -140,6 +140,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         prefix=GROUP, key="last-handled-configuration"
     )
     settings.watching.server_timeout = 300
+    # Only the jobs' pods are watched, filtered by the API server: a cluster's other pods never
+    # reach the operator (the handler's label filter alone would be applied client-side).
+    settings.watching.label_selectors[("", "v1", "pods")] = LABEL_JOB
     settings.networking.request_timeout = 60
     settings.execution.max_workers = 8
     st = state(memo)
