@@ -269,7 +269,8 @@ async def test_reacts_to_watch_events_not_to_the_resync(cluster: Cluster) -> Non
     await _running(cluster, attempt=1)
     assert cluster.status("train")["restartHistory"][-1]["reason"] == "PodFailed"
 
-    await cluster.node_not_ready("n1", seconds_ago=4)  # Node event; lost 1 s later (deadline)
+    await cluster.node_not_ready("n1")  # Node event within the grace; lost 5 s later (deadline)
+    await cluster.wait("attempt 2", lambda: cluster.status("train").get("attempt") == 2, 30)
     pods = await _running(cluster, attempt=2)
     assert [_node_of(p) for p in pods] == ["n2", "n3"]
     assert cluster.status("train")["restartHistory"][-1]["reason"] == "NodeLost"
