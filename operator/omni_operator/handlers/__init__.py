@@ -35,8 +35,8 @@ from omni_operator import reconcile as rec
 from omni_operator.handlers.kube import JOB_API, Kube, obj_path, url_path
 from omni_operator.metrics import Fleet, NullOperatorMetrics, OperatorMetrics
 from omni_operator.progress import MetricsProgress
-from omni_operator.recovery import format_time, node_not_ready_since
-from omni_operator.render import ANNOTATION_NODE, LABEL_JOB
+from omni_operator.recovery import format_time, node_not_ready_since, pod_node
+from omni_operator.render import LABEL_JOB
 from omni_operator.spec import GROUP, PLURAL, VERSION, OmniTrainingJob, parse_job
 from omni_trainer.config import ManifestError
 
@@ -382,17 +382,11 @@ async def _reconcile_locked(st: OperatorState, namespace: str, name: str) -> Out
             st.metrics.observe_recovery(recovered)
         st.fleet.export(st.metrics)
         st.job_nodes[(namespace, name)] = frozenset(
-            filter(None, (_pod_node(p) for p in pods + actions.create if p["kind"] == "Pod"))
+            filter(None, (pod_node(p) for p in pods + actions.create if p["kind"] == "Pod"))
         )
         if phase in rec.TERMINAL:
             return FINISHED
         return Outcome(requeue_after=actions.requeue_after)
-
-
-def _pod_node(pod: dict[str, Any]) -> str | None:
-    return (pod.get("spec") or {}).get("nodeName") or (
-        (pod["metadata"].get("annotations") or {}).get(ANNOTATION_NODE)
-    )
 
 
 async def _apply(kube: Kube, raw: dict[str, Any], job_path: str, actions: rec.Actions) -> None:

@@ -43,6 +43,8 @@ from typing import Any
 import aiohttp
 import psutil
 
+from omni_operator.recovery import node_not_ready_since
+
 Obj = dict[str, Any]
 FAULT = "sandbox.omni.megascale.io/fault"
 POD_MARKER = "OMNI_SANDBOX_POD_UID"
@@ -82,13 +84,6 @@ def target_node(pod: Obj) -> str | None:
                     return str(values[0])
     host = (spec.get("nodeSelector") or {}).get("kubernetes.io/hostname")
     return str(host) if host else None
-
-
-def node_ready(node: Obj) -> bool:
-    for cond in (node.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == "Ready":
-            return cond.get("status") == "True"
-    return False
 
 
 def ready_condition(ready: bool) -> list[Obj]:
@@ -185,6 +180,7 @@ class Container:
     pod: str  # "<namespace>/<name>"
     uid: str
     node: str
+    name: str  # the container's, as the pod spec names it
     proc: subprocess.Popen[bytes]
     log_path: Path
     grace_s: float
@@ -297,7 +293,11 @@ class Kubelet:
         why = None
         if sim is None:
             why = f"node {name!r} is not a sandbox node" if name else "no node affinity"
-        elif sim.lost or name not in nodes or not node_ready(nodes[name]):
+        elif (
+            sim.lost
+            or name not in nodes
+            or node_not_ready_since(nodes[name], dt.datetime.now(tz=dt.UTC)) is not None
+        ):
             why = f"node {name} is not Ready"
         elif self._gpus_used(sim.name) + requested_gpus(pod) > sim.gpus:
             why = f"node {name}: {requested_gpus(pod)} GPUs requested, {sim.gpus} allocatable"
@@ -325,7 +325,10 @@ class Kubelet:
             (container,) = spec["containers"]
             argv, env = self._command(pod, container, mounts, ip=ip, node=sim.name)
         except (ValueError, KeyError) as err:
-            await self._report_exit(pod, 128, reason="CreateContainerError", message=str(err))
+            first = (spec.get("containers") or [{}])[0].get("name", "")
+            await self._report_exit(
+                pod, first, 128, reason="CreateContainerError", message=str(err)
+            )
             return
         log_path = self.workdir / "logs" / meta["namespace"] / f"{meta['name']}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -335,8 +338,9 @@ class Kubelet:
                 stdin=subprocess.DEVNULL, start_new_session=True,
             )  # fmt: skip
         self.containers[key] = Container(
-            key, meta["uid"], sim.name, proc, log_path, _grace(spec), gpus=requested_gpus(pod)
-        )
+            key, meta["uid"], sim.name, container["name"], proc, log_path, _grace(spec),
+            gpus=requested_gpus(pod),
+        )  # fmt: skip
         started = {"running": {"startedAt": now_iso()}}
         await self._patch(
             _pod_path(pod, "status"),
@@ -412,19 +416,20 @@ class Kubelet:
             exit_code = 128 - code if code < 0 else code  # killed by signal N -> 128 + N
             ns, name = key.split("/", 1)
             pod = {"metadata": {"namespace": ns, "name": name}}
-            await self._report_exit(
-                pod, exit_code, reason="Completed" if exit_code == 0 else "Error", message=None
-            )
+            reason = "Completed" if exit_code == 0 else "Error"
+            await self._report_exit(pod, c.name, exit_code, reason=reason, message=None)
             log.info(f"sandbox: {key} exited with code {exit_code}")
 
-    async def _report_exit(self, pod: Obj, code: int, *, reason: str, message: str | None) -> None:
+    async def _report_exit(
+        self, pod: Obj, container: str, code: int, *, reason: str, message: str | None
+    ) -> None:
         term: Obj = {"exitCode": code, "reason": reason, "finishedAt": now_iso()}
         if message:
             term["message"] = message
         await self._patch(
             _pod_path(pod, "status"),
             {"status": {"phase": "Succeeded" if code == 0 else "Failed",
-                        "containerStatuses": [{"name": "trainer", "ready": False,
+                        "containerStatuses": [{"name": container, "ready": False,
                                                "restartCount": 0,
                                                "state": {"terminated": term}}]}},
         )  # fmt: skip

@@ -85,7 +85,7 @@ def _created(o: Obj) -> str:
 
 BUILTIN: dict[str, list[Column]] = {
     "Pod": [
-        _cell(lambda p: _pod_ready(p), "Ready"),
+        _cell(_pod_ready, "Ready"),
         _cell(_pod_status, "Status"),
         _cell(lambda p: 0, "Restarts"),
         _cell(_created, "Age"),
@@ -96,7 +96,7 @@ BUILTIN: dict[str, list[Column]] = {
         _cell(lambda e: age(e.get("lastTimestamp") or _created_at(e)), "Last Seen"),
         _cell(lambda e: e.get("type") or "", "Type"),
         _cell(lambda e: e.get("reason") or "", "Reason"),
-        _cell(lambda e: _involved(e), "Object"),
+        _cell(_involved, "Object"),
         _cell(lambda e: e.get("message") or "", "Message"),
     ],
     "Node": [

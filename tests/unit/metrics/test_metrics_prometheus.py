@@ -43,7 +43,7 @@ def test_prometheus_scrapes_the_trainer(tmp_path: Path) -> None:
     metrics.record_step(
         step=5, loss=2.0, lr=1e-3, tokens_per_s=5000.0, mfu=0.33, step_seconds=0.5,
         phases={"llm": 0.3, "encoder": 0.1}, samples={"image": 3}, mixture={"image": 1.0},
-        encoder_activation_peak_bytes=1024,
+        encoder_activation_peak_bytes=1024, media_bytes_read=0,
     )  # fmt: skip
     prom_port = _free_port()
     (tmp_path / "prometheus.yml").write_text(

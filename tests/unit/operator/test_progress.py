@@ -12,7 +12,7 @@ from omni_trainer.components.metrics import TrainerMetrics
 STEP = dict(
     loss=2.5, lr=3e-4, tokens_per_s=12345.0, mfu=0.41, step_seconds=0.5,
     phases={"llm": 0.3}, samples={"image": 4}, mixture={"image": 1.0},
-    encoder_activation_peak_bytes=1024,
+    encoder_activation_peak_bytes=1024, media_bytes_read=0,
 )  # fmt: skip
 
 

@@ -68,7 +68,7 @@ class MetricsSink(Protocol):
         samples: Mapping[str, int],
         mixture: Mapping[str, float],
         encoder_activation_peak_bytes: int,
-        media_bytes_read: int = 0,
+        media_bytes_read: int,
     ) -> None: ...
 
     def record_checkpoint(
@@ -247,7 +247,7 @@ class TrainerMetrics(MetricsEndpoint):
         samples: Mapping[str, int],
         mixture: Mapping[str, float],
         encoder_activation_peak_bytes: int,
-        media_bytes_read: int = 0,
+        media_bytes_read: int,
     ) -> None:
         """Record one finished step.
 
@@ -335,7 +335,7 @@ class NullTrainerMetrics:
         samples: Mapping[str, int],
         mixture: Mapping[str, float],
         encoder_activation_peak_bytes: int,
-        media_bytes_read: int = 0,
+        media_bytes_read: int,
     ) -> None:
         pass
 
