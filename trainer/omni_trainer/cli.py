@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -28,20 +29,40 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
 ManifestArg = Annotated[Path, typer.Argument(help="OmniTrainingJob YAML")]
 
 
-def _load(path: Path):
+def _load(path: Path, *, whole: bool = False, local_world_size: int | None = None):
     try:
-        return load_manifest(path)
+        return load_manifest(path, whole=whole, local_world_size=local_world_size)
     except ManifestError as err:
         raise _fail(str(err)) from None
 
 
+def _warn(cfg) -> None:
+    """What the manifest lets through but changes the data, said before anything runs."""
+    from omni_trainer.distributed.layout import manifest_warnings
+
+    for line in manifest_warnings(cfg):
+        err_console.print("[bold yellow]warning:[/bold yellow] ", end="")
+        err_console.print(line, markup=False)
+
+
 @app.command()
-def validate(manifest: ManifestArg) -> None:
-    """Check a manifest without training; every problem is listed with its field path."""
-    job = _load(manifest)
+def validate(
+    manifest: ManifestArg,
+    nproc: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="check a local run on this many processes (default: the cluster fields)"
+        ),
+    ] = None,
+) -> None:
+    """Check a whole manifest without starting anything (the operator's checks, cluster fields
+    included); every problem is listed with its field path and the fix."""
+    job = _load(manifest, whole=True, local_world_size=nproc)
     cfg = job.spec.trainer
+    _warn(cfg)
+    where = f"--nproc {nproc}" if nproc else "its cluster fields"
     typer.echo(
-        f"{manifest}: valid OmniTrainingJob {job.metadata.name!r} "
+        f"{manifest}: valid OmniTrainingJob {job.metadata.name!r} on {where} "
         f"(modalities: {', '.join(cfg.model.modalities)}; "
         f"{len(cfg.data.sources)} sources; {cfg.train.steps} steps)"
     )
@@ -75,7 +96,12 @@ def train(
 
     if resume not in ("auto", "none"):
         raise _fail(f"--resume must be 'auto' or 'none', not {resume!r}")
-    job = _load(manifest)
+    # Every rank of torchrun re-enters here: the manifest is checked at the world it runs in,
+    # and before torchrun starts at --nproc, so a bad manifest is reported once.
+    world = int(os.environ["WORLD_SIZE"]) if inside_torchrun() else nproc
+    job = _load(manifest, whole=True, local_world_size=world)
+    if not inside_torchrun():
+        _warn(job.spec.trainer)
     if nproc > 1 and not inside_torchrun():
         forwarded = [
             *(["--steps", str(steps)] if steps else []),
@@ -210,8 +236,6 @@ def _tune(cfg, *, name: str, gpus: int, proxy_gpus: int | None = None) -> None:
 
 
 def _is_rank0() -> bool:
-    import os
-
     return os.environ.get("RANK", "0") == "0"
 
 
