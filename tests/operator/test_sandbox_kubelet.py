@@ -172,3 +172,30 @@ async def test_node_lost_kills_its_pods_silently_and_marks_it_unknown(env: Env) 
     await env.wait("Ready again", lambda: ready() == "True")
     with pytest.raises(RuntimeError, match="pod 'nope' not found in namespace default"):
         await inject_fault(env.url, "kill-pod", "nope", namespace=NS)
+
+
+def _message(e: Env, name: str) -> str | None:
+    (cs,) = e.pod(name)["status"].get("containerStatuses") or [{}]
+    return ((cs.get("state") or {}).get("terminated") or {}).get("message")
+
+
+async def test_termination_messages_as_a_kubelet_reports_them(env: Env) -> None:
+    """The file (OMNI_TERMINATION_LOG stands for terminationMessagePath) wins; with
+    FallbackToLogsOnError an empty file on failure gives the log's tail; else no message."""
+    writes = (
+        "import os; open(os.environ['OMNI_TERMINATION_LOG'], 'w').write('ValueError: the cause'); "
+        "print('noise', flush=True); raise SystemExit(1)"
+    )
+    prints = "print('\\n'.join(f'line {i}' for i in range(100)), flush=True); raise SystemExit(2)"
+    pods = {"file": writes, "tail": prints, "plain": prints, "ok": "print('done')"}
+    for name, script in pods.items():
+        pod = _pod(name, "node-0", script)
+        if name != "plain":
+            pod["spec"]["containers"][0]["terminationMessagePolicy"] = "FallbackToLogsOnError"
+        await env.post(f"/api/v1/namespaces/{NS}/pods", pod)
+    for name in pods:
+        await env.wait(f"{name} ended", lambda n=name: _phase(env, n) in ("Succeeded", "Failed"))
+    assert _message(env, "file") == "ValueError: the cause"
+    tail = _message(env, "tail")
+    assert tail is not None and tail.splitlines() == [f"line {i}" for i in range(20, 100)]
+    assert _message(env, "plain") is None and _message(env, "ok") is None

@@ -56,30 +56,58 @@ def _wait(what: str, check: Callable[[], Any], *, timeout: float, logs: Path) ->
     pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}; sandbox log tail:\n{tail}")
 
 
-def test_node_lost_mid_run_restarts_and_matches_an_uninterrupted_run(tmp_path: Path) -> None:
-    _manifest(tmp_path / "job.yaml", step_log="runs/job/steps.jsonl", checkpoint="runs/job/ckpt")
-    _manifest(tmp_path / "ref.yaml", step_log="runs/ref/steps.jsonl", checkpoint=None)
-    sandbox_log = tmp_path / "sandbox.log"
-    env = {**os.environ, "KUBECONFIG": str(tmp_path / SANDBOX_DIR / "kubeconfig")}
+class Sandbox:
+    """`omni sandbox up` in ``cwd`` (4 CPU nodes), and the real kubectl against it."""
 
-    def kubectl(*args: str) -> str:
-        out = subprocess.run([str(BIN / "kubectl"), *args], cwd=tmp_path, env=env,
+    def __init__(self, cwd: Path, env: dict[str, str] | None = None) -> None:
+        self.cwd, self.log = cwd, cwd / "sandbox.log"
+        self.env = {**(env or os.environ), "KUBECONFIG": str(cwd / SANDBOX_DIR / "kubeconfig")}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Sandbox:
+        with self.log.open("w") as log:
+            self.proc = subprocess.Popen(
+                [*OMNI, "sandbox", "up", "--nodes", "4", "--gpus-per-node", "0", "--resync",
+                 "1", "--dir", SANDBOX_DIR],
+                cwd=self.cwd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        try:
+            self.wait("the sandbox", (self.cwd / SANDBOX_DIR / "sandbox.json").exists, timeout=120)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        assert self.proc is not None
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+    def kubectl(self, *args: str) -> str:
+        out = subprocess.run([str(BIN / "kubectl"), *args], cwd=self.cwd, env=self.env,
                              capture_output=True, text=True, timeout=120)  # fmt: skip
         assert out.returncode == 0, f"kubectl {' '.join(args)}: {out.stderr}"
         return out.stdout
 
-    def job() -> dict[str, Any]:
-        return json.loads(kubectl("get", "otj", "tiny-cpu", "-o", "json"))
+    def job(self, name: str) -> dict[str, Any]:
+        return json.loads(self.kubectl("get", "otj", name, "-o", "json"))
 
-    with sandbox_log.open("w") as log:
-        sandbox = subprocess.Popen(
-            [*OMNI, "sandbox", "up", "--nodes", "4", "--gpus-per-node", "0", "--resync", "1",
-             "--dir", SANDBOX_DIR],
-            cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    try:
-        _wait("the sandbox", (tmp_path / SANDBOX_DIR / "sandbox.json").exists, timeout=120,
-              logs=sandbox_log)  # fmt: skip
+    def wait(self, what: str, check: Callable[[], Any], *, timeout: float) -> Any:
+        return _wait(what, check, timeout=timeout, logs=self.log)
+
+
+def test_node_lost_mid_run_restarts_and_matches_an_uninterrupted_run(tmp_path: Path) -> None:
+    _manifest(tmp_path / "job.yaml", step_log="runs/job/steps.jsonl", checkpoint="runs/job/ckpt")
+    _manifest(tmp_path / "ref.yaml", step_log="runs/ref/steps.jsonl", checkpoint=None)
+    with Sandbox(tmp_path) as sb:
+        kubectl = sb.kubectl
+
+        def job() -> dict[str, Any]:
+            return sb.job("tiny-cpu")
+
         assert "node-3" in kubectl("get", "nodes")
         kubectl("apply", "--validate=false", "-f", "job.yaml")
 
@@ -87,8 +115,7 @@ def test_node_lost_mid_run_restarts_and_matches_an_uninterrupted_run(tmp_path: P
             step = ((job().get("status") or {}).get("lastCheckpoint") or {}).get("step")
             return step if step and step >= 10 else None
 
-        _wait("a committed checkpoint in the job's status", checkpointed, timeout=400,
-              logs=sandbox_log)  # fmt: skip
+        sb.wait("a committed checkpoint in the job's status", checkpointed, timeout=400)
         selector = "omni.megascale.io/attempt=0,omni.megascale.io/node-rank=1"
         (rank1,) = json.loads(kubectl("get", "pods", "-l", selector, "-o", "json"))["items"]
         lost = rank1["spec"]["nodeName"]
@@ -114,13 +141,7 @@ def test_node_lost_mid_run_restarts_and_matches_an_uninterrupted_run(tmp_path: P
         rank0 = "tiny-cpu-a1-n0"
         assert f"training {STEPS} steps" in kubectl("logs", rank0)
         assert "Succeeded" in kubectl("get", "otj")  # the printer columns show the phase
-    finally:
-        sandbox.terminate()
-        try:
-            sandbox.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            sandbox.kill()
-    assert sandbox.returncode is not None
+    assert sb.proc is not None and sb.proc.returncode is not None
 
     log_path = tmp_path / "runs/job/steps.jsonl"
     got = read_step_log(log_path)
@@ -131,3 +152,69 @@ def test_node_lost_mid_run_restarts_and_matches_an_uninterrupted_run(tmp_path: P
     want = read_step_log(tmp_path / "runs/ref/steps.jsonl")
     assert list(got) == list(want) == list(range(1, STEPS + 1))
     assert max(abs(got[s] - want[s]) for s in want) <= 1e-6, (got, want)
+
+
+def test_failures_put_their_cause_in_the_status(tmp_path: Path) -> None:
+    """A shards url that matches nothing and an s3:// checkpoint without credentials fail
+    before any training step, a trainer exception after step 1 fails after it: each job's
+    status.message (and Failed condition, and Event) carries the cause, not a log line number."""
+    blocker = tmp_path / "runs" / "blocker"  # a file where the checkpoint directory must go
+    blocker.parent.mkdir(parents=True)
+    blocker.write_text("")
+    jobs: dict[str, tuple[dict[str, Any], str]] = {
+        "badurl": (
+            {"data": {"sources[0]": {"kind": "shards", "name": "web", "modality": "image",
+                                     "url": "data/missing/*.tar"}}},
+            "spec.trainer.data.sources[0].url (data/missing/*.tar): FileNotFoundError: source "
+            "'web': url 'data/missing/*.tar' matches no .tar shards",
+        ),
+        "nocreds": (
+            {"checkpoint": {"path": "s3://omni-ckpt/nocreds", "intervalSteps": 10}},
+            "spec.trainer.checkpoint.path (s3://omni-ckpt/nocreds): NoCredentialsError: Unable "
+            "to locate credentials",
+        ),
+        "crash": (  # the first save (after step 1) cannot create its directory
+            {"checkpoint": {"path": "runs/blocker/ckpt", "intervalSteps": 1}},
+            "RuntimeError: the last checkpoint failed",
+        ),
+    }  # fmt: skip
+    for name, (trainer, _) in jobs.items():
+        path = tmp_path / f"{name}.yaml"
+        _manifest(path, step_log=f"runs/{name}/steps.jsonl", checkpoint=None)
+        doc = yaml.safe_load(path.read_text())
+        doc["metadata"]["name"] = name
+        doc["spec"].update(nodes=1, restartPolicy={"budget": 0})
+        doc["spec"]["trainer"]["train"]["steps"] = 3
+        for key, value in trainer.items():
+            if "sources[0]" in value:
+                doc["spec"]["trainer"][key]["sources"][0] = value["sources[0]"]
+            else:
+                doc["spec"]["trainer"][key] = value
+        path.write_text(yaml.safe_dump(doc))
+    no_aws = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    none = str(tmp_path / "none")
+    no_aws.update(
+        AWS_SHARED_CREDENTIALS_FILE=none, AWS_CONFIG_FILE=none, AWS_EC2_METADATA_DISABLED="true"
+    )
+    with Sandbox(tmp_path, no_aws) as sb:
+        for name in jobs:
+            sb.kubectl("apply", "--validate=false", "-f", f"{name}.yaml")
+        for name, (_, cause) in jobs.items():
+            sb.wait(f"{name} Failed", lambda n=name: _phase(sb.job(n)) == "Failed", timeout=300)
+            status = sb.job(name)["status"]
+            assert cause in status["message"], status["message"]
+            failed = {c["type"]: c for c in status["conditions"]}["Failed"]
+            assert cause in failed["message"]
+            selector = f"involvedObject.name={name}"
+            events = json.loads(
+                sb.kubectl("get", "events", "--field-selector", selector, "-o", "json")
+            )
+            assert any(cause in e["message"] for e in events["items"] if e["type"] == "Warning")
+        assert 1 in read_step_log(tmp_path / "runs/crash/steps.jsonl")  # failed after step 1
+        for name in ("badurl", "nocreds"):  # before any training step
+            assert not (tmp_path / f"runs/{name}/steps.jsonl").exists()
+            assert "before the first training step" in sb.job(name)["status"]["message"]
+
+
+def _phase(job: dict[str, Any]) -> str | None:
+    return (job.get("status") or {}).get("phase")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -54,12 +56,25 @@ def validate(
             min=1, help="check a local run on this many processes (default: the cluster fields)"
         ),
     ] = None,
+    sources: Annotated[
+        bool,
+        typer.Option(
+            "--sources",
+            help="also open every data source and the checkpoint storage, with this "
+            "machine's credentials",
+        ),
+    ] = False,
 ) -> None:
     """Check a whole manifest without starting anything (the operator's checks, cluster fields
     included); every problem is listed with its field path and the fix."""
     job = _load(manifest, whole=True, local_world_size=nproc)
     cfg = job.spec.trainer
     _warn(cfg)
+    if sources:
+        try:
+            _check_sources(cfg)
+        except ManifestError as err:
+            raise _fail(f"{manifest}: {err}") from None
     where = f"--nproc {nproc}" if nproc else "its cluster fields"
     typer.echo(
         f"{manifest}: valid OmniTrainingJob {job.metadata.name!r} on {where} "
@@ -99,18 +114,22 @@ def train(
     # Every rank of torchrun re-enters here: the manifest is checked at the world it runs in,
     # and before torchrun starts at --nproc, so a bad manifest is reported once.
     world = int(os.environ["WORLD_SIZE"]) if inside_torchrun() else nproc
-    job = _load(manifest, whole=True, local_world_size=world)
-    if not inside_torchrun():
-        _warn(job.spec.trainer)
-    if nproc > 1 and not inside_torchrun():
-        forwarded = [
-            *(["--steps", str(steps)] if steps else []),
-            *(["--summary", str(summary)] if summary else []),
-            "--resume",
-            resume,
-        ]
-        raise typer.Exit(launch_torchrun(manifest, nproc=nproc, forwarded=forwarded))
-    try:
+    with _fatal_to_termination_log():
+        job = load_manifest(manifest, whole=True, local_world_size=world)
+        if not inside_torchrun():
+            _warn(job.spec.trainer)
+        # Once per machine (a pod, or this launcher), before the process group forms.
+        if os.environ.get("LOCAL_RANK", "0") == "0" and not os.environ.get(SOURCES_CHECKED):
+            _check_sources(job.spec.trainer)
+        if nproc > 1 and not inside_torchrun():
+            forwarded = [
+                *(["--steps", str(steps)] if steps else []),
+                *(["--summary", str(summary)] if summary else []),
+                "--resume",
+                resume,
+            ]
+            os.environ[SOURCES_CHECKED] = "1"  # the local workers need not check again
+            raise typer.Exit(launch_torchrun(manifest, nproc=nproc, forwarded=forwarded))
         result = run_worker(
             job,
             steps=steps,
@@ -118,10 +137,38 @@ def train(
             resume=resume == "auto",
             metrics_port=metrics_port,
         )
-    except ManifestError as err:
-        raise _fail(str(err)) from None
     if result and _is_rank0():
         _print_summary(result)
+
+
+SOURCES_CHECKED = "OMNI_SOURCES_CHECKED"
+
+
+def _check_sources(cfg) -> None:
+    """Data sources and checkpoint storage reachable, or one ManifestError naming each cause."""
+    from omni_trainer.preflight import source_problems
+
+    problems = source_problems(cfg)
+    if problems:
+        raise ManifestError("unreachable:\n" + "\n".join(problems))
+
+
+@contextlib.contextmanager
+def _fatal_to_termination_log() -> Iterator[None]:
+    """A fatal error of ``omni train`` also goes to the container's termination message, which
+    the operator puts into the job's status (``omni_trainer.termination``)."""
+    from omni_trainer.termination import fatal_message, report_fatal
+
+    try:
+        yield
+    except typer.Exit:  # torchrun's exit status: its workers reported for themselves
+        raise
+    except ManifestError as err:
+        report_fatal(str(err))
+        raise _fail(str(err)) from None
+    except Exception as err:
+        report_fatal(fatal_message(err))
+        raise
 
 
 @app.command()

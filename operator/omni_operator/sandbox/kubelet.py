@@ -44,6 +44,7 @@ import aiohttp
 import psutil
 
 from omni_operator.recovery import node_not_ready_since
+from omni_trainer.termination import ENV as TERMINATION_LOG_ENV
 
 Obj = dict[str, Any]
 FAULT = "sandbox.omni.megascale.io/fault"
@@ -189,6 +190,11 @@ class Container:
     lost: bool = False
     """Its node was lost: it is killed and nobody reports its end."""
     killing_since: float | None = None
+    termination_log: Path | None = None
+    """The file standing for its ``terminationMessagePath`` (``OMNI_TERMINATION_LOG``)."""
+    message_policy: str = "File"
+    """``terminationMessagePolicy``: ``FallbackToLogsOnError`` reports the log's tail when the
+    file is empty and the container failed."""
 
 
 @dataclass
@@ -332,6 +338,10 @@ class Kubelet:
             return
         log_path = self.workdir / "logs" / meta["namespace"] / f"{meta['name']}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        termination_log = root / "termination-log"
+        root.mkdir(parents=True, exist_ok=True)
+        termination_log.write_bytes(b"")  # what the runtime mounts at terminationMessagePath
+        env[TERMINATION_LOG_ENV] = str(termination_log)
         with log_path.open("ab") as out:
             proc = subprocess.Popen(
                 argv, cwd=self.cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
@@ -339,7 +349,8 @@ class Kubelet:
             )  # fmt: skip
         self.containers[key] = Container(
             key, meta["uid"], sim.name, container["name"], proc, log_path, _grace(spec),
-            gpus=requested_gpus(pod),
+            gpus=requested_gpus(pod), termination_log=termination_log,
+            message_policy=container.get("terminationMessagePolicy", "File"),
         )  # fmt: skip
         started = {"running": {"startedAt": now_iso()}}
         await self._patch(
@@ -417,7 +428,8 @@ class Kubelet:
             ns, name = key.split("/", 1)
             pod = {"metadata": {"namespace": ns, "name": name}}
             reason = "Completed" if exit_code == 0 else "Error"
-            await self._report_exit(pod, c.name, exit_code, reason=reason, message=None)
+            message = termination_message(c, exit_code)
+            await self._report_exit(pod, c.name, exit_code, reason=reason, message=message)
             log.info(f"sandbox: {key} exited with code {exit_code}")
 
     async def _report_exit(
@@ -481,6 +493,20 @@ class Kubelet:
         async with self._http.patch(self.api + path, json=body, headers=headers) as resp:
             if resp.status not in (200, 404):  # gone meanwhile: nothing to report to
                 resp.raise_for_status()
+
+
+def termination_message(c: Container, exit_code: int) -> str | None:
+    """What a kubelet reports as ``state.terminated.message``: the termination file (up to 4096
+    bytes), else with ``FallbackToLogsOnError`` and a failure the log's last 80 lines (up to
+    2048 bytes)."""
+    text = ""
+    if c.termination_log is not None and c.termination_log.exists():
+        text = c.termination_log.read_bytes()[:4096].decode(errors="replace").strip()
+    if not text and exit_code != 0 and c.message_policy == "FallbackToLogsOnError":
+        with contextlib.suppress(OSError):
+            tail = c.log_path.read_bytes().splitlines()[-80:]
+            text = b"\n".join(tail)[-2048:].decode(errors="replace").strip()
+    return text or None
 
 
 def _key(pod: Obj) -> str:
