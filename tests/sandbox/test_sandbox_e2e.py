@@ -86,9 +86,9 @@ class Sandbox:
         except subprocess.TimeoutExpired:
             self.proc.kill()
 
-    def kubectl(self, *args: str) -> str:
+    def kubectl(self, *args: str, timeout: float = 120) -> str:
         out = subprocess.run([str(BIN / "kubectl"), *args], cwd=self.cwd, env=self.env,
-                             capture_output=True, text=True, timeout=120)  # fmt: skip
+                             capture_output=True, text=True, timeout=timeout)  # fmt: skip
         assert out.returncode == 0, f"kubectl {' '.join(args)}: {out.stderr}"
         return out.stdout
 
@@ -124,7 +124,7 @@ def test_node_lost_mid_run_restarts_and_matches_an_uninterrupted_run(tmp_path: P
         assert "fault=lost" in out.stdout
 
         kubectl("wait", "--for=jsonpath={.status.phase}=Succeeded", "otj/tiny-cpu",
-                "--timeout=600s")  # fmt: skip
+                "--timeout=600s", timeout=660)  # fmt: skip
         status = job()["status"]
         assert status["restarts"] == 1 and status["attempt"] == 1
         (restart,) = status["restartHistory"]
@@ -140,12 +140,25 @@ def test_node_lost_mid_run_restarts_and_matches_an_uninterrupted_run(tmp_path: P
         assert {"PodsCreated", "NodeLost", "Checkpoint", "Succeeded"} <= reasons, reasons
         rank0 = "tiny-cpu-a1-n0"
         assert f"training {STEPS} steps" in kubectl("logs", rank0)
-        assert "Succeeded" in kubectl("get", "otj")  # the printer columns show the phase
+        assert status["step"] == STEPS  # the trainer's final figures, not the last scrape's
+        table = kubectl(
+            "get", "otj"
+        ).splitlines()  # printer columns: phase, integer tokens/s, MFU %
+        assert table[0].split() == ["NAME", "PHASE", "STEP", "TOKENS/S", "MFU", "RESTARTS", "AGE"]
+        _, phase, step, tps, mfu, restarts, _ = table[1].split()
+        assert (phase, step, restarts) == ("Succeeded", str(STEPS), "1")
+        assert tps == str(status["tokensPerSecond"]) and tps.isdigit() and mfu.endswith("%")
+        for args in ([], ["-o", "wide"], ["-A"], ["--field-selector", "reason=NodeLost"]):
+            out = kubectl("get", "events", *args)  # tables of Events with real timestamps
+            assert "NodeLost" in out and "<invalid>" not in out, out
     assert sb.proc is not None and sb.proc.returncode is not None
 
     log_path = tmp_path / "runs/job/steps.jsonl"
     got = read_step_log(log_path)
-    assert {json.loads(line)["attempt"] for line in log_path.read_text().splitlines()} == {0, 1}
+    lines = [json.loads(line) for line in log_path.read_text().splitlines()]
+    assert {x["attempt"] for x in lines} == {0, 1}
+    resumed = min(x["step"] for x in lines if x["attempt"] == 1) - 1  # as the trainer did
+    assert restart["fromStep"] == resumed and restart["confirmed"], (restart, resumed)
 
     subprocess.run([*OMNI, "train", "ref.yaml", "--nproc", "2"], cwd=tmp_path, check=True,
                    capture_output=True, timeout=600)  # fmt: skip

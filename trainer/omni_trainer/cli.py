@@ -138,6 +138,9 @@ def train(
             metrics_port=metrics_port,
         )
     if result and _is_rank0():
+        from omni_trainer.termination import final_report, report
+
+        report(final_report(result))
         _print_summary(result)
 
 
@@ -157,17 +160,17 @@ def _check_sources(cfg) -> None:
 def _fatal_to_termination_log() -> Iterator[None]:
     """A fatal error of ``omni train`` also goes to the container's termination message, which
     the operator puts into the job's status (``omni_trainer.termination``)."""
-    from omni_trainer.termination import fatal_message, report_fatal
+    from omni_trainer.termination import fatal_message, report
 
     try:
         yield
     except typer.Exit:  # torchrun's exit status: its workers reported for themselves
         raise
     except ManifestError as err:
-        report_fatal(str(err))
+        report(str(err))
         raise _fail(str(err)) from None
     except Exception as err:
-        report_fatal(fatal_message(err))
+        report(fatal_message(err))
         raise
 
 

@@ -1,4 +1,5 @@
-"""The trainer's last word: its fatal error, as one line, in the container's termination message.
+"""The trainer's last word in the container's termination message: its fatal error as one line,
+or, on success, rank 0's final figures as JSON.
 
 Kubernetes copies the file at ``terminationMessagePath`` (``/dev/termination-log`` by default)
 into the pod's ``state.terminated.message``, and the operator copies that into the job's status
@@ -11,8 +12,11 @@ a peer's broken connection is no cause).
 from __future__ import annotations
 
 import fcntl
+import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 ENV = "OMNI_TERMINATION_LOG"
 DEFAULT_PATH = Path("/dev/termination-log")
@@ -41,7 +45,21 @@ def fatal_message(err: BaseException) -> str:
     return text
 
 
-def report_fatal(message: str) -> None:
+def final_report(summary: Mapping[str, Any]) -> str:
+    """Rank 0's last word on success, as JSON: the figures that are final (the operator puts
+    them into the job's status once the pods succeeded; its metrics endpoint is gone by then)."""
+    first = int(summary.get("first_step") or 0)
+    report = {
+        "step": first + int(summary["steps"]),
+        "tokensPerSecond": summary["tokens_per_second"],
+        "mfu": summary["mfu"],
+        "resumedFrom": first,
+        "checkpointStep": summary.get("last_checkpoint_step"),
+    }
+    return json.dumps({k: v for k, v in report.items() if v is not None})
+
+
+def report(message: str) -> None:
     """Write ``message`` to the termination log unless another rank of the pod wrote first
     (the file is locked while it is checked and written). Never raises: the error being reported
     must not be hidden by a failure to report it."""

@@ -16,10 +16,16 @@ Column = dict[str, Any]  # name, type, jsonPath or a cell function, priority
 
 
 def age(timestamp: str | None, now: dt.datetime | None = None) -> str:
-    """``2026-12-02T15:00:00Z`` -> ``42s`` / ``5m3s`` / ``3h`` / ``2d`` (kubectl's style)."""
+    """An RFC 3339 time (``2026-12-02T15:00:00Z``, with fractions or an offset, as clients
+    post them) -> ``42s`` / ``5m3s`` / ``3h`` / ``2d`` (kubectl's style)."""
     if not timestamp:
         return "<unknown>"
-    then = dt.datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+    try:
+        then = dt.datetime.fromisoformat(timestamp)
+    except ValueError:
+        return "<invalid>"
+    if then.tzinfo is None:
+        then = then.replace(tzinfo=dt.UTC)
     s = max(0, int(((now or dt.datetime.now(tz=dt.UTC)) - then).total_seconds()))
     if s < 120:
         return f"{s}s"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import yaml
 from typer.testing import CliRunner
 
 from omni_trainer.cli import app
-from omni_trainer.termination import LIMIT_BYTES, fatal_message, report_fatal
+from omni_trainer.termination import LIMIT_BYTES, fatal_message, final_report, report
 
 
 @pytest.fixture
@@ -26,15 +27,15 @@ def test_first_error_wins_and_names_rank_and_type(
 ) -> None:
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "4")
-    report_fatal(fatal_message(FileNotFoundError("no shard at /data/x")))
-    report_fatal(fatal_message(RuntimeError("peer closed the connection")))  # a consequence
+    report(fatal_message(FileNotFoundError("no shard at /data/x")))
+    report(fatal_message(RuntimeError("peer closed the connection")))  # a consequence
     assert term_log.read_text() == "rank 3: FileNotFoundError: no shard at /data/x"
     assert len(fatal_message(ValueError("x" * 10_000)).encode()) <= LIMIT_BYTES
 
 
 def test_no_termination_log_outside_a_container(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OMNI_TERMINATION_LOG", raising=False)
-    report_fatal("nothing to write to")  # /dev/termination-log does not exist here: no error
+    report("nothing to write to")  # /dev/termination-log does not exist here: no error
 
 
 def test_train_reports_unreachable_sources_before_starting(
@@ -69,3 +70,12 @@ def test_train_reports_unreachable_sources_before_starting(
     assert result.exit_code == 2 and "Traceback" not in result.stderr
     message = term_log.read_text()
     assert url_line in message and "Unable to locate credentials" in message
+
+
+def test_final_report_holds_the_final_figures() -> None:
+    summary = {"first_step": 40, "steps": 110, "tokens_per_second": 5201.4, "mfu": 0.111}
+    assert json.loads(final_report({**summary, "last_checkpoint_step": 150})) == {
+        "step": 150, "tokensPerSecond": 5201.4, "mfu": 0.111, "resumedFrom": 40,
+        "checkpointStep": 150,
+    }  # fmt: skip
+    assert "checkpointStep" not in json.loads(final_report({**summary, "first_step": 0}))
