@@ -72,7 +72,7 @@ def sandbox_up(
                 f"sandbox up: API server {sb.url}, nodes "
                 f"{', '.join(n.name for n in sb.kubelet.nodes)}\n"
                 f"  export KUBECONFIG={sb.kubeconfig_path}\n"
-                "  kubectl apply --validate=false -f examples/tiny-cpu.yaml\n"
+                "  kubectl apply -f examples/tiny-cpu.yaml\n"
                 "  kubectl get otj -w     # pod logs: kubectl logs POD, or "
                 f"{sb.config.workdir}/logs/\n"
                 f"  omni sandbox fault node-lost NODE --dir {workdir}\n"

@@ -109,7 +109,7 @@ def test_node_lost_mid_run_restarts_and_matches_an_uninterrupted_run(tmp_path: P
             return sb.job("tiny-cpu")
 
         assert "node-3" in kubectl("get", "nodes")
-        kubectl("apply", "--validate=false", "-f", "job.yaml")
+        kubectl("apply", "-f", "job.yaml")
 
         def checkpointed() -> int | None:
             step = ((job().get("status") or {}).get("lastCheckpoint") or {}).get("step")
@@ -211,7 +211,7 @@ def test_failures_put_their_cause_in_the_status(tmp_path: Path) -> None:
     )
     with Sandbox(tmp_path, no_aws) as sb:
         for name in jobs:
-            sb.kubectl("apply", "--validate=false", "-f", f"{name}.yaml")
+            sb.kubectl("apply", "-f", f"{name}.yaml")
         for name, (_, cause) in jobs.items():
             sb.wait(f"{name} Failed", lambda n=name: _phase(sb.job(n)) == "Failed", timeout=300)
             status = sb.job(name)["status"]

@@ -119,9 +119,11 @@ class Sandbox:
         async with Emulator() as emu, kmock.Server(emu, port=config.port or None) as server:
             definition = crd()
             names = definition["spec"]["names"]
+            (served,) = definition["spec"]["versions"]
             emu.declare(f"{GROUP}/{VERSION}/{PLURAL}", kind=names["kind"], namespaced=True,
                         status=True, short_names=names.get("shortNames", ()),
-                        columns=printer_columns(definition))  # fmt: skip
+                        columns=printer_columns(definition),
+                        schema=served["schema"]["openAPIV3Schema"])  # fmt: skip
             url = str(server.url).rstrip("/")
             nodes = [SimNode(f"node-{i}", i, config.gpus_per_node) for i in range(config.nodes)]
             kubelet = Kubelet(api=url, nodes=nodes, workdir=workdir)

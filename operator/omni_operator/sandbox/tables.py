@@ -120,8 +120,16 @@ def printer_columns(crd: Obj) -> list[Column]:
     return list(version.get("additionalPrinterColumns") or [])
 
 
-def as_table(objs: Sequence[Obj], columns: Sequence[Column], *, resource_version: str) -> Obj:
-    """A ``meta.k8s.io/v1`` Table of ``objs`` (a Name column first)."""
+def as_table(
+    objs: Sequence[Obj],
+    columns: Sequence[Column],
+    *,
+    resource_version: str,
+    include_object: str = "Metadata",
+) -> Obj:
+    """A ``meta.k8s.io/v1`` Table of ``objs`` (a Name column first); each row carries the
+    object as ``includeObject`` asks: ``Metadata`` (the default), ``Object`` (what ``kubectl
+    get --sort-by`` sorts on) or ``None``."""
     defs = [{"name": "Name", "type": "string", "format": "name", "description": "",
              "priority": 0}]  # fmt: skip
     for c in columns:
@@ -140,9 +148,13 @@ def as_table(objs: Sequence[Obj], columns: Sequence[Column], *, resource_version
                 value = age(value)
             cells.append(value)
         meta = {k: v for k, v in obj["metadata"].items() if k != "managedFields"}
-        rows.append({"cells": cells, "object": {"kind": "PartialObjectMetadata",
-                                                "apiVersion": "meta.k8s.io/v1",
-                                                "metadata": meta}})  # fmt: skip
+        row: Obj = {"cells": cells}
+        if include_object == "Object":
+            row["object"] = obj
+        elif include_object != "None":
+            row["object"] = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                             "metadata": meta}  # fmt: skip
+        rows.append(row)
     return {
         "kind": "Table",
         "apiVersion": "meta.k8s.io/v1",

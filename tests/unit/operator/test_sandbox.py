@@ -82,6 +82,10 @@ def test_age_prints_like_kubectl() -> None:
         "5s", "119s", "2m5s", "5m", "50m", "120m", "3d"
     ]  # fmt: skip
     assert age(None) == "<unknown>"
+    # as clients post times (kopf's Events): fractions and an offset
+    assert age((now - dt.timedelta(seconds=42)).isoformat(), now) == "42s"
+    assert age("2026-12-02T11:58:59.706133+00:00", now) == "60s"
+    assert age("yesterday", now) == "<invalid>"
 
 
 def test_crd_printer_columns_become_a_table() -> None:
