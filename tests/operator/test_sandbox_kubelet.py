@@ -111,7 +111,9 @@ async def test_runs_reports_and_kills_a_pod_with_all_its_processes(env: Env) -> 
     await env.post(f"/api/v1/namespaces/{NS}/pods", _pod("a", "node-1", SLEEPER))
     await env.wait("Running", lambda: _phase(env, "a") == "Running")
     pod = env.pod("a")
-    assert pod["spec"]["nodeName"] == "node-1" and pod["status"]["podIP"].startswith("127.0.2.")
+    assert pod["spec"]["nodeName"] == "node-1" and pod["status"]["podIP"].startswith(
+        f"127.{env.kubelet.net.subnet}.2."
+    )
     await env.wait("both processes", lambda: len(pod_processes(pod["metadata"]["uid"])) == 2)
     await env.wait("the log", lambda: "hello from a" in (env.kubelet.pod_log(NS, "a") or ""))
 

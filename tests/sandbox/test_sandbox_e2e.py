@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -231,3 +232,22 @@ def test_failures_put_their_cause_in_the_status(tmp_path: Path) -> None:
 
 def _phase(job: dict[str, Any]) -> str | None:
     return (job.get("status") or {}).get("phase")
+
+
+def test_ctrl_c_stops_the_sandbox_quietly(tmp_path: Path) -> None:
+    """Every job's reconcile loop returns when kopf asks it to stop: no "Will escalate"."""
+    with Sandbox(tmp_path) as sb:
+        for name in ("a", "b"):
+            path = tmp_path / f"{name}.yaml"
+            _manifest(path, step_log=f"runs/{name}.jsonl", checkpoint=None)
+            doc = yaml.safe_load(path.read_text())
+            doc["metadata"]["name"] = name
+            doc["spec"]["suspend"] = True  # a job without pods: its loop sleeps
+            path.write_text(yaml.safe_dump(doc))
+            sb.kubectl("apply", "-f", path.name)
+        sb.wait("Suspended", lambda: _phase(sb.job("b")) == "Suspended", timeout=60)
+        assert sb.proc is not None
+        sb.proc.send_signal(signal.SIGINT)
+        assert sb.proc.wait(timeout=60) == 0
+    log = sb.log.read_text()
+    assert "Will escalate" not in log and "Traceback" not in log, log

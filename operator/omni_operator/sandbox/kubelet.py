@@ -11,7 +11,8 @@ like the real components do and:
   then Succeeded/Failed with the exit code);
 * stops: a deleted pod's processes get SIGTERM, then SIGKILL after the pod's grace period.
 
-Networking is emulated on the loopback: every pod gets its own address ``127.0.<node>.<n>``
+Networking is emulated on the loopback: every pod gets its own address ``127.<s>.<node>.<n>``
+(``s`` drawn per sandbox, so that two sandboxes on one machine never share a pod address)
 (the trainer's metrics endpoint binds to it through ``OMNI_METRICS_ADDR``, so the operator scrapes
 ``podIP:9464`` as in a cluster), cluster names (``*.svc``) resolve to the loopback where every
 listener is, and a service port (torchrun's rendezvous) maps to a free local port per service
@@ -30,6 +31,7 @@ import contextlib
 import datetime as dt
 import logging
 import os
+import random
 import re
 import signal
 import socket
@@ -106,14 +108,19 @@ class Network:
     """Loopback addresses for pods; cluster DNS names (``*.svc``) resolve to the loopback, and
     each (service name, port) maps to its own free local port so that jobs never collide."""
 
-    def __init__(self) -> None:
+    def __init__(self, subnet: int | None = None) -> None:
         self._next_host: dict[int, int] = {}
         self._ports: dict[tuple[str, int], int] = {}
+        self.subnet = random.randint(1, 254) if subnet is None else subnet
+        """Second octet of every address of this sandbox (0 is 127.0.0.1's)."""
 
     def pod_ip(self, node_index: int) -> str:
         n = self._next_host.get(node_index, 0) % 254 + 1
         self._next_host[node_index] = n
-        return f"127.0.{node_index + 1}.{n}"
+        return f"{self.host_ip(node_index)[:-1]}{n}"
+
+    def host_ip(self, node_index: int) -> str:
+        return f"127.{self.subnet}.{node_index + 1}.0"
 
     @staticmethod
     def is_cluster_name(host: str) -> bool:
@@ -355,7 +362,7 @@ class Kubelet:
         started = {"running": {"startedAt": now_iso()}}
         await self._patch(
             _pod_path(pod, "status"),
-            {"status": {"phase": "Running", "podIP": ip, "hostIP": f"127.0.{sim.index + 1}.0",
+            {"status": {"phase": "Running", "podIP": ip, "hostIP": self.net.host_ip(sim.index),
                         "startTime": now_iso(),
                         "containerStatuses": [{"name": container["name"], "ready": True,
                                                "restartCount": 0, "state": started}]}},
