@@ -182,9 +182,14 @@ def plan(
     ] = None,
     step: Annotated[int, typer.Option(min=0, help="which training step's batch to plan")] = 0,
     policy: Annotated[str | None, typer.Option(help="compare another insertion policy")] = None,
-    tune: Annotated[
-        bool, typer.Option("--tune", help="search the parallel configuration on H100s")
-    ] = False,
+    tune: Annotated[bool, typer.Option("--tune", help="search the parallel configuration")] = False,
+    device: Annotated[
+        str | None,
+        typer.Option(
+            help="--tune: GPU profile (H100, H200, GH200, A100); default: the GPU product the "
+            "manifest's nodeSelector names, else H100"
+        ),
+    ] = None,
     gpus: Annotated[
         int | None, typer.Option(min=1, help="GPUs for --tune (default --world)")
     ] = None,
@@ -210,6 +215,8 @@ def plan(
             name=job.metadata.name,
             gpus=gpus or world or p.tensor * p.pipeline,
             proxy_gpus=proxy_gpus,
+            device_name=device,
+            cluster=job.spec.model_extra,
         )
         return
     world = world or p.tensor * p.pipeline * p.context
@@ -235,17 +242,31 @@ def plan(
         )
 
 
-def _tune(cfg, *, name: str, gpus: int, proxy_gpus: int | None = None) -> None:
-    """Predict the job on ``gpus`` H100s for many configurations; print the best few and a proxy
-    configuration of the best to validate it on a small cluster."""
+def _tune(
+    cfg,
+    *,
+    name: str,
+    gpus: int,
+    proxy_gpus: int | None = None,
+    device_name: str | None = None,
+    cluster: dict | None = None,
+) -> None:
+    """Predict the job on ``gpus`` GPUs for many configurations; print the best few beside the
+    manifest's own layout (ties share a rank), and a proxy configuration of the best to
+    validate it on a small cluster."""
     import time
 
     from rich.progress import Progress
 
-    from omni_trainer.planner.devices import H100
+    from omni_trainer.planner.manifest import device_for, own_layout, tie_ranks
+    from omni_trainer.planner.simulate import predict
     from omni_trainer.planner.tune import propose_proxy, tune
     from omni_trainer.planner.workloads import workload_from_config
 
+    try:
+        device, source = device_for(device_name, cluster)
+    except ValueError as err:
+        raise _fail(str(err)) from None
     started = time.perf_counter()
     workload = workload_from_config(cfg, world_size=gpus, name=name)
     with Progress(console=err_console, transient=True) as bar:
@@ -254,32 +275,59 @@ def _tune(cfg, *, name: str, gpus: int, proxy_gpus: int | None = None) -> None:
         def progress(done: int, total: int, what: str) -> None:
             bar.update(task, completed=done, total=total, description=what[:60])
 
-        best = tune(workload, device=H100, progress=progress)
+        best = tune(workload, device=device, progress=progress)
+        own, why = own_layout(cfg, gpus)
+        mine = None
+        if own is not None:
+            policy = cfg.parallelism.encoder.policy
+            mine = predict(workload, own, policy=policy, device=device)
     if not best:
-        raise _fail(f"no configuration of {name} fits in H100 memory on {gpus} GPUs")
+        raise _fail(f"no configuration of {name} fits in {device.name} memory on {gpus} GPUs")
     searched = time.perf_counter() - started
-    table = Table(title=f"{name} on {gpus} x {H100.name} (predicted; searched in {searched:.1f} s)")
+    console = Console()
+    console.print(f"device: {device.name} ({source})", highlight=False)
+    title = f"{name} on {gpus} x {device.name} (predicted; searched in {searched:.1f} s)"
+    table = Table(title=title)
     for col in ("#", "layout", "policy", "tokens/s", "MFU", "step s", "stage-0 GiB"):
         table.add_column(col)
-    for i, c in enumerate(best, 1):
-        pr = c.prediction
+    ranks = tie_ranks([c.prediction.tokens_per_s for c in best])
+    rows = [(rank, c.prediction) for rank, c in zip(ranks, best, strict=True)]
+    if mine is not None:
+        rows.append(("own", mine))
+    for rank, pr in rows:
+        oom = " (OOM)" if pr.oom else ""
         table.add_row(
-            str(i),
-            c.layout.describe(),
+            rank,
+            pr.layout.describe() + oom,
             pr.policy,
             f"{pr.tokens_per_s:,.0f}",
             f"{pr.mfu:.1%}",
             f"{pr.step_time:.2f}",
             f"{pr.stage0_gib:.1f}",
         )
-    console = Console()
     console.print(table)
-    for i, c in enumerate(best, 1):
-        console.print(f"{i}. {c.reason}", highlight=False)
+    for rank, c in zip(ranks, best, strict=True):
+        console.print(f"{rank}. {c.reason}", highlight=False)
+    top = best[0].prediction
+    if mine is None:
+        console.print(f"own: the manifest's layout is not scored ({why})", highlight=False)
+    elif mine.oom:
+        console.print(
+            f"own: the manifest's layout ({mine.layout.describe()}) does not fit in "
+            f"{device.name} memory; #1 does",
+            highlight=False,
+        )
+    else:
+        console.print(
+            f"own: the manifest's layout ({mine.layout.describe()}, {mine.policy}): "
+            f"{mine.tokens_per_s:,.0f} tokens/s; switching to #1 gains "
+            f"{top.tokens_per_s / mine.tokens_per_s:.2f}x",
+            highlight=False,
+        )
     if workload.note:
         console.print(f"data: {workload.note}", highlight=False)
     try:
-        proxy = propose_proxy(workload, best[0].prediction, device=H100, max_gpus=proxy_gpus)
+        proxy = propose_proxy(workload, top, device=device, max_gpus=proxy_gpus)
     except ValueError as err:
         raise _fail(str(err)) from None
     console.print(proxy.reason, highlight=False)
