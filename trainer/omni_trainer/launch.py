@@ -99,7 +99,7 @@ def run_worker(
             return {}
         summary = asdict(trainer.train())
         summary["job"] = manifest.metadata.name
-        if rank == 0 and trainer.checkpointer is not None:
+        if trainer.checkpointer is not None:  # a collective: every rank asks
             summary["last_checkpoint_step"] = trainer.checkpointer.latest_step()
         if rank == 0 and summary_path is not None:
             summary_path.parent.mkdir(parents=True, exist_ok=True)
