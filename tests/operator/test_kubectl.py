@@ -113,3 +113,24 @@ async def test_get_events_in_all_forms(api: Api) -> None:
         assert code == 0, (args, err)
         assert "checkpoint at step 10 complete" in out and "step 20" in out, (args, out, err)
         assert "<invalid>" not in out and "<unknown>" not in out
+
+
+async def test_stored_objects_survive_an_api_server_restart(tmp_path: Path) -> None:
+    store = tmp_path / "api-objects.json"
+    async with Emulator(store=store) as emu, kmock.Server(emu) as server:
+        url = str(server.url).rstrip("/")
+        path = tmp_path / "kc"
+        path.write_text(yaml.safe_dump(kubeconfig(url)))
+        api = Api(emu, path, url)
+        cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "keep"},
+              "data": {"a": "1"}}  # fmt: skip
+        for name in ("keep", "gone"):
+            cm["metadata"]["name"] = name
+            assert (await api.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(cm)))[0] == 0
+        assert (await api.kubectl("delete", "configmap", "gone"))[0] == 0
+        before = emu.stored("v1/configmaps", "default", "keep")
+    async with Emulator(store=store) as emu:
+        assert emu.restore() >= 1
+        assert emu.stored("v1/configmaps", "default", "keep") == before
+        assert emu.stored("v1/configmaps", "default", "gone") is None
+        assert int(emu._next_rv()) > int(before["metadata"]["resourceVersion"])

@@ -201,3 +201,17 @@ async def test_termination_messages_as_a_kubelet_reports_them(env: Env) -> None:
     tail = _message(env, "tail")
     assert tail is not None and tail.splitlines() == [f"line {i}" for i in range(20, 100)]
     assert _message(env, "plain") is None and _message(env, "ok") is None
+
+
+async def test_a_running_pod_without_processes_is_reported_lost(env: Env) -> None:
+    """After a sandbox restart the API still says Running, but no process exists: reported as
+    a kubelet reports a container whose state it lost (the operator then restarts the job)."""
+    pod = _pod("orphan", "node-1", SLEEPER)
+    pod["spec"]["nodeName"] = "node-1"
+    pod["status"] = {"phase": "Running", "podIP": "127.9.2.1"}  # what the previous run wrote
+    await env.post(f"/api/v1/namespaces/{NS}/pods", pod)
+    await env.wait("Failed", lambda: _phase(env, "orphan") == "Failed")
+    (cs,) = env.pod("orphan")["status"]["containerStatuses"]
+    term = cs["state"]["terminated"]
+    assert term["exitCode"] == 137 and term["reason"] == "ContainerStatusUnknown"
+    assert "previous kubelet" in term["message"] and not env.kubelet.containers

@@ -251,3 +251,45 @@ def test_ctrl_c_stops_the_sandbox_quietly(tmp_path: Path) -> None:
         assert sb.proc.wait(timeout=60) == 0
     log = sb.log.read_text()
     assert "Will escalate" not in log and "Traceback" not in log, log
+
+
+def test_a_restarted_sandbox_keeps_the_job_and_it_succeeds_exactly(tmp_path: Path) -> None:
+    """`omni sandbox up` stopped mid-run (API server, kubelet, operator and pods all go) and
+    started again on the same --dir: the job is still there, its pods are reported as lost, the
+    operator restarts it from its checkpoint, and the loss curve is an uninterrupted run's."""
+    steps = 20
+    for name, ckpt in (("job", "runs/job/ckpt"), ("ref", None)):
+        _manifest(tmp_path / f"{name}.yaml", step_log=f"runs/{name}/steps.jsonl", checkpoint=ckpt)
+        doc = yaml.safe_load((tmp_path / f"{name}.yaml").read_text())
+        doc["spec"]["trainer"]["train"]["steps"] = steps
+        if ckpt:
+            doc["spec"]["trainer"]["checkpoint"]["intervalSteps"] = 5
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(doc))
+    with Sandbox(tmp_path) as sb:
+        sb.kubectl("apply", "-f", "job.yaml")
+
+        def checkpointed() -> bool:
+            last = (sb.job("tiny-cpu").get("status") or {}).get("lastCheckpoint") or {}
+            return (last.get("step") or 0) >= 5
+
+        sb.wait("a checkpoint", checkpointed, timeout=400)
+    with Sandbox(tmp_path) as sb:  # the same directory: the stored objects come back
+        assert "tiny-cpu" in sb.kubectl("get", "otj")
+        sb.kubectl("wait", "--for=jsonpath={.status.phase}=Succeeded", "otj/tiny-cpu",
+                   "--timeout=600s", timeout=660)  # fmt: skip
+        status = sb.job("tiny-cpu")["status"]
+        assert status["step"] == steps and status["restarts"] == 1
+        (restart,) = status["restartHistory"]
+        assert "previous kubelet" in restart["message"] and restart["confirmed"]
+        pods = json.loads(sb.kubectl("get", "pods", "-o", "json"))["items"]
+        names = sorted(p["metadata"]["name"] for p in pods)
+        assert names == ["tiny-cpu-a1-n0", "tiny-cpu-a1-n1"], names  # no duplicates
+    lines = [json.loads(x) for x in (tmp_path / "runs/job/steps.jsonl").read_text().splitlines()]
+    resumed = min(x["step"] for x in lines if x["attempt"] == 1) - 1
+    assert restart["fromStep"] == resumed >= 5
+    subprocess.run([*OMNI, "train", "ref.yaml", "--nproc", "2"], cwd=tmp_path, check=True,
+                   capture_output=True, timeout=600)  # fmt: skip
+    got = read_step_log(tmp_path / "runs/job/steps.jsonl")
+    want = read_step_log(tmp_path / "runs/ref/steps.jsonl")
+    assert list(got) == list(want) == list(range(1, steps + 1))
+    assert max(abs(got[s] - want[s]) for s in want) <= 1e-6, (got, want)

@@ -33,6 +33,8 @@ from omni_operator.spec import GROUP, PLURAL, VERSION
 ZONE = "topology.kubernetes.io/zone"
 SPINE = f"{GROUP}/spine"
 STATE_FILE = "sandbox.json"
+API_STORE = "api-objects.json"
+"""Every API object, persisted on each write (what etcd holds for a real API server)."""
 KUBECONFIG_FILE = "kubeconfig"
 log = logging.getLogger("omni.sandbox")
 
@@ -116,7 +118,13 @@ class Sandbox:
         workdir = config.workdir.resolve()
         workdir.mkdir(parents=True, exist_ok=True)
         config = dataclasses.replace(config, workdir=workdir)
-        async with Emulator() as emu, kmock.Server(emu, port=config.port or None) as server:
+        async with (
+            Emulator(store=workdir / API_STORE) as emu,
+            kmock.Server(emu, port=config.port or None) as server,
+        ):
+            restored = emu.restore()  # a restarted sandbox keeps its jobs and pods
+            if restored:
+                log.warning(f"sandbox: restored {restored} objects from {workdir / API_STORE}")
             definition = crd()
             names = definition["spec"]["names"]
             (served,) = definition["spec"]["versions"]
@@ -183,7 +191,7 @@ class Sandbox:
 
 async def _post(http: aiohttp.ClientSession, url: str, path: str, body: Any) -> None:
     async with http.post(url + path, json=body) as resp:
-        if resp.status >= 400:
+        if resp.status >= 400 and resp.status != 409:  # 409: restored from the last run
             raise RuntimeError(f"sandbox setup: POST {path}: {resp.status} {await resp.text()}")
 
 

@@ -10,7 +10,8 @@ strategic merge (a strategic patch is applied as a JSON merge patch), PUT. Admis
 a real API server checks on every create: the name (a DNS-1123 subdomain) and, for a resource
 declared with a schema (a CRD's ``openAPIV3Schema``), the object against it, rejected with 422
 and the field paths. Pod logs are served from :attr:`Emulator.pod_logs` (the sandbox's kubelet
-keeps them in files).
+keeps them in files). With a :attr:`Emulator.store`, every write is persisted and restored on
+the next start, as etcd would keep it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import re
 import secrets
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import aiohttp.web
@@ -183,6 +185,12 @@ def openapi_v3(schemas: Mapping[Any, tuple[str, bool, Obj]]) -> dict[str, Obj]:
     return docs
 
 
+def _resource_key(res: Any) -> str:
+    """``group/version/plural`` (``v1/pods`` for the core group), as :func:`kmock.resource`
+    reads it back."""
+    return "/".join(str(p) for p in (res.group, res.version, res.plural) if p)
+
+
 def _strip_status(schema: Obj) -> Obj:
     """The schema without ``status`` and ``metadata`` (written through /status, checked apart)."""
     props = {k: v for k, v in (schema.get("properties") or {}).items()
@@ -223,6 +231,9 @@ class Emulator(kmock.KubernetesEmulator):
     """Awaited before an object is stored: tests delay or interleave creations with it."""
     pod_logs: Callable[[str, str], str | None] | None = None
     """Serves ``pods/<name>/log`` (``kubectl logs``): (namespace, name) -> text or None."""
+    store: Path | None = None
+    """Where every write is persisted (JSON), like etcd: :meth:`restore` reads it back after a
+    restart, so jobs, pods and their status survive the API server."""
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -263,6 +274,29 @@ class Emulator(kmock.KubernetesEmulator):
         if schema is not None:
             self._schemas[res] = schema
 
+    def persist(self) -> None:
+        """Write every live object (and the resourceVersion counter) to :attr:`store`."""
+        if self.store is None:
+            return
+        objects = [
+            [_resource_key(res), ns, obj.raw]
+            for (res, ns, _), obj in self._objects.items()
+            if not obj.deleted
+        ]
+        tmp = self.store.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"resourceVersion": self._rv, "objects": objects}))
+        tmp.replace(self.store)
+
+    def restore(self) -> int:
+        """Load what :meth:`persist` wrote (nothing if there is no store yet); how many objects."""
+        if self.store is None or not self.store.exists():
+            return 0
+        state = json.loads(self.store.read_text())
+        for key, ns, raw in state["objects"]:
+            self._objects[kmock.resource(key), ns, raw["metadata"]["name"]] = raw
+        self._rv = max(self._rv, int(state["resourceVersion"]))
+        return len(state["objects"])
+
     def _next_rv(self) -> str:
         self._rv += 1
         return str(self._rv)
@@ -285,12 +319,16 @@ class Emulator(kmock.KubernetesEmulator):
         if request.resource is None or request.subresource not in (None, "status"):
             return await super()._handle(request)
         if request.action == kmock.action.CREATE and request.name is None:
-            return await self._create(request)
-        if request.action == kmock.action.UPDATE and request.name is not None:
-            return await self._patch(request)
-        if request.action == kmock.action.DELETE and request.name is not None:
-            return await self._delete(request)
-        return await super()._handle(request)
+            write = self._create
+        elif request.action == kmock.action.UPDATE and request.name is not None:
+            write = self._patch
+        elif request.action == kmock.action.DELETE and request.name is not None:
+            write = self._delete
+        else:
+            return await super()._handle(request)
+        response = await write(request)
+        self.persist()
+        return response
 
     async def _publish(self, request: rendering.Request, kind: str, obj: Obj) -> None:
         await self._buses[request.resource].put({"type": kind, "object": copy.deepcopy(obj)})

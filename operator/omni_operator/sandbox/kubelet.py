@@ -290,6 +290,16 @@ class Kubelet:
             return
         if status.get("phase") in ("Succeeded", "Failed"):
             return
+        sim = self._sim(spec.get("nodeName"))
+        if status.get("phase") == "Running" and sim is not None and not sim.lost:
+            # The API says it runs, yet this kubelet has no process for it: they died with the
+            # previous kubelet (a sandbox restart). Report it, as a kubelet reports a container
+            # whose state it lost; the operator restarts the job from its checkpoint.
+            (container,) = spec["containers"]
+            await self._report_exit(pod, container["name"], 137, reason="ContainerStatusUnknown",
+                                    message="the container's processes ended with the sandbox's "
+                                    "previous kubelet")  # fmt: skip
+            return
         node_name = spec.get("nodeName")
         if not node_name:
             await self._schedule(pod, nodes)
