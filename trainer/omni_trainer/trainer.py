@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from functools import partial
 
 import torch
-import torch.distributed as dist
 
 from omni_trainer.checkpoint.checkpointer import Checkpointer, SaveResult
 from omni_trainer.checkpoint.state import ModelState
@@ -28,6 +27,7 @@ from omni_trainer.components.throughput import resolve_peak_flops
 from omni_trainer.components.timing import PhaseTimer
 from omni_trainer.config import TrainerConfig
 from omni_trainer.data.packing import MicroBatch, PackedSequence, collate, split_micro_batches
+from omni_trainer.distributed import comm
 from omni_trainer.distributed.layout import check_layout
 from omni_trainer.mcore.parallel import ProcessGroups, schedule_kwargs, seed_everything
 from omni_trainer.models.context_parallel import set_rope_positions, shard_for_context
@@ -201,8 +201,7 @@ class Trainer:
         copy only. The loader state saved is every shard's, so any layout can resume it."""
         with self.timer.span("checkpoint_blocking"):
             previous = self.checkpointer.wait()  # save() would wait for it too; we report it
-            everyone: list = [None] * self.groups.dims.dp
-            dist.all_gather_object(everyone, self.data.state_dict(), group=self.groups.dp)
+            everyone = comm.all_gather_object(self.data.state_dict(), group=self.groups.dp)
             shards = {k: v for state in everyone for k, v in state["shards"].items()}
             self.checkpointer.save(step, ModelState.from_trainer(self), {"shards": shards})
         self._report_save(previous)
@@ -303,9 +302,8 @@ class Trainer:
         ids = [s.sample_id for seq in local for s in seq.samples]
         work = torch.tensor([float(flops.tokens), flops.training], dtype=torch.float64)
         digest = torch.tensor([sum(_id_hash(i) for i in ids) % _FINGERPRINT_MOD], dtype=torch.int64)
-        if self.groups.dims.dp > 1:
-            dist.all_reduce(work, group=self.groups.dp)
-            dist.all_reduce(digest, group=self.groups.dp)
+        comm.all_reduce(work, group=self.groups.dp)
+        comm.all_reduce(digest, group=self.groups.dp)
         fingerprint = int(digest.item()) % _FINGERPRINT_MOD
         return int(work[0].item()), float(work[1].item()), f"{fingerprint:010x}"
 
@@ -316,7 +314,6 @@ class Trainer:
         the WHOLE global batch, so summing gradients over micro-batches and data-parallel ranks
         gives exactly the gradient of the global-batch mean, whatever the layout.
         """
-        dims = self.groups.dims
         with self.timer.span("data"):
             table, works, micro = self._prepare(local)
         self.anchor.begin_step(table, works)
@@ -337,8 +334,7 @@ class Trainer:
         if self.chunks[-1].post_process and self.groups.tp_rank == 0:
             loss_sum += sum(float(o["loss_sum"]) for o in outputs)
         with self.timer.span("sync"):
-            if dims.world_size > 1:
-                dist.all_reduce(loss_sum)
+            comm.all_reduce(loss_sum)
         return float(loss_sum.item()) / self._global_tokens
 
     def _prepare(
@@ -351,8 +347,7 @@ class Trainer:
         groups_of_seqs = split_micro_batches(local, self.cfg.data.micro_batch_size)
         micro = [collate(seqs, self.cfg.data.seq_length) for seqs in groups_of_seqs]
         counts = torch.tensor([float(sum(mb.num_loss_tokens for mb in micro))], dtype=torch.float64)
-        if dims.dp > 1:
-            dist.all_reduce(counts, group=self.groups.dp)
+        comm.all_reduce(counts, group=self.groups.dp)
         self._global_tokens = max(float(counts.item()), 1.0)
 
         encoder_mbs, lengths = encoder_micro_batches(
@@ -451,8 +446,7 @@ class Trainer:
     def _global_counters(self) -> dict[str, dict[str, int]]:
         """Samples and tokens per modality over all data-parallel replicas."""
         mine = self.data.counters
-        everyone: list = [None] * self.groups.dims.dp
-        dist.all_gather_object(everyone, mine, group=self.groups.dp)
+        everyone = comm.all_gather_object(mine, group=self.groups.dp)
         total: dict[str, dict[str, int]] = {}
         for counters in everyone:
             for key in ("samples_per_modality", "tokens_per_modality"):
@@ -480,8 +474,7 @@ class Trainer:
             ],
             dtype=torch.float64,
         )
-        if dims.tp * dims.pp > 1:
-            dist.all_reduce(llm_params, group=self.groups.model_parallel)
+        comm.all_reduce(llm_params, group=self.groups.model_parallel)
         enc_params = sum(p.numel() for p in self.model.encoder_parameters())
         mine = {
             "rank": self.groups.rank,
@@ -495,8 +488,7 @@ class Trainer:
             "encoder_activation_peak_bytes": max(r.encoder_activation_peak_bytes for r in results),
             "media_bytes_read": sum(r.media_bytes_read for r in results),
         }
-        breakdown: list = [None] * dims.world_size
-        dist.all_gather_object(breakdown, mine)
+        breakdown = comm.all_gather_object(mine)
         return RunSummary(
             steps=len(results),
             first_step=self.start_step,

@@ -52,6 +52,7 @@ from omni_trainer.checkpoint.storage import (
     open_storage,
     step_name,
 )
+from omni_trainer.distributed import comm
 
 log = logging.getLogger(__name__)
 
@@ -278,18 +279,14 @@ class Checkpointer:
     # -- collectives on the checkpoint group (never P2P) -------------------------------------
     def _barrier(self) -> None:
         if self.distributed:
-            dist.barrier(group=self.group)
+            comm.barrier(self.group)
 
     def _all_gather(self, obj: Any) -> list[Any]:
         if not self.distributed:
             return [obj]
-        out: list[Any] = [None] * dist.get_world_size(self.group)
-        dist.all_gather_object(out, obj, group=self.group)
-        return out
+        return comm.all_gather_object(obj, group=self.group)
 
     def _broadcast(self, obj: Any) -> Any:
         if not self.distributed:
             return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=0, group=self.group)
-        return box[0]
+        return comm.broadcast_object(obj, src=0, group=self.group)

@@ -15,7 +15,6 @@ import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
 import torch.distributed as dist
 
 from omni_trainer.balance.cost import cost_from_config, cost_from_llm_config
@@ -23,6 +22,7 @@ from omni_trainer.balance.reorder import ItemMeta, ReorderPlan, plan_reorder
 from omni_trainer.config import TrainerConfig
 from omni_trainer.data.loader import MediaReader, MultimodalStream, hosted_shards
 from omni_trainer.data.packing import PackedSequence
+from omni_trainer.distributed import comm
 from omni_trainer.models.config import ModelConfig
 
 
@@ -108,8 +108,7 @@ class DataPlane:
         if self.group_size == 1 or self.method == "none":
             return local
         metas = [(self.cost(seq), sequence_bytes(seq), media_bytes(seq)) for seq in local]
-        gathered: list = [None] * self.group_size
-        dist.all_gather_object(gathered, metas, group=self.group)
+        gathered = comm.all_gather_object(metas, group=self.group)
         costs = {
             f"{r}:{i}": c for r, items in enumerate(gathered) for i, (c, _, _) in enumerate(items)
         }
@@ -138,25 +137,11 @@ class DataPlane:
     def _exchange(self, local: list[PackedSequence], plan: ReorderPlan) -> list[PackedSequence]:
         """One all-to-all of pickled sequences; every rank ends with ``plan.assignments[me]``."""
         me = self.group_rank
-        sends = plan.sends(me)
-        payloads = [
-            pickle.dumps([local[i] for i in idx], protocol=pickle.HIGHEST_PROTOCOL) for idx in sends
-        ]
-        send_sizes = torch.tensor([len(p) for p in payloads], dtype=torch.int64)
-        recv_sizes = torch.empty_like(send_sizes)
-        dist.all_to_all_single(recv_sizes, send_sizes, group=self.group)
-        send = torch.frombuffer(bytearray(b"".join(payloads)), dtype=torch.uint8)
-        recv = torch.empty(int(recv_sizes.sum()), dtype=torch.uint8)
-        dist.all_to_all_single(
-            recv,
-            send,
-            output_split_sizes=recv_sizes.tolist(),
-            input_split_sizes=send_sizes.tolist(),
-            group=self.group,
+        received = comm.exchange_objects(
+            [[local[i] for i in idx] for idx in plan.sends(me)], group=self.group
         )
         by_source: dict[tuple[int, int], PackedSequence] = {}
-        for src, chunk in enumerate(torch.split(recv, recv_sizes.tolist())):
-            seqs = pickle.loads(chunk.numpy().tobytes())
+        for src, seqs in enumerate(received):
             for seq, index in zip(seqs, _sent_indices(plan, src, me), strict=True):
                 by_source[(src, index)] = seq
         return [by_source[key] for key in plan.assignments[me]]

@@ -10,6 +10,7 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from omni_trainer.config import LRScheduleConfig, OptimizerConfig
+from omni_trainer.distributed import comm
 
 
 def build_optimizer(params: list[nn.Parameter], cfg: OptimizerConfig) -> torch.optim.Optimizer:
@@ -51,7 +52,7 @@ def all_reduce_grads(params: list[nn.Parameter], group: dist.ProcessGroup) -> No
     if not grads:
         return
     flat = _flatten_dense_tensors(grads)
-    dist.all_reduce(flat, group=group)
+    comm.all_reduce(flat, group=group)
     for g, synced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
         g.copy_(synced)
 
@@ -77,11 +78,7 @@ def clip_grad_norm(
     for p in llm_params:
         if p.grad is not None and (getattr(p, "tensor_model_parallel", False) or tp_rank == 0):
             llm_sq += p.grad.detach().double().pow(2).sum().cpu()
-    if dist.get_world_size(model_parallel_group) > 1:
-        device = llm_params[0].device if llm_params else torch.device("cpu")
-        synced = llm_sq.to(device)
-        dist.all_reduce(synced, group=model_parallel_group)
-        llm_sq = synced.cpu()
+    comm.all_reduce(llm_sq, group=model_parallel_group)
     rep_sq = sum(
         (
             p.grad.detach().double().pow(2).sum().cpu()
@@ -91,10 +88,8 @@ def clip_grad_norm(
         torch.zeros((), dtype=torch.float64),
     )
     if sharded_replicated_group is not None:
-        device = replicated_params[0].device if replicated_params else torch.device("cpu")
-        rep = torch.tensor([float(rep_sq)], dtype=torch.float64, device=device)
-        dist.all_reduce(rep, group=sharded_replicated_group)
-        rep_sq = rep.item()
+        rep = torch.tensor([float(rep_sq)], dtype=torch.float64)
+        rep_sq = comm.all_reduce(rep, group=sharded_replicated_group).item()
     total = math.sqrt(float(llm_sq.item() + rep_sq))
     if max_norm > 0 and total > max_norm:
         scale = max_norm / (total + 1e-6)

@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from omni_trainer.components.flops import detect_peak_flops, matmul_flops, measure_peak_flops
+from omni_trainer.distributed import comm
 
 
 def measure_cpu_peak_flops(n: int = 2048) -> float:
@@ -40,6 +41,6 @@ def resolve_peak_flops(
     measured = torch.zeros(1, dtype=torch.float64)
     if not dist.is_initialized() or dist.get_rank() == 0:
         measured[0] = measure_cpu_peak_flops()
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.broadcast(measured, src=0)
+    if dist.is_initialized():
+        comm.broadcast(measured, src=0)
     return float(measured.item()), "measured fp32 matmul, whole CPU"

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from omni_trainer.components.timing import ActivationMeter, PhaseTimer
+from omni_trainer.distributed import comm
 from omni_trainer.multiplex.dataflow import POST, PRE, DataflowTable, EncoderMicroBatch
 from omni_trainer.multiplex.lssp import LSSPPlan, TokenRange, plan_lssp
 from omni_trainer.multiplex.ulysses import encode_sequence_parallel
@@ -182,8 +183,11 @@ class EncoderAnchor:
                     self._local_outputs[(emb, idx)] = payload
                 else:
                     self._sends.append(
-                        dist.isend(
-                            payload, dst, group=self.groups.p2p_group, tag=_tag(emb, idx, _FORWARD)
+                        comm.isend(
+                            payload,
+                            dst=dst,
+                            group=self.groups.p2p_group,
+                            tag=_tag(emb, idx, _FORWARD),
                         )
                     )
         self._held[emb] = held
@@ -206,7 +210,9 @@ class EncoderAnchor:
             else:
                 buf = torch.empty_like(out)
                 requests.append(
-                    dist.irecv(buf, src, group=self.groups.p2p_group, tag=_tag(emb, idx, _BACKWARD))
+                    comm.irecv(
+                        buf, src=src, group=self.groups.p2p_group, tag=_tag(emb, idx, _BACKWARD)
+                    )
                 )
                 grads.append(buf)
         with self.timer.span("encoder_wait"):
@@ -240,8 +246,8 @@ class EncoderAnchor:
                         piece.stop - piece.start, self.hidden_size, device=self.device
                     )
                     requests.append(
-                        dist.irecv(
-                            buf, src, group=self.groups.p2p_group, tag=_tag(emb, idx, _FORWARD)
+                        comm.irecv(
+                            buf, src=src, group=self.groups.p2p_group, tag=_tag(emb, idx, _FORWARD)
                         )
                     )
                 leaf = buf.detach().requires_grad_()
@@ -279,9 +285,9 @@ class EncoderAnchor:
                 self._local_grads[(emb, idx)] = grad
             else:
                 self._sends.append(
-                    dist.isend(
+                    comm.isend(
                         grad.contiguous(),
-                        dst,
+                        dst=dst,
                         group=self.groups.p2p_group,
                         tag=_tag(emb, idx, _BACKWARD),
                     )
