@@ -25,7 +25,7 @@ def full_grads(trainer) -> dict[str, torch.Tensor]:
     grads: dict[str, torch.Tensor] = {}
     for chunk in trainer.chunks:
         for name, p in global_llm_names(chunk).items():
-            g = p.grad.detach().clone()
+            g = trainer.main.main_of(p).grad.detach().clone()  # fp32 main gradient
             if getattr(p, "tensor_model_parallel", False) and tp > 1:
                 shards = [torch.empty_like(g) for _ in range(tp)]
                 dist.all_gather(shards, g, group=ps.get_tensor_model_parallel_group())

@@ -52,8 +52,31 @@ class LRScheduleConfig(Spec):
 class TrainConfig(Spec):
     steps: int = Field(100, ge=1, description="optimizer steps (overridable by --steps)")
     precision: Literal["auto", "fp32", "bf16"] = Field(
-        "auto", description="auto: bf16 autocast on GPUs, fp32 on CPU"
+        "auto",
+        description="bf16: bf16 LLM weights and activations with fp32 main weights and "
+        "gradients, encoders under bf16 autocast; auto: bf16 on GPUs, fp32 on CPU",
     )
+    recompute: Literal["none", "selective", "full"] = Field(
+        "none",
+        description="activation recompute in the backward: selective = core attention, "
+        "full = whole transformer layers (recomputeLayers per model chunk)",
+    )
+    recompute_layers: int | None = Field(
+        None,
+        ge=1,
+        description="with recompute: full, the layers of each model chunk recomputed (the "
+        "first ones; megatron's block method); default all",
+    )
+
+    @model_validator(mode="after")
+    def _layers_need_full(self) -> TrainConfig:
+        if self.recompute_layers is not None and self.recompute != "full":
+            raise ValueError(
+                f"recomputeLayers applies to recompute: full (recompute is {self.recompute!r}); "
+                "set recompute: full or drop recomputeLayers"
+            )
+        return self
+
     peak_flops_per_device: float | None = Field(
         None, gt=0, description="override the peak FLOP/s used for MFU"
     )

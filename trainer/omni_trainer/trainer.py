@@ -13,6 +13,11 @@ from omni_trainer.checkpoint.checkpointer import Checkpointer, SaveResult
 from omni_trainer.checkpoint.state import ModelState
 from omni_trainer.components.dataplane import DataPlane
 from omni_trainer.components.encoder_zero import EncoderZero
+from omni_trainer.components.memory import (
+    SavedActivationMeter,
+    optimizer_state_bytes,
+    tensor_bytes,
+)
 from omni_trainer.components.metrics import TRAINER_PHASES as PHASES
 from omni_trainer.components.metrics import MetricsSink, NullTrainerMetrics
 from omni_trainer.components.model_flops import StepFlops, step_flops
@@ -22,6 +27,7 @@ from omni_trainer.components.optim import (
     clip_grad_norm,
     lr_at,
 )
+from omni_trainer.components.precision import MainParams, compute_dtype
 from omni_trainer.components.progress import NullReporter, StepReporter
 from omni_trainer.components.throughput import resolve_peak_flops
 from omni_trainer.components.timing import PhaseTimer
@@ -31,6 +37,7 @@ from omni_trainer.distributed import comm
 from omni_trainer.distributed.layout import check_layout
 from omni_trainer.mcore.parallel import ProcessGroups, schedule_kwargs, seed_everything
 from omni_trainer.models.context_parallel import set_rope_positions, shard_for_context
+from omni_trainer.models.llm import Recompute
 from omni_trainer.models.omni import DeviceBatch, OmniModel, first_stage_input, to_device_batch
 from omni_trainer.multiplex.anchor import EncoderAnchor, EncoderWork, build_works
 from omni_trainer.multiplex.dataflow import PRE, DataflowTable, plan_dataflow
@@ -65,6 +72,7 @@ class StepResult:
     fingerprint: str  # of the set of samples the global batch consumed
     samples: dict[str, int]  # per modality, this replica's share of the step
     encoder_activation_peak_bytes: int
+    activation_peak_bytes: int  # LLM schedule + encoders: saved for the backward, at peak
     media_bytes_read: int  # media arrays this rank loaded during the step (the ones it encodes)
 
 
@@ -102,15 +110,10 @@ class RunSummary:
     """Reordering of sequences between data-parallel ranks: group size, method, traffic."""
     breakdown: list[dict[str, object]] = field(default_factory=list)
     """Per rank: mean seconds per step in each phase, and the peak encoder activation bytes."""
-
-
-def autocast_context(cfg: TrainerConfig, device: torch.device):
-    precision = cfg.train.precision
-    if precision == "auto":
-        precision = "bf16" if device.type == "cuda" else "fp32"
-    if precision == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return torch.autocast(device_type=device.type, enabled=False)
+    memory: dict[str, int] = field(default_factory=dict)
+    """The busiest rank's ``rank``, ``params_bytes`` (model weights + fp32 main copies),
+    ``grads_bytes``, ``optimizer_state_bytes`` and ``activation_peak_bytes`` (the most bytes
+    saved for the backward at once, LLM plus encoders: ``components.memory``)."""
 
 
 class Trainer:
@@ -142,16 +145,23 @@ class Trainer:
         self.metrics = metrics or NullTrainerMetrics()
         self.device = groups.device
         seed_everything(cfg.seed)
+        self.dtype = compute_dtype(cfg.train.precision, self.device)
         self.model = OmniModel(
-            cfg.model, max_sequence_length=cfg.data.seq_length, seed=cfg.seed
+            cfg.model,
+            max_sequence_length=cfg.data.seq_length,
+            seed=cfg.seed,
+            llm_dtype=self.dtype,
+            recompute=Recompute(cfg.train.recompute, cfg.train.recompute_layers),
         ).to(self.device)
         self.chunks = list(self.model.llm_chunks)
-        self.llm_params = self.model.llm_parameters()
+        self.main = MainParams(self.model.llm_parameters())
+        self.llm_params = self.main.main  # fp32: what the optimizer, sync and clipping see
         self.encoder_params = self.model.encoder_parameters()
+        self.activations = SavedActivationMeter(self.model.parameters())
         # Gradients always exist (zeros when a modality is absent from a batch), as in megatron's
         # DDP buffers: every rank all-reduces the same tensors, and the optimizer treats a
         # parameter the same whether its modality showed up on this rank, another, or nowhere.
-        for p in (*self.llm_params, *self.encoder_params):
+        for p in self.encoder_params:
             p.grad = torch.zeros_like(p)
         # ZeRO-2 for encoders: only owners keep their gradients and optimizer state.
         self.encoder_zero = (
@@ -168,6 +178,7 @@ class Trainer:
             groups=groups.anchor,
             hidden_size=cfg.model.llm.hidden_size,
             device=self.device,
+            dtype=self.dtype,
             timer=self.timer,
         )
         self.forward_backward = get_forward_backward_func()
@@ -193,6 +204,7 @@ class Trainer:
         found = self.checkpointer.load_latest(ModelState.from_trainer(self))
         if found is None:
             return 0
+        self.main.copy_to_model()
         self.data.load_state_dict(found.loader_state)
         return found.step
 
@@ -272,11 +284,13 @@ class Trainer:
                 sharded_replicated_group=self.groups.world if self.encoder_zero else None,
             )
             self.optimizer.step()
+            self.main.copy_to_model()
             if self.encoder_zero:
                 self.encoder_zero.broadcast_parameters()
         if self.checkpointer and self.cfg.checkpoint.due(step + 1):
             self._save(step + 1)
         seconds = time.perf_counter() - start
+        encoder_peak = self.anchor.memory.take_peak()
         phases = self.timer.take()
         # What no span covers is the LLM's own forward/backward compute (and Python overhead).
         phases["llm"] = max(seconds - sum(phases.values()), 0.0)
@@ -291,7 +305,9 @@ class Trainer:
             fingerprint=fingerprint,
             samples=_samples_per_modality(local),
             phases=phases,
-            encoder_activation_peak_bytes=self.anchor.memory.take_peak(),
+            encoder_activation_peak_bytes=encoder_peak,
+            # the encoders' saved tensors are counted by their own meter (inner hooks win)
+            activation_peak_bytes=self.activations.take_peak() + encoder_peak,
             media_bytes_read=self.data.media.bytes_read - media_bytes,
         )
 
@@ -320,16 +336,17 @@ class Trainer:
         self.anchor.run_slot(PRE)
         self._forward_calls = 0
         iterators = [iter(range(len(micro))) for _ in self.chunks]
-        outputs = self.forward_backward(
-            forward_step_func=self._forward_step,
-            data_iterator=iterators if len(self.chunks) > 1 else iterators[0],
-            model=self.chunks,
-            num_microbatches=len(micro),
-            seq_length=self.cfg.data.seq_length,
-            micro_batch_size=self.cfg.data.micro_batch_size,
-            forward_only=False,
-            **self._schedule_kwargs,
-        )
+        with self.activations.recording():
+            outputs = self.forward_backward(
+                forward_step_func=self._forward_step,
+                data_iterator=iterators if len(self.chunks) > 1 else iterators[0],
+                model=self.chunks,
+                num_microbatches=len(micro),
+                seq_length=self.cfg.data.seq_length,
+                micro_batch_size=self.cfg.data.micro_batch_size,
+                forward_only=False,
+                **self._schedule_kwargs,
+            )
         loss_sum = torch.zeros(1, dtype=torch.float64)
         if self.chunks[-1].post_process and self.groups.tp_rank == 0:
             loss_sum += sum(float(o["loss_sum"]) for o in outputs)
@@ -389,23 +406,22 @@ class Trainer:
         batch = self._batches[m]
         labels = batch.labels if model.post_process else None
         set_rope_positions(model, batch.position_ids)  # context parallel: positions in the row
-        with autocast_context(self.cfg, self.device):
-            if model.pre_process:
-                decoder_input = first_stage_input(model, batch, self.anchor.embeddings(m))
-                output = model(
-                    input_ids=batch.tokens,
-                    position_ids=batch.position_ids,
-                    attention_mask=batch.attention_mask,
-                    decoder_input=decoder_input,
-                    labels=labels,
-                )
-            else:
-                output = model(
-                    input_ids=None,
-                    position_ids=None,
-                    attention_mask=batch.attention_mask,
-                    labels=labels,
-                )
+        if model.pre_process:
+            decoder_input = first_stage_input(model, batch, self.anchor.embeddings(m))
+            output = model(
+                input_ids=batch.tokens,
+                position_ids=batch.position_ids,
+                attention_mask=batch.attention_mask,
+                decoder_input=decoder_input,
+                labels=labels,
+            )
+        else:
+            output = model(
+                input_ids=None,
+                position_ids=None,
+                attention_mask=batch.attention_mask,
+                labels=labels,
+            )
         return output, partial(self._loss, batch)
 
     def _loss(self, batch: DeviceBatch, per_token: torch.Tensor):
@@ -455,6 +471,14 @@ class Trainer:
                     bucket[m] = bucket.get(m, 0) + v
         return total
 
+    def _memory(self, results: list[StepResult]) -> dict[str, int]:
+        figures = self.main.bytes()
+        figures["params_bytes"] += tensor_bytes(self.encoder_params)
+        figures["grads_bytes"] += tensor_bytes(p.grad for p in self.encoder_params)
+        figures["optimizer_state_bytes"] = optimizer_state_bytes(self.optimizer)
+        figures["activation_peak_bytes"] = max(r.activation_peak_bytes for r in results)
+        return figures
+
     def _summary(self, results: list[StepResult], wall: float) -> RunSummary:
         timed = results[1:] if len(results) > 1 else results  # step 1 pays one-off warmup
         seconds = sum(r.seconds for r in timed)
@@ -487,8 +511,10 @@ class Trainer:
             },
             "encoder_activation_peak_bytes": max(r.encoder_activation_peak_bytes for r in results),
             "media_bytes_read": sum(r.media_bytes_read for r in results),
+            "memory": self._memory(results),
         }
         breakdown = comm.all_gather_object(mine)
+        busiest = max(breakdown, key=lambda row: sum(row["memory"].values()))
         return RunSummary(
             steps=len(results),
             first_step=self.start_step,
@@ -519,6 +545,7 @@ class Trainer:
             step_time_curve=[r.seconds for r in results],
             parameters={"llm": int(llm_params.item()), "encoders": enc_params},
             breakdown=breakdown,
+            memory={"rank": busiest["rank"], **busiest["memory"]},
             data_reorder={
                 "group_size": self.cfg.data.reorder.group_size,
                 "method": self.cfg.data.reorder.method,

@@ -67,8 +67,8 @@ class ModelState:
         from omni_trainer.models.init import global_llm_names
 
         llm: dict[str, nn.Parameter] = {}
-        for chunk in trainer.chunks:
-            llm.update(global_llm_names(chunk))
+        for chunk in trainer.chunks:  # the fp32 main weights: checkpoints move across precisions
+            llm.update({n: trainer.main.main_of(p) for n, p in global_llm_names(chunk).items()})
         replicated = dict(
             [
                 *trainer.model.encoders.named_parameters(prefix="encoders"),

@@ -2,10 +2,36 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
 
 from omni_trainer.models.config import LLMConfig
+
+
+@dataclass(frozen=True)
+class Recompute:
+    """Activation recompute (``train.recompute``): none, selective (core attention) or full
+    (whole layers: the first ``layers`` of each model chunk, all when None)."""
+
+    mode: Literal["none", "selective", "full"] = "none"
+    layers: int | None = None
+
+    def megatron_kwargs(self) -> dict:
+        if self.mode == "selective":
+            return {"recompute_granularity": "selective", "recompute_modules": ["core_attn"]}
+        if self.mode == "full":
+            return {
+                "recompute_granularity": "full",
+                "recompute_method": "block",
+                "recompute_num_layers": self.layers or 1 << 30,
+            }
+        return {}
+
+
+NO_RECOMPUTE = Recompute()
 
 
 def transformer_engine_usable() -> bool:
@@ -26,13 +52,17 @@ def build_gpt(
     pre_process: bool = True,
     post_process: bool = True,
     vp_stage: int | None = None,
+    params_dtype: torch.dtype = torch.float32,
+    recompute: Recompute = NO_RECOMPUTE,
 ):
     """Build one GPTModel chunk for this rank: its TP shard of the layers of its pipeline stage
     (and virtual stage ``vp_stage``), megatron's layer assignment. With context parallelism the
     core attention and RoPE are ``models.context_parallel``'s (adaptive sample sharding).
 
-    Dropout is zero: the trainer's equivalence guarantees (a parallel run equals a single process)
-    need every rank to compute the same function of the same data.
+    ``params_dtype`` is the dtype of the weights and so of every activation, the pipeline's
+    messages included (bf16: see ``components.precision``); ``recompute`` is megatron's
+    activation recompute. Dropout is zero: the trainer's equivalence guarantees (a parallel run
+    equals a single process) need every rank to compute the same function of the same data.
     """
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import (
@@ -56,7 +86,9 @@ def build_gpt(
         attention_dropout=0.0,
         init_method_std=cfg.init_method_std,
         use_cpu_initialization=not torch.cuda.is_available(),
-        pipeline_dtype=torch.float32,
+        params_dtype=params_dtype,
+        bf16=params_dtype == torch.bfloat16,
+        pipeline_dtype=params_dtype,  # what the layers emit: no autocast around the LLM
         batch_p2p_comm=False,  # batched p2p + interleaving gives wrong grads on gloo (ENV.md)
         calculate_per_token_loss=True,  # the trainer pre-normalises by global text targets
         **_parallel_sizes(),
@@ -65,6 +97,7 @@ def build_gpt(
         apply_rope_fusion=False,
         persist_layer_norm=False,
         gradient_accumulation_fusion=False,
+        **recompute.megatron_kwargs(),
     )
     if use_te:
         spec = get_gpt_layer_with_transformer_engine_spec()
@@ -102,7 +135,14 @@ def _context_parallel_size() -> int:
     return ps.get_context_parallel_world_size()
 
 
-def build_gpt_chunks(cfg: LLMConfig, *, max_sequence_length: int, seed: int) -> list:
+def build_gpt_chunks(
+    cfg: LLMConfig,
+    *,
+    max_sequence_length: int,
+    seed: int,
+    params_dtype: torch.dtype = torch.float32,
+    recompute: Recompute = NO_RECOMPUTE,
+) -> list:
     """All model chunks of this rank (one per virtual stage), initialised layout-independently."""
     from megatron.core import parallel_state as ps
 
@@ -118,6 +158,8 @@ def build_gpt_chunks(cfg: LLMConfig, *, max_sequence_length: int, seed: int) -> 
             pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
             post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
             vp_stage=vp_stage,
+            params_dtype=params_dtype,
+            recompute=recompute,
         )
         init_llm_chunk(
             chunk,

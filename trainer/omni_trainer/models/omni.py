@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from omni_trainer.models.config import ModelConfig
-from omni_trainer.models.llm import build_gpt_chunks
+from omni_trainer.models.llm import NO_RECOMPUTE, Recompute, build_gpt_chunks
 
 
 @dataclass
@@ -70,14 +70,28 @@ class OmniModel(nn.Module):
     full replica of each. All weights are layout-independent functions of the seed.
     """
 
-    def __init__(self, cfg: ModelConfig, *, max_sequence_length: int, seed: int) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        *,
+        max_sequence_length: int,
+        seed: int,
+        llm_dtype: torch.dtype = torch.float32,
+        recompute: Recompute = NO_RECOMPUTE,
+    ) -> None:
         super().__init__()
         from omni_trainer.models.encoders.projector import Projector
         from omni_trainer.models.init import name_seed
 
         self.cfg = cfg
         self.llm_chunks = nn.ModuleList(
-            build_gpt_chunks(cfg.llm, max_sequence_length=max_sequence_length, seed=seed)
+            build_gpt_chunks(
+                cfg.llm,
+                max_sequence_length=max_sequence_length,
+                seed=seed,
+                params_dtype=llm_dtype,
+                recompute=recompute,
+            )
         )
         torch.manual_seed(name_seed(seed, "encoders"))
         self.encoders = nn.ModuleDict()

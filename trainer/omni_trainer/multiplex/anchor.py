@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from omni_trainer.components.precision import encoder_autocast
 from omni_trainer.components.timing import ActivationMeter, PhaseTimer
 from omni_trainer.distributed import comm
 from omni_trainer.multiplex.dataflow import POST, PRE, DataflowTable, EncoderMicroBatch
@@ -85,6 +86,7 @@ class EncoderAnchor:
         groups: AnchorGroups,
         hidden_size: int,
         device: torch.device,
+        dtype: torch.dtype = torch.float32,
         timer: PhaseTimer | None = None,
     ) -> None:
         self.timer = timer or PhaseTimer()
@@ -94,6 +96,7 @@ class EncoderAnchor:
         self.groups = groups
         self.hidden_size = hidden_size
         self.device = device
+        self.dtype = dtype  # the LLM's: encoders compute in it under autocast, and send it
         self._reset()
 
     # -- step lifecycle ----------------------------------------------------------------------
@@ -137,7 +140,11 @@ class EncoderAnchor:
         work = self.works[emb]
         encoder = self.encoders[work.mb.modality]
         projector = self.projectors[work.mb.modality]
-        with self.timer.span("encoder"), self.memory.recording(emb):
+        with (
+            self.timer.span("encoder"),
+            self.memory.recording(emb),
+            encoder_autocast(self.dtype, self.device),
+        ):
             outputs = self._encode(work, encoder, projector)
         self._route(emb, work, outputs)
 
@@ -177,7 +184,7 @@ class EncoderAnchor:
             item = work.items[idx]
             out = outputs[(item, piece.start)]
             held.append((idx, item, out, item in work.plan.long))
-            payload = out.detach().contiguous()
+            payload = out.detach().to(self.dtype).contiguous()
             for dst in self.groups.stage_ranks[0]:
                 if dst == self.groups.rank:
                     self._local_outputs[(emb, idx)] = payload
@@ -208,7 +215,7 @@ class EncoderAnchor:
             if src == self.groups.rank:
                 grads.append(self._local_grads.pop((emb, idx)))
             else:
-                buf = torch.empty_like(out)
+                buf = torch.empty_like(out, dtype=self.dtype)
                 requests.append(
                     comm.irecv(
                         buf, src=src, group=self.groups.p2p_group, tag=_tag(emb, idx, _BACKWARD)
@@ -243,7 +250,10 @@ class EncoderAnchor:
                     buf = self._local_outputs.pop((emb, idx))
                 else:
                     buf = torch.empty(
-                        piece.stop - piece.start, self.hidden_size, device=self.device
+                        piece.stop - piece.start,
+                        self.hidden_size,
+                        device=self.device,
+                        dtype=self.dtype,
                     )
                     requests.append(
                         comm.irecv(
@@ -295,12 +305,13 @@ class EncoderAnchor:
 
 
 def _encoder_backward(held: list, grads: list[torch.Tensor]) -> None:
-    """Encoder backward of one micro-batch's outputs held by this rank."""
+    """Encoder backward of one micro-batch's outputs held by this rank (gradients arrive in the
+    LLM's dtype, outputs are in the encoder's compute dtype)."""
     # Short samples share one graph; each long one has its own, with collectives inside, so
     # they run one by one in the same order on every rank of the group.
     short = [(o, g) for (_, _, o, is_long), g in zip(held, grads, strict=True) if not is_long]
     if short:
-        torch.autograd.backward([o for o, _ in short], [g for _, g in short])
+        torch.autograd.backward([o for o, _ in short], [g.to(o.dtype) for o, g in short])
     long = sorted(
         (
             (item, out, grad)
@@ -310,7 +321,7 @@ def _encoder_backward(held: list, grads: list[torch.Tensor]) -> None:
         key=lambda t: t[0],
     )
     for _, out, grad in long:
-        torch.autograd.backward(out, grad)
+        torch.autograd.backward(out, grad.to(out.dtype))
 
 
 def build_works(
