@@ -171,7 +171,7 @@ class Trainer:
         )
         owned = self.encoder_zero.owned if self.encoder_zero else self.encoder_params
         self.optimizer = build_optimizer([*self.llm_params, *owned], cfg.optimizer)
-        self.timer = PhaseTimer(synchronize=True)
+        self.timer = PhaseTimer(events=self.device.type == "cuda")
         self.anchor = EncoderAnchor(
             encoders=self.model.encoders,
             projectors=self.model.projectors,
@@ -192,6 +192,7 @@ class Trainer:
         self.start_step = self._resume() if resume else 0
         self.peak_flops, self.peak_source = resolve_peak_flops(
             self.device,
+            dtype=self.dtype,
             world_size=dims.world_size,
             override_per_device=cfg.train.peak_flops_per_device,
         )
