@@ -46,6 +46,14 @@ bench-multiplex: setup
 crds: setup
 	$(BIN)/python -m omni_operator.crd crds
 
+.PHONY: bench-core
+
+# Trainer core tokens/s before vs after at one layout (BEFORE=a baseline source tree), plus
+# bf16 and recompute memory figures on this tree.
+BEFORE ?= /tmp/omni-before
+bench-core: setup
+	$(BIN)/python bench/core.py --before $(BEFORE)
+
 .PHONY: bench-balance
 
 # Grouped Karmarkar-Karp reordering vs greedy and no reordering (PAPER.md technique 7).

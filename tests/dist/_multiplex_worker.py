@@ -161,6 +161,9 @@ def run_scenario(doc: dict, steps: int, out: Path | None) -> dict:
                     "dp_rank": groups.dp_rank,
                     "filter": filtered,
                     "context": contexts,
+                    "sequence_parallel": [c.config.sequence_parallel for c in trainer.chunks],
+                    "sequence_parallel_params": len(trainer.sequence_parallel_params),
+                    "llm_dtypes": sorted({str(p.dtype) for p in trainer.model.llm_parameters()}),
                 }
             )
         )

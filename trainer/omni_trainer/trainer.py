@@ -36,9 +36,10 @@ from omni_trainer.data.packing import MicroBatch, PackedSequence, collate, split
 from omni_trainer.distributed import comm
 from omni_trainer.distributed.layout import check_layout
 from omni_trainer.mcore.parallel import ProcessGroups, schedule_kwargs, seed_everything
+from omni_trainer.models.batch import DeviceBatch, to_device_batch
 from omni_trainer.models.context_parallel import set_rope_positions, shard_for_context
 from omni_trainer.models.llm import Recompute
-from omni_trainer.models.omni import DeviceBatch, OmniModel, first_stage_input, to_device_batch
+from omni_trainer.models.omni import OmniModel, first_stage_input
 from omni_trainer.multiplex.anchor import EncoderAnchor, EncoderWork, build_works
 from omni_trainer.multiplex.dataflow import PRE, DataflowTable, plan_dataflow
 from omni_trainer.multiplex.workload import encoder_micro_batches, media_encoded_on
@@ -152,10 +153,14 @@ class Trainer:
             seed=cfg.seed,
             llm_dtype=self.dtype,
             recompute=Recompute(cfg.train.recompute, cfg.train.recompute_layers),
+            sequence_parallel=cfg.parallelism.sequence_parallel_on,
         ).to(self.device)
         self.chunks = list(self.model.llm_chunks)
         self.main = MainParams(self.model.llm_parameters())
         self.llm_params = self.main.main  # fp32: what the optimizer, sync and clipping see
+        self.sequence_parallel_params = [
+            p for p in self.llm_params if getattr(p, "sequence_parallel", False)
+        ]
         self.encoder_params = self.model.encoder_parameters()
         self.activations = SavedActivationMeter(self.model.parameters())
         # Gradients always exist (zeros when a modality is absent from a batch), as in megatron's
@@ -436,6 +441,8 @@ class Trainer:
         """Called by megatron after the last backward: the anchor's POST slot, then grad sync."""
         self.anchor.end_step()
         with self.timer.span("sync"):
+            # sequence parallel: each TP rank's norms saw only its positions
+            all_reduce_grads(self.sequence_parallel_params, self.groups.tp)
             all_reduce_grads(self.llm_params, self.groups.dp_cp)  # CP ranks hold partial sums
             if self.encoder_zero:
                 self.encoder_zero.reduce_gradients()

@@ -24,6 +24,13 @@ def check_layout(cfg: TrainerConfig, dims: ParallelDims) -> None:
             f"spec.trainer.parallelism.context ({dims.cp}): every context-parallel rank holds "
             "seqLength / context positions of each sequence; change either"
         )
+    if cfg.parallelism.sequence_parallel_on and cfg.data.seq_length % dims.tp:
+        raise ManifestError(
+            f"spec.trainer.data.seqLength ({cfg.data.seq_length}) must be a multiple of "
+            f"spec.trainer.parallelism.tensor ({dims.tp}) with sequence parallelism: every "
+            "tensor-parallel rank holds seqLength / tensor positions; change either, or set "
+            "parallelism.sequenceParallel: false"
+        )
     per_step = cfg.data.micro_batch_size * dims.dp
     if cfg.data.global_batch_size % per_step:
         raise ManifestError(

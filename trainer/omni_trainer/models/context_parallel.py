@@ -28,7 +28,7 @@ from torch import nn
 
 from omni_trainer.balance.cp import CPPlan, plan_context_parallel
 from omni_trainer.distributed import comm
-from omni_trainer.models.omni import DeviceBatch, MediaBatch
+from omni_trainer.models.batch import DeviceBatch, MediaBatch
 
 
 class _GatherTokens(torch.autograd.Function):

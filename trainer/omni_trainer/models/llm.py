@@ -54,6 +54,7 @@ def build_gpt(
     vp_stage: int | None = None,
     params_dtype: torch.dtype = torch.float32,
     recompute: Recompute = NO_RECOMPUTE,
+    sequence_parallel: bool = False,
 ):
     """Build one GPTModel chunk for this rank: its TP shard of the layers of its pipeline stage
     (and virtual stage ``vp_stage``), megatron's layer assignment. With context parallelism the
@@ -61,7 +62,8 @@ def build_gpt(
 
     ``params_dtype`` is the dtype of the weights and so of every activation, the pipeline's
     messages included (bf16: see ``components.precision``); ``recompute`` is megatron's
-    activation recompute. Dropout is zero: the trainer's equivalence guarantees (a parallel run
+    activation recompute; ``sequence_parallel`` megatron's SP (``models.sequence_parallel``).
+    Dropout is zero: the trainer's equivalence guarantees (a parallel run
     equals a single process) need every rank to compute the same function of the same data.
     """
     from megatron.core.models.gpt import GPTModel
@@ -97,12 +99,17 @@ def build_gpt(
         apply_rope_fusion=False,
         persist_layer_norm=False,
         gradient_accumulation_fusion=False,
+        sequence_parallel=sequence_parallel,
         **recompute.megatron_kwargs(),
     )
     if use_te:
         spec = get_gpt_layer_with_transformer_engine_spec()
     else:
         spec = get_gpt_layer_local_spec(normalization=cfg.normalization)
+        if sequence_parallel:
+            from omni_trainer.models.sequence_parallel import local_block_spec
+
+            spec = local_block_spec(spec, config, vp_stage)
     context_parallel = _context_parallel_size() > 1
     if context_parallel:
         from omni_trainer.models.context_parallel import context_parallel_spec
@@ -119,10 +126,16 @@ def build_gpt(
         position_embedding_type="rope",
         vp_stage=vp_stage,
     )
+    if params_dtype != torch.float32:  # megatron's torch norms ignore params_dtype: cast them
+        model.to(dtype=params_dtype)  # too, as megatron's Float16Module casts its whole module
     if context_parallel:
         from omni_trainer.models.context_parallel import use_positional_rope
 
         use_positional_rope(model)
+    if sequence_parallel and pre_process:
+        from omni_trainer.models.sequence_parallel import embed_whole_sequence
+
+        embed_whole_sequence(model)
     return model
 
 
@@ -142,6 +155,7 @@ def build_gpt_chunks(
     seed: int,
     params_dtype: torch.dtype = torch.float32,
     recompute: Recompute = NO_RECOMPUTE,
+    sequence_parallel: bool = False,
 ) -> list:
     """All model chunks of this rank (one per virtual stage), initialised layout-independently."""
     from megatron.core import parallel_state as ps
@@ -160,6 +174,7 @@ def build_gpt_chunks(
             vp_stage=vp_stage,
             params_dtype=params_dtype,
             recompute=recompute,
+            sequence_parallel=sequence_parallel,
         )
         init_llm_chunk(
             chunk,
