@@ -31,6 +31,7 @@ from omni_trainer.data.packing import MicroBatch, PackedSequence, collate, split
 from omni_trainer.distributed.layout import check_layout
 from omni_trainer.mcore.parallel import ProcessGroups, schedule_kwargs, seed_everything
 from omni_trainer.models.context_parallel import set_rope_positions, shard_for_context
+from omni_trainer.models.llm import all_reduce_tied_embedding_grads
 from omni_trainer.models.omni import DeviceBatch, OmniModel, first_stage_input, to_device_batch
 from omni_trainer.multiplex.anchor import EncoderAnchor, EncoderWork, build_works
 from omni_trainer.multiplex.dataflow import PRE, DataflowTable, plan_dataflow
@@ -425,6 +426,7 @@ class Trainer:
         self.anchor.end_step()
         with self.timer.span("sync"):
             all_reduce_grads(self.llm_params, self.groups.dp_cp)  # CP ranks hold partial sums
+            all_reduce_tied_embedding_grads(self.chunks)
             if self.encoder_zero:
                 self.encoder_zero.reduce_gradients()
             else:

@@ -75,6 +75,8 @@ def clip_grad_norm(
     """
     llm_sq = torch.zeros(1, dtype=torch.float64)
     for p in llm_params:
+        if getattr(p, "shared", False):  # the last stage's copy of a tied embedding
+            continue
         if p.grad is not None and (getattr(p, "tensor_model_parallel", False) or tp_rank == 0):
             llm_sq += p.grad.detach().double().pow(2).sum().cpu()
     if dist.get_world_size(model_parallel_group) > 1:
