@@ -16,7 +16,10 @@ pytestmark = pytest.mark.dist
 
 STEPS = 2
 LAYOUTS = {2: [("tp2", 2, 1), ("pp2", 1, 2)], 4: [("tp2xpp2", 2, 2)]}
-FAMILIES = {"llama": ("llama", {"vocab_size": 511}), "qwen2": ("qwen2", {})}
+FAMILIES = {
+    "llama": ("llama", {"vocab_size": 511}),
+    "qwen2": ("qwen2", {"tie_word_embeddings": True}),
+}
 
 
 def job(model: Path, tensor: int = 1, pipeline: int = 1) -> dict:
@@ -43,7 +46,7 @@ def job(model: Path, tensor: int = 1, pipeline: int = 1) -> dict:
                         }
                     ],
                 },
-                "optimizer": {"lr": 0.01, "clipGrad": 1.0},
+                "optimizer": {"lr": 0.003, "clipGrad": 1.0},
                 "parallelism": {"tensor": tensor, "pipeline": pipeline},
             }
         },

@@ -67,6 +67,11 @@ class TrainConfig(Spec):
 
 class TrainerConfig(Spec):
     seed: int = 1234
+    tokenizer: str | None = Field(
+        None,
+        description="Hugging Face tokenizer files (a directory or s3:// prefix); default: the "
+        "tokenizer saved beside model.llm.hf",
+    )
     model: ModelConfig
     data: DataConfig
     parallelism: ParallelismConfig = ParallelismConfig()

@@ -37,12 +37,14 @@ def _cache_root() -> Path:
     return Path(os.environ.get("OMNI_HF_CACHE", Path.home() / ".cache" / "omni" / "hf"))
 
 
-def local_dir(path: str) -> Path:
-    """A local directory holding the model's files (fetched from S3 first when needed)."""
+def local_dir(path: str, *, required: str | None = CONFIG) -> Path:
+    """A local directory holding the model's (or tokenizer's) files, fetched from S3 first when
+    needed; ``required`` names a file that must be there."""
     if not path.startswith("s3://"):
         root = Path(path).expanduser()
-        if not (root / CONFIG).is_file():
-            raise HFModelError(f"{path}: no {CONFIG} (expected a Hugging Face model directory)")
+        if not root.is_dir() or (required and not (root / required).is_file()):
+            what = f"no {required}" if required else "no such directory"
+            raise HFModelError(f"{path}: {what} (expected a Hugging Face model directory)")
         return root
     bucket, prefix = _split_s3(path)
     dest = _cache_root() / hashlib.sha256(path.rstrip("/").encode()).hexdigest()[:16]
@@ -55,7 +57,7 @@ def local_dir(path: str) -> Path:
             rel = obj["Key"][len(base) :]
             if not rel or "/" in rel:
                 continue
-            found = found or rel == CONFIG
+            found = found or required is None or rel == required
             target = dest / rel
             if target.is_file() and target.stat().st_size == obj["Size"]:
                 continue
@@ -63,7 +65,7 @@ def local_dir(path: str) -> Path:
             client.download_file(bucket, obj["Key"], str(tmp))
             os.replace(tmp, target)
     if not found:
-        raise HFModelError(f"{path}: no {CONFIG} (expected a Hugging Face model prefix)")
+        raise HFModelError(f"{path}: no {required} (expected a Hugging Face model prefix)")
     return dest
 
 
