@@ -25,7 +25,7 @@ def full_grads(trainer) -> dict[str, torch.Tensor]:
     grads: dict[str, torch.Tensor] = {}
     for chunk in trainer.chunks:
         for name, p in global_llm_names(chunk).items():
-            if getattr(p, "shared", False):  # the last stage's copy of a tied embedding
+            if getattr(p, "shared", False) or p.grad is None:  # tied copy, or frozen
                 continue
             g = p.grad.detach().clone()
             if getattr(p, "tensor_model_parallel", False) and tp > 1:
@@ -53,7 +53,8 @@ def full_grads(trainer) -> dict[str, torch.Tensor]:
     elif dist.get_rank() != 0:
         encoder_params = []
     for name, p in encoder_params:
-        grads[name] = p.grad.detach().clone()
+        if p.grad is not None:  # None: frozen
+            grads[name] = p.grad.detach().clone()
     return grads
 
 

@@ -15,29 +15,35 @@ from omni_trainer.models.omni import OmniModel
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
 
 
-def resolve_checkpoint(cfg: TrainerConfig, path: str | None) -> tuple[str, int] | None:
-    """(checkpoint root, step) to load: ``path`` is a root (its latest complete step) or one
-    ``step-NNNNNNNN`` directory; without it, the latest under ``checkpoint.path`` or None."""
+def find_checkpoint(path: str) -> tuple[str, int]:
+    """(root, step) of ``path``: a checkpoint root (its latest complete step) or one
+    ``step-NNNNNNNN`` directory, which must be complete."""
     from omni_trainer.checkpoint.storage import open_storage
 
-    if path is None:
-        if cfg.checkpoint is None:
-            return None
-        root, step = cfg.checkpoint.path, None
-    else:
-        name = path.rstrip("/").rsplit("/", 1)[-1]
-        m = _STEP_DIR.match(name)
-        root, step = (path.rstrip("/")[: -len(name) - 1], int(m.group(1))) if m else (path, None)
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    m = _STEP_DIR.match(name)
+    root, step = (path.rstrip("/")[: -len(name) - 1], int(m.group(1))) if m else (path, None)
     storage = open_storage(root)
     if step is None:
         step = storage.latest_complete()
         if step is None:
-            if path is not None:
-                raise FileNotFoundError(f"--checkpoint {path}: no complete checkpoint there")
-            return None
+            raise FileNotFoundError(f"{path}: no complete checkpoint there")
     elif storage.read_marker(step) is None:
-        raise FileNotFoundError(f"--checkpoint {path}: not a complete (committed) checkpoint")
+        raise FileNotFoundError(f"{path}: not a complete (committed) checkpoint")
     return root, step
+
+
+def resolve_checkpoint(cfg: TrainerConfig, path: str | None) -> tuple[str, int] | None:
+    """``find_checkpoint(path)``; without ``path``, the latest complete checkpoint under
+    ``checkpoint.path``, or None when there is none."""
+    from omni_trainer.checkpoint.storage import open_storage
+
+    if path is not None:
+        return find_checkpoint(path)
+    if cfg.checkpoint is None:
+        return None
+    step = open_storage(cfg.checkpoint.path).latest_complete()
+    return None if step is None else (cfg.checkpoint.path, step)
 
 
 @contextmanager

@@ -118,6 +118,7 @@ class LLMConfig(Spec):
         None, ge=1, description="attention window (Mistral); data.seqLength must not exceed it"
     )
     init_method_std: float = Field(0.02, gt=0)
+    freeze: bool = Field(False, description="train none of the LLM's weights")
 
     @model_validator(mode="after")
     def _fill_from_preset(self) -> LLMConfig:
@@ -193,9 +194,23 @@ class EncodersConfig(Spec):
     audio: AudioEncoderConfig | None = None
 
 
+class ProjectorConfig(Spec):
+    """The MLP from one encoder's width to the LLM's."""
+
+    freeze: bool = Field(False, description="train none of the projector's weights")
+
+
+class ProjectorsConfig(Spec):
+    """One projector per encoder (LLaVA's two-stage recipe trains them alone first)."""
+
+    image: ProjectorConfig = ProjectorConfig()
+    audio: ProjectorConfig = ProjectorConfig()
+
+
 class ModelConfig(Spec):
     llm: LLMConfig
     encoders: EncodersConfig = EncodersConfig()
+    projectors: ProjectorsConfig = ProjectorsConfig()
 
     @property
     def modalities(self) -> tuple[str, ...]:

@@ -116,7 +116,8 @@ def all_reduce_tied_embedding_grads(chunks: list) -> None:
     for chunk in chunks:
         if chunk.share_embeddings_and_output_weights and (chunk.pre_process or chunk.post_process):
             weight = chunk.shared_embedding_or_output_weight()
-            dist.all_reduce(weight.grad, group=ps.get_embedding_group())
+            if weight.grad is not None:  # None: the LLM is frozen
+                dist.all_reduce(weight.grad, group=ps.get_embedding_group())
 
 
 def padded_vocab_size(vocab_size: int, tp: int) -> int:
