@@ -52,6 +52,12 @@ crds: setup
 bench-balance: setup
 	$(BIN)/python bench/balance.py
 
+.PHONY: bench-freeze
+
+# LLaVA stage 1 (projector only: LLM and encoders frozen) vs full training, steps side by side.
+bench-freeze: setup
+	$(BIN)/python bench/freeze.py $(BENCH_ARGS)
+
 .PHONY: bench-checkpoint
 
 # Async loader snapshot vs synchronous save (1 MB, 100 MB; BENCH_ARGS=--big adds 1 GB) and

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Literal
 
-from pydantic import NonNegativeInt, PositiveInt, model_validator
+from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
 from omni_trainer.components.flops import attention_flops
 from omni_trainer.config_base import Spec
@@ -117,8 +117,8 @@ class VisionEncoderConfig(Spec):
     """Image channels."""
     freeze: bool = False
     """Train none of the encoder's weights: no gradients, optimizer state or backward."""
-    freeze_layers: tuple[NonNegativeInt, NonNegativeInt] | None = None
-    """Freeze blocks ``[start, stop)`` (and the patch embedding when ``start`` is 0)."""
+    freeze_layers: list[NonNegativeInt] | None = Field(None, min_length=2, max_length=2)
+    """``[start, stop]``: freeze blocks start..stop-1 (and the patch embedding when start is 0)."""
 
     @model_validator(mode="before")
     @classmethod
