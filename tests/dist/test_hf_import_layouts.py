@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ..unit.interop.hf_models import save_llm
+from ..unit.interop.hf_models import save_llm, text_job
 from .harness import assert_same_training, launch, run_reference
 
 pytestmark = pytest.mark.dist
@@ -23,34 +23,12 @@ FAMILIES = {
 
 
 def job(model: Path, tensor: int = 1, pipeline: int = 1) -> dict:
-    return {
-        "apiVersion": "omni.megascale.io/v1alpha1",
-        "kind": "OmniTrainingJob",
-        "metadata": {"name": "hf-text"},
-        "spec": {
-            "trainer": {
-                "seed": 3,
-                "model": {"llm": {"hf": str(model)}},
-                "data": {
-                    "seqLength": 64,
-                    "globalBatchSize": 4,
-                    "microBatchSize": 1,
-                    "loaderShards": 2,
-                    "sources": [
-                        {
-                            "kind": "synthetic",
-                            "name": "text",
-                            "modality": "text",
-                            "preset": "longtext",
-                            "lengthScale": 0.01,
-                        }
-                    ],
-                },
-                "optimizer": {"lr": 0.003, "clipGrad": 1.0},
-                "parallelism": {"tensor": tensor, "pipeline": pipeline},
-            }
-        },
-    }
+    return text_job(
+        {"hf": str(model)},
+        seed=3,
+        optimizer={"lr": 0.003, "clipGrad": 1.0},
+        parallelism={"tensor": tensor, "pipeline": pipeline},
+    )
 
 
 @pytest.fixture(scope="module")

@@ -61,3 +61,33 @@ def save_tokenizer(path: Path, vocab_size: int = 300) -> Path:
     )
     fast.save_pretrained(path)
     return path
+
+
+def text_job(llm: dict, **trainer) -> dict:
+    """A text-only OmniTrainingJob (no encoders, one synthetic text source) around ``llm``."""
+    return {
+        "apiVersion": "omni.megascale.io/v1alpha1",
+        "kind": "OmniTrainingJob",
+        "metadata": {"name": "hf-text"},
+        "spec": {
+            "trainer": {
+                "model": {"llm": llm},
+                "data": {
+                    "seqLength": 64,
+                    "globalBatchSize": 4,
+                    "microBatchSize": 1,
+                    "loaderShards": 2,
+                    "sources": [
+                        {
+                            "kind": "synthetic",
+                            "name": "text",
+                            "modality": "text",
+                            "preset": "longtext",
+                            "lengthScale": 0.01,
+                        }
+                    ],
+                },
+                **trainer,
+            }
+        },
+    }

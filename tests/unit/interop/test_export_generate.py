@@ -12,36 +12,11 @@ from typer.testing import CliRunner
 
 from omni_trainer.cli import app
 
-from .hf_models import save_llm, save_tokenizer
+from .hf_models import save_llm, save_tokenizer, text_job
 
 
 def write_job(path: Path, llm: dict, **trainer) -> Path:
-    doc = {
-        "apiVersion": "omni.megascale.io/v1alpha1",
-        "kind": "OmniTrainingJob",
-        "metadata": {"name": "hf"},
-        "spec": {
-            "trainer": {
-                "model": {"llm": llm},
-                "data": {
-                    "seqLength": 64,
-                    "globalBatchSize": 4,
-                    "microBatchSize": 1,
-                    "sources": [
-                        {
-                            "kind": "synthetic",
-                            "name": "text",
-                            "modality": "text",
-                            "preset": "longtext",
-                            "lengthScale": 0.01,
-                        }
-                    ],
-                },
-                **trainer,
-            }
-        },
-    }
-    path.write_text(yaml.safe_dump(doc))
+    path.write_text(yaml.safe_dump(text_job(llm, **trainer)))
     return path
 
 

@@ -13,7 +13,7 @@ from omni_trainer.models.config import LLMConfig
 from omni_trainer.models.llm import build_gpt_chunks
 from omni_trainer.models.omni import segment_attention_mask
 
-from .hf_models import save_llm
+from .hf_models import save_llm, text_job
 
 LLAMA3_ROPE = {
     "rope_type": "llama3",
@@ -69,29 +69,10 @@ def test_rope_scaling_is_read(tmp_path) -> None:
     assert cfg.rope_scaling.original_max_position_embeddings == 16
 
 
-def _job(llm: dict) -> dict:
-    return {
-        "apiVersion": "omni.megascale.io/v1alpha1",
-        "kind": "OmniTrainingJob",
-        "metadata": {"name": "t"},
-        "spec": {
-            "trainer": {
-                "model": {"llm": llm},
-                "data": {
-                    "seqLength": 64,
-                    "globalBatchSize": 2,
-                    "microBatchSize": 1,
-                    "sources": [{"kind": "synthetic", "name": "t", "modality": "text"}],
-                },
-            }
-        },
-    }
-
-
 def test_explicit_dims_beside_hf_are_an_error(tmp_path) -> None:
     path = save_llm(tmp_path / "m", "llama")
     with pytest.raises(ManifestError) as err:
-        parse_manifest(_job({"hf": str(path), "hiddenSize": 128, "preset": "tiny"}))
+        parse_manifest(text_job({"hf": str(path), "hiddenSize": 128, "preset": "tiny"}))
     msg = str(err.value)
     assert "spec.trainer.model.llm" in msg and "hiddenSize, preset cannot be set beside 'hf'" in msg
 
@@ -102,7 +83,7 @@ def test_unsupported_architecture_names_the_supported_list(tmp_path) -> None:
     config["architectures"] = ["GPT2LMHeadModel"]
     (path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ManifestError) as err:
-        parse_manifest(_job({"hf": str(path)}))
+        parse_manifest(text_job({"hf": str(path)}))
     assert (
         "architecture 'GPT2LMHeadModel' is not supported as model.llm.hf (supported: "
         "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)" in str(err.value)
@@ -111,7 +92,7 @@ def test_unsupported_architecture_names_the_supported_list(tmp_path) -> None:
 
 def test_missing_directory_is_named(tmp_path) -> None:
     with pytest.raises(ManifestError, match=r"no config\.json"):
-        parse_manifest(_job({"hf": str(tmp_path / "nowhere")}))
+        parse_manifest(text_job({"hf": str(tmp_path / "nowhere")}))
 
 
 def test_mis_shaped_and_missing_tensors_are_named(tmp_path, single_rank) -> None:
