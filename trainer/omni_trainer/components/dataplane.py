@@ -52,8 +52,8 @@ def sequence_cost(model: ModelConfig) -> Callable[[PackedSequence], float]:
         total = 0.0
         for seg in seq.segments:
             total += llm(seg.length)
-            if seg.media_tokens:
-                total += encoders[seg.modality](seg.media_tokens)
+            for modality, n in seg.media_lengths():
+                total += encoders[modality](n)
         return total
 
     return cost
@@ -66,7 +66,10 @@ def sequence_bytes(seq: PackedSequence) -> int:
 
 def media_bytes(seq: PackedSequence) -> int:
     """Bytes of the media arrays the sequence refers to."""
-    return sum(s.media.nbytes for s in seq.samples if s.media is not None)
+    return sum(
+        (s.media.nbytes if s.media is not None else 0) + sum(sp.ref.nbytes for sp in s.spans)
+        for s in seq.samples
+    )
 
 
 class DataPlane:
@@ -90,6 +93,7 @@ class DataPlane:
                 geometry=cfg.media_geometry(),
                 shard=s,
                 num_shards=num_shards,
+                tokenizer=cfg.tokenizer,
             )
             for s in hosted_shards(num_shards, dp_rank, dp_size)
         ]

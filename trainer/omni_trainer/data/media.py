@@ -43,14 +43,22 @@ def smart_resize(
     return h_bar, w_bar
 
 
-def open_image(data: bytes):
+Source = bytes | str
+"""A media file: its bytes, or a local path (then headers are read without reading the rest)."""
+
+
+def _file(src: Source):
+    return io.BytesIO(src) if isinstance(src, bytes) else src
+
+
+def open_image(data: Source):
     """A lazily opened Pillow image (only the header is parsed)."""
     from PIL import Image
 
-    return Image.open(io.BytesIO(data))
+    return Image.open(_file(data))
 
 
-def image_size(data: bytes) -> tuple[int, int]:
+def image_size(data: Source) -> tuple[int, int]:
     """(height, width) from the header; raises on anything Pillow cannot identify."""
     img = open_image(data)
     return img.height, img.width
@@ -103,7 +111,7 @@ class ImageSettings:
             max_pixels=self.max_pixels,
         )
 
-    def resized(self, data: bytes) -> np.ndarray:
+    def resized(self, data: Source) -> np.ndarray:
         """[C, H, W] float32, resized by ``smart_resize``, rescaled and normalized."""
         img = open_image(data)
         h, w = self.target_size(img.height, img.width)
@@ -134,7 +142,7 @@ class FixedImageSettings:
     resample: int = BICUBIC
     rescale_factor: float = 1 / 255
 
-    def processed(self, data: bytes) -> np.ndarray:
+    def processed(self, data: Source) -> np.ndarray:
         """[C, H, W] float32 as the HF processor's ``pixel_values`` for one image."""
         img = open_image(data)
         if self.shortest_edge is not None:
@@ -222,11 +230,11 @@ class AudioSettings:
         return ((log_spec + 4.0) / 4.0).numpy()
 
 
-def audio_info(data: bytes) -> tuple[int, int]:
+def audio_info(data: Source) -> tuple[int, int]:
     """(samples, sample rate) from the header (wav, flac, ogg, mp3 through libsndfile)."""
     import soundfile as sf
 
-    info = sf.info(io.BytesIO(data))
+    info = sf.info(_file(data))
     return int(info.frames), int(info.samplerate)
 
 
@@ -235,11 +243,11 @@ def resampled_length(samples: int, rate: int, target: int) -> int:
     return samples if rate == target else round(samples * target / rate)
 
 
-def read_audio(data: bytes, target_rate: int) -> np.ndarray:
+def read_audio(data: Source, target_rate: int) -> np.ndarray:
     """Mono float32 at ``target_rate`` (linear-interpolation resampling when rates differ)."""
     import soundfile as sf
 
-    wave, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    wave, rate = sf.read(_file(data), dtype="float32", always_2d=True)
     wave = wave.mean(axis=1)
     if rate != target_rate:
         n = resampled_length(len(wave), rate, target_rate)
@@ -279,11 +287,11 @@ class VideoSettings:
         return max(image.min_pixels, min(image.max_pixels, self.total_pixels // max(frames, 1)))
 
 
-def video_info(data: bytes) -> tuple[int, float, int, int]:
+def video_info(data: Source) -> tuple[int, float, int, int]:
     """(frames, fps, height, width) from the container's stream metadata (nothing decoded)."""
     import av
 
-    with av.open(io.BytesIO(data)) as container:
+    with av.open(_file(data)) as container:
         stream = container.streams.video[0]
         fps = float(stream.average_rate or stream.guessed_rate or 0)
         frames = int(stream.frames)
@@ -292,13 +300,13 @@ def video_info(data: bytes) -> tuple[int, float, int, int]:
         return frames, fps, int(stream.codec_context.height), int(stream.codec_context.width)
 
 
-def decode_frames(data: bytes, indices: np.ndarray) -> list:
+def decode_frames(data: Source, indices: np.ndarray) -> list:
     """The frames at ``indices`` (PIL images, RGB), decoded with PyAV."""
     import av
 
     wanted = set(int(i) for i in indices)
     out = {}
-    with av.open(io.BytesIO(data)) as container:
+    with av.open(_file(data)) as container:
         for k, frame in enumerate(container.decode(video=0)):
             if k in wanted:
                 out[k] = frame.to_image()
