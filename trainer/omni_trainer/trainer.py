@@ -175,7 +175,13 @@ class Trainer:
         self.forward_backward = get_forward_backward_func()
         self.chunks[0].config.finalize_model_grads_func = self._finalize_grads
         self._schedule_kwargs = schedule_kwargs(self.chunks[0].config, self.timer)
-        self.data = DataPlane(cfg, dp_rank=groups.dp_rank, dp_size=dims.dp, group=groups.reorder)
+        self.data = DataPlane(
+            cfg,
+            dp_rank=groups.dp_rank,
+            dp_size=dims.dp,
+            group=groups.reorder,
+            read_ahead=dims.pp == 1,  # then this rank encodes all the media it draws
+        )
         self.reorder_bytes: list[int] = []
         self._skipped_exported: dict[str, int] = {}
         self.checkpointer = (
@@ -244,6 +250,7 @@ class Trainer:
                 )
         finally:
             self.reporter.close()
+            self.data.close()
             if self.checkpointer:
                 last = self.checkpointer.close()
                 if last is not None and not last.committed:
@@ -369,6 +376,12 @@ class Trainer:
             encoder_mbs=encoder_mbs,
         )
         mine = media_encoded_on(table, self.groups.anchor.stage)
+        self.data.media.prefetch(  # decoded in parallel by the workers while this thread waits
+            item.ref
+            for m, mb in enumerate(micro)
+            for item in mb.media
+            if item.modality in mine.get(m, ())
+        )
         self._batches = [
             to_device_batch(mb, self.device, load=self.data.media.load, media=mine.get(m, ()))
             for m, mb in enumerate(micro)
@@ -450,7 +463,7 @@ class Trainer:
             encoder_activation_peak_bytes=r.encoder_activation_peak_bytes,
             media_bytes_read=r.media_bytes_read,
         )
-        if self.groups.tp_rank == 0 and self.groups.anchor.stage == 0:  # one rank per replica
+        if self.groups.tp_rank == self.groups.cp_rank == self.groups.anchor.stage == 0:
             skipped = self.data.counters["skipped_samples"]
             self.metrics.record_skipped(
                 {k: v - self._skipped_exported.get(k, 0) for k, v in skipped.items()}

@@ -156,6 +156,20 @@ class MediaConfig(Spec):
         return v
 
 
+class PrefetchConfig(Spec):
+    """Media reading and decoding off the training thread."""
+
+    workers: int = Field(default=2, ge=0)
+    """Decoding threads per rank; 0 decodes on the training thread."""
+    depth: dict[Modality, Annotated[int, Field(ge=0, le=8)]] = Field(
+        default_factory=lambda: {"image": 1, "audio": 1, "video": 1}
+    )
+    """Steps read ahead per modality (0: decode that modality only in its own step). Read-ahead
+    needs the next steps' media to be predictable on this rank: pipeline parallelism 1 and no
+    reordering between ranks; otherwise each step's media are decoded in parallel when the step
+    starts."""
+
+
 SourceConfig = Annotated[
     SyntheticSourceConfig | ShardSourceConfig | ConversationSourceConfig,
     Field(discriminator="kind"),
@@ -210,6 +224,8 @@ class DataConfig(Spec):
     """Grouped reordering of sequences between data-parallel ranks (PAPER.md technique 7)."""
     media: MediaConfig = Field(default_factory=lambda: MediaConfig())
     """Image, audio and video preprocessing of file-based sources."""
+    prefetch: PrefetchConfig = Field(default_factory=lambda: PrefetchConfig())
+    """Worker threads and read-ahead depths for media decoding."""
 
     def shards_for(self, dp_size: int) -> int:
         """Loader shards of a run with ``dp_size`` data-parallel ranks."""

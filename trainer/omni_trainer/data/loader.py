@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,6 +29,7 @@ from omni_trainer.data.packing import (
     PackedSequence,
     Packer,
 )
+from omni_trainer.data.prefetch import MediaPrefetcher
 from omni_trainer.data.sample import (
     MediaGeometry,
     MediaRef,
@@ -91,30 +92,43 @@ class MediaReader:
     """Loads media references through this rank's sources (decentralized reads: whichever rank
     drew a sample, the one that encodes its media reads it) and counts what it loaded."""
 
-    def __init__(self, sources: Sequence[Source]) -> None:
+    def __init__(self, sources: Sequence[Source], *, workers: int = 0) -> None:
         self.sources = sources
         self.bytes_read = 0
         """Bytes of the media arrays this reader loaded (float32, as encoded)."""
         self.items_read = 0
         self.undecodable = 0
         """Items whose header read but whose content did not decode (encoded as zeros)."""
+        self.prefetcher = MediaPrefetcher(self._decode, workers=workers) if workers else None
+        """Decodes submitted references in worker threads (None: on the calling thread)."""
+
+    def prefetch(self, refs: Iterable[MediaRef]) -> None:
+        """Start decoding ``refs`` in the workers (no-op without workers)."""
+        if self.prefetcher is not None:
+            self.prefetcher.submit(refs)
 
     def load(self, ref: MediaRef) -> np.ndarray:
-        """The array ``ref`` refers to.
-
-        A file that passed its header check when drawn but does not decode now is replaced by
-        zeros of its shape (logged, counted): every rank already planned the step around it, so
-        training goes on instead of stopping the job.
-        """
-        try:
-            array = self.sources[ref.source].load_media(ref)
-        except Exception as err:
-            self.undecodable += 1
-            log.error("media %s of source %d undecodable, zeros used: %s", ref, ref.source, err)
-            array = np.zeros(ref.shape, dtype=np.float32)
+        """The array ``ref`` refers to (prefetched if it was submitted)."""
+        done = self.prefetcher.take(ref) if self.prefetcher is not None else None
+        array, failed = done if done is not None else self._decode(ref)
+        self.undecodable += failed
         self.bytes_read += array.nbytes
         self.items_read += 1
         return array
+
+    def _decode(self, ref: MediaRef) -> tuple[np.ndarray, bool]:
+        """(array, failed). A file that passed its header check when drawn but does not decode
+        now is replaced by zeros of its shape (logged, counted): every rank already planned the
+        step around it, so training goes on instead of stopping the job."""
+        try:
+            return self.sources[ref.source].load_media(ref), False
+        except Exception as err:
+            log.error("media %s of source %d undecodable, zeros used: %s", ref, ref.source, err)
+            return np.zeros(ref.shape, dtype=np.float32), True
+
+    def close(self) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.close()
 
     @property
     def counters(self) -> dict[str, int]:
@@ -122,6 +136,7 @@ class MediaReader:
             "media_bytes_read": self.bytes_read,
             "media_items_read": self.items_read,
             "media_undecodable": self.undecodable,
+            "media_prefetched": self.prefetcher.hits if self.prefetcher is not None else 0,
         }
 
 

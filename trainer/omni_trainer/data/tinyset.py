@@ -115,6 +115,7 @@ def make_tiny_dataset(
     seed: int = 0,
     corrupt: Sequence[int] = (),
     missing: Sequence[int] = (),
+    size: int | None = None,
 ) -> dict[str, str]:
     """Write ``out/{images,audio}/``, ``out/train.json`` (LLaVA format) and ``out/tokenizer/``.
 
@@ -125,6 +126,7 @@ def make_tiny_dataset(
         seed: everything derives from it.
         corrupt: image sample indices whose file is overwritten with garbage after writing.
         missing: image sample indices whose file is deleted after writing.
+        size: draw every image ``size`` x ``size`` (default: small mixed sizes, 84-140 pixels).
 
     Returns:
         ``{"annotations", "media_root", "tokenizer"}`` paths.
@@ -139,9 +141,10 @@ def make_tiny_dataset(
         colour = str(rng.choice(list(COLOURS)))
         shape = str(rng.choice(SHAPES))
         count = int(rng.integers(1, 5))
-        size = (int(rng.choice([84, 112, 140])), int(rng.choice([84, 112])))
+        wh = (int(rng.choice([84, 112, 140])), int(rng.choice([84, 112])))
+        wh = (size, size) if size else wh
         name = f"images/{i:05d}.png" if i % 2 else f"images/{i:05d}.jpg"
-        _draw(rng, size, colour, shape, count).save(os.path.join(out, name))
+        _draw(rng, wh, colour, shape, count).save(os.path.join(out, name))
         caption = f"{NUMBERS[count - 1]} {colour} {_plural(shape, count)}"
         kind = i % 3
         if kind == 0:
