@@ -45,8 +45,8 @@ def _missing(err: BaseException) -> bool:
     return code in {"NoSuchKey", "404", "NotFound"}
 
 
-def read_bytes(url: str) -> bytes:
-    """The whole object at ``url`` (a local path or ``s3://bucket/key``).
+def read_bytes(url: str, start: int | None = None, end: int | None = None) -> bytes:
+    """The object at ``url`` (a local path or ``s3://bucket/key``), or its bytes [start, end).
 
     Raises:
         FileNotFoundError: it does not exist (never retried).
@@ -56,9 +56,13 @@ def read_bytes(url: str) -> bytes:
         try:
             if _is_s3(url):
                 bucket, key = _split_s3(url)
-                return _s3().get_object(Bucket=bucket, Key=key)["Body"].read()
+                extra = {} if start is None else {"Range": f"bytes={start}-{end - 1}"}
+                return _s3().get_object(Bucket=bucket, Key=key, **extra)["Body"].read()
             with open(url, "rb") as f:
-                return f.read()
+                if start is None:
+                    return f.read()
+                f.seek(start)
+                return f.read(end - start)
         except Exception as err:
             if _missing(err) or isinstance(err, IsADirectoryError):
                 raise FileNotFoundError(f"{url}: no such file") from None

@@ -131,6 +131,26 @@ class ConversationSourceConfig(Spec):
     """A system message put first in conversations that have none."""
 
 
+class WebDatasetSourceConfig(Spec):
+    """Standard WebDataset tars: ``key.jpg|jpeg|png|webp``, ``key.wav|flac|mp3``, ``key.mp4``
+    with ``key.txt`` (a caption) or ``key.json`` (``caption``/``text``, or ``conversations``/
+    ``messages``). A caption becomes a conversation: ``prompt`` as the user turn, the caption as
+    the assistant's reply (the loss)."""
+
+    kind: Literal["webdataset"]
+    name: str = Field(min_length=1)
+    url: str = Field(min_length=1)
+    """A directory or glob of ``.tar`` files, or an ``s3://bucket/prefix``."""
+    modality: Modality
+    """The mixture share this source's tokens count toward."""
+    weight: float = Field(default=1.0, gt=0)
+    """Token share of this source inside its modality, relative to its siblings."""
+    prompt: str = "Describe this."
+    """User turn of captioned samples (media placeholders are added in front if missing)."""
+    system_prompt: str | None = None
+    """A system message put first in conversations that have none."""
+
+
 class MediaConfig(Spec):
     """How media files become encoder inputs (HF processor semantics, see ``data/media.py``)."""
 
@@ -171,7 +191,7 @@ class PrefetchConfig(Spec):
 
 
 SourceConfig = Annotated[
-    SyntheticSourceConfig | ShardSourceConfig | ConversationSourceConfig,
+    SyntheticSourceConfig | ShardSourceConfig | ConversationSourceConfig | WebDatasetSourceConfig,
     Field(discriminator="kind"),
 ]
 

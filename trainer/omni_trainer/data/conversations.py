@@ -19,7 +19,12 @@ import numpy as np
 
 from omni_trainer.data.blobs import join, read_bytes
 from omni_trainer.data.chat import ChatRenderer, ConversationError
-from omni_trainer.data.config import ConversationSourceConfig, MediaConfig, Modality
+from omni_trainer.data.config import (
+    ConversationSourceConfig,
+    MediaConfig,
+    Modality,
+    WebDatasetSourceConfig,
+)
 from omni_trainer.data.media import (
     AudioSettings,
     ImageSettings,
@@ -73,7 +78,7 @@ class ConversationSource:
 
     def __init__(
         self,
-        config: ConversationSourceConfig,
+        config: ConversationSourceConfig | WebDatasetSourceConfig,
         *,
         source_index: int,
         tokenizer: Any,
@@ -95,10 +100,7 @@ class ConversationSource:
         self.seq_length = seq_length
         self.geometry = geometry
         self.encoders = set(encoders)
-        self.records = load_records(config.url)
-        self.num_samples: int | None = len(self.records)
-        default_root = config.url.rpartition("/")[0] if _is_s3(config.url) else None
-        self.root = config.media_root or default_root or os.path.dirname(config.url)
+        self.num_samples: int | None = self._index()
         self.renderer = ChatRenderer(tokenizer, system_prompt=config.system_prompt)
         self.image = ImageSettings(
             min_pixels=media.min_pixels,
@@ -111,7 +113,24 @@ class ConversationSource:
         )
         self._logged: set[str] = set()
 
-    def _open(self, rel: str) -> bytes | str:
+    # -- what a subclass changes: where records and media come from ------------------------------
+
+    def _index(self) -> int:
+        """Read the annotation file; the number of samples."""
+        url = self.config.url
+        self.records = load_records(url)
+        default_root = url.rpartition("/")[0] if _is_s3(url) else None
+        self.root = self.config.media_root or default_root or os.path.dirname(url)
+        return len(self.records)
+
+    def _record(self, index: int) -> dict[str, Any] | Skipped:
+        """Record ``index`` as ``{id, conversations|messages, image, audio, video}``."""
+        record = self.records[index % len(self.records)]
+        if not isinstance(record, dict):
+            return Skipped(f"{self.name}/{index}", "malformed", "record is not an object")
+        return record
+
+    def _open(self, index: int, rel: str) -> bytes | str:
         """What the header readers take: a local path (lazy) or the object's bytes (S3)."""
         path = join(self.root, rel)
         if _is_s3(path):
@@ -130,18 +149,20 @@ class ConversationSource:
         frames = self.audio.frames(resampled_length(samples, rate, self.audio.sampling_rate))
         return (frames // g.audio_subsampling * g.audio_subsampling, g.n_mels)
 
+    # -- shared ----------------------------------------------------------------------------------
+
     def get(self, index: int) -> Sample | Skipped:
         """Record ``index`` as a sample with media references (only headers are read)."""
-        record = self.records[index % len(self.records)]
-        sid = f"{self.name}/{record.get('id', index)}" if isinstance(record, dict) else ""
-        if not isinstance(record, dict):
-            return self._skip(f"{self.name}/{index}", "malformed", "record is not an object")
+        record = self._record(index)
+        if isinstance(record, Skipped):
+            return self._skip(record.sample_id, record.reason, record.detail)
+        sid = f"{self.name}/{record.get('id', index)}"
         refs: list[tuple[Modality, int, MediaRef]] = []
         for k, (modality, rel) in enumerate(media_of(record)):
             if modality not in self.encoders:
                 return self._skip(sid, "unsupported_media", f"no {modality} encoder")
             try:
-                shape = self._shape(modality, self._open(rel))
+                shape = self._shape(modality, self._open(index, rel))
             except FileNotFoundError:
                 return self._skip(sid, "missing", f"{rel} does not exist")
             except Exception as err:
@@ -181,9 +202,12 @@ class ConversationSource:
         Raises:
             MediaDecodeError: the file no longer reads or decodes to that shape.
         """
-        modality, rel = media_of(self.records[ref.index % len(self.records)])[ref.item]
+        record = self._record(ref.index)
+        if isinstance(record, Skipped):
+            raise MediaDecodeError(f"{self.name}: {record.sample_id}: {record.detail}")
+        modality, rel = media_of(record)[ref.item]
         try:
-            src = self._open(rel)
+            src = self._open(ref.index, rel)
             if modality == "image":
                 array = self.image.resized(src)
             else:

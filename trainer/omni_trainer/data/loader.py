@@ -22,6 +22,7 @@ from omni_trainer.data.config import (
     MediaConfig,
     ShardSourceConfig,
     SyntheticSourceConfig,
+    WebDatasetSourceConfig,
 )
 from omni_trainer.data.conversations import ConversationSource
 from omni_trainer.data.mixture import DeficitMixer, MixtureSchedule
@@ -50,7 +51,10 @@ Source = SyntheticSource | ShardSource | ConversationSource
 
 
 def build_source(
-    config: SyntheticSourceConfig | ShardSourceConfig | ConversationSourceConfig,
+    config: SyntheticSourceConfig
+    | ShardSourceConfig
+    | ConversationSourceConfig
+    | WebDatasetSourceConfig,
     *,
     source_index: int,
     seed: int,
@@ -61,12 +65,14 @@ def build_source(
     media: MediaConfig | None = None,
 ) -> Source:
     """The reader for one configured source (``tokenizer``: conversation sources' path)."""
-    if isinstance(config, ConversationSourceConfig):
+    if isinstance(config, ConversationSourceConfig | WebDatasetSourceConfig):
         from omni_trainer.data.tokenizer import load_tokenizer
+        from omni_trainer.data.webdataset import WebDatasetSource
 
         if tokenizer is None:
             raise ValueError(f"source {config.name!r}: conversations need spec.trainer.tokenizer")
-        return ConversationSource(
+        cls = ConversationSource if config.kind == "conversations" else WebDatasetSource
+        return cls(
             config,
             source_index=source_index,
             tokenizer=load_tokenizer(tokenizer),

@@ -94,7 +94,13 @@ def _tar_bytes(
 
 
 def _scan(data: bytes) -> list[dict]:
-    """Group a tar's members by sample key: [{key, start, end, members: {suffix: [off, size]}}]."""
+    """Our samples (json + text.npy members) of a tar, see :func:`scan_members`."""
+    return [e for e in scan_members(data) if "json" in e["members"] and "text.npy" in e["members"]]
+
+
+def scan_members(data: bytes) -> list[dict]:
+    """Group a tar's members by sample key: [{key, start, end, members: {suffix: [off, size]}}]
+    (WebDataset's convention: the key is the file name up to its first dot)."""
     entries: list[dict] = []
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
         for m in tar.getmembers():
@@ -103,9 +109,9 @@ def _scan(data: bytes) -> list[dict]:
             key, _, suffix = m.name.rpartition("/")[2].partition(".")
             if not entries or entries[-1]["key"] != key:
                 entries.append({"key": key, "start": m.offset, "members": {}})
-            entries[-1]["members"][suffix] = [m.offset_data, m.size]
+            entries[-1]["members"][suffix.lower()] = [m.offset_data, m.size]
             entries[-1]["end"] = m.offset_data + m.size
-    return [e for e in entries if "json" in e["members"] and "text.npy" in e["members"]]
+    return entries
 
 
 def write_shards(
