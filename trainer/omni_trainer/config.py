@@ -94,7 +94,7 @@ class TrainerConfig(Spec):
     def _data_fits_model(self) -> TrainerConfig:
         consumable = set(self.model.modalities)
         for i, source in enumerate(self.data.sources):
-            if source.kind in ("conversations", "webdataset") and self.tokenizer is None:
+            if source.kind in ("conversations", "webdataset", "parquet") and not self.tokenizer:
                 raise ValueError(
                     f"data.sources[{i}] ({source.name!r}) holds conversations, which are "
                     "rendered with a chat template: set spec.trainer.tokenizer to a directory "
@@ -154,7 +154,10 @@ def format_errors(err: ValidationError) -> str:
 
 def _is_union_tag(part: object) -> bool:
     # pydantic puts the chosen member of a tagged union into the location ("synthetic").
-    return isinstance(part, str) and part in {"synthetic", "shards", "conversations", "webdataset"}
+    return isinstance(part, str) and part in _SOURCE_KINDS
+
+
+_SOURCE_KINDS = {"synthetic", "shards", "conversations", "webdataset", "parquet"}
 
 
 def parse_manifest(doc: Any) -> JobManifest:

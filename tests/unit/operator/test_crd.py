@@ -105,6 +105,7 @@ def test_conversions(openapi: dict[str, Any]) -> None:
         "shards",
         "conversations",
         "webdataset",
+        "parquet",
     ]  # merged union
     assert sources["required"] == ["kind", "modality", "name"]  # common to both kinds
     env = spec["nccl"]["properties"]["env"]

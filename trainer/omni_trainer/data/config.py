@@ -151,6 +151,16 @@ class WebDatasetSourceConfig(Spec):
     """A system message put first in conversations that have none."""
 
 
+class ParquetSourceConfig(WebDatasetSourceConfig):
+    """Hugging Face datasets' parquet exports: ``image``/``images`` and ``audio`` columns of
+    ``{bytes, path}`` (or raw bytes), and ``conversations``/``messages`` or ``caption``/``text``
+    columns; captions become conversations through ``prompt`` as for WebDataset."""
+
+    kind: Literal["parquet"]  # type: ignore[assignment]
+    url: str = Field(min_length=1)
+    """A directory or glob of ``.parquet`` files, or an ``s3://bucket/prefix``."""
+
+
 class MediaConfig(Spec):
     """How media files become encoder inputs (HF processor semantics, see ``data/media.py``)."""
 
@@ -191,7 +201,11 @@ class PrefetchConfig(Spec):
 
 
 SourceConfig = Annotated[
-    SyntheticSourceConfig | ShardSourceConfig | ConversationSourceConfig | WebDatasetSourceConfig,
+    SyntheticSourceConfig
+    | ShardSourceConfig
+    | ConversationSourceConfig
+    | WebDatasetSourceConfig
+    | ParquetSourceConfig,
     Field(discriminator="kind"),
 ]
 

@@ -66,13 +66,15 @@ def build_source(
 ) -> Source:
     """The reader for one configured source (``tokenizer``: conversation sources' path)."""
     if isinstance(config, ConversationSourceConfig | WebDatasetSourceConfig):
+        from omni_trainer.data.parquet import ParquetSource
         from omni_trainer.data.tokenizer import load_tokenizer
         from omni_trainer.data.webdataset import WebDatasetSource
 
         if tokenizer is None:
             raise ValueError(f"source {config.name!r}: conversations need spec.trainer.tokenizer")
-        cls = ConversationSource if config.kind == "conversations" else WebDatasetSource
-        return cls(
+        kinds = {"conversations": ConversationSource, "webdataset": WebDatasetSource,
+                 "parquet": ParquetSource}  # fmt: skip
+        return kinds[config.kind](
             config,
             source_index=source_index,
             tokenizer=load_tokenizer(tokenizer),
