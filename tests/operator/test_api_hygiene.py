@@ -80,7 +80,7 @@ async def test_spec_change_of_an_invalid_job_is_retried_under_the_lock(cluster: 
     statuses = _race_status_writes(cluster, "train", times=1)
     await cluster.patch_job("train", {"spec": {"trainer": {"parallelism": {"tensor": 1}}}})
     await cluster.wait("pods", lambda: len(cluster.pods("train", 0)) == 2)
-    await cluster.wait("Running", lambda: cluster.status("train").get("phase") == "Running")
+    await cluster.wait("Starting", lambda: cluster.status("train").get("phase") == "Starting")
     assert statuses[:2] == [409, 200], statuses
 
 

@@ -36,7 +36,7 @@ from omni_operator.handlers.kube import JOB_API, ApiError, Kube, obj_path, url_p
 from omni_operator.metrics import Fleet, NullOperatorMetrics, OperatorMetrics
 from omni_operator.progress import MetricsProgress
 from omni_operator.recovery import format_time, node_not_ready_since, pod_node
-from omni_operator.render import LABEL_JOB
+from omni_operator.render import LABEL_ATTEMPT, LABEL_JOB
 from omni_operator.spec import GROUP, PLURAL, VERSION, OmniTrainingJob, parse_job
 from omni_trainer.config import ManifestError
 
@@ -382,7 +382,8 @@ async def _reconcile_once(st: OperatorState, namespace: str, name: str) -> Outco
         _owned(st, namespace, name), kube.list(url_path("v1", "Node"))
     )
     pods = [o for o in owned if o["kind"] == "Pod"]
-    progress = await st.progress(job, pods) if st.progress is not None else None
+    current = [p for p in pods if p["metadata"]["labels"].get(LABEL_ATTEMPT) == str(status.attempt)]
+    progress = await st.progress(job, current) if st.progress is not None else None  # not stale
     actions = rec.reconcile(
         rec.Observed(
             job=job,
