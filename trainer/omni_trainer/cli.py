@@ -230,6 +230,7 @@ def _print_summary(s: dict) -> None:
         ),
         ("layout", f"{s['layout']['name']} (world {s['world_size']})"),
         ("samples", ", ".join(f"{k} {v}" for k, v in s["samples_per_modality"].items())),
+        ("skipped", ", ".join(f"{k} {v}" for k, v in s.get("skipped_samples", {}).items()) or "0"),
         ("wall time", f"{s['wall_time_s']:.1f} s ({s['mean_step_time_s'] * 1e3:.0f} ms/step)"),
     ]
     for k, v in rows:
@@ -251,6 +252,13 @@ def _register_plugins() -> None:
         register(app)
 
 
+def _add_data_commands() -> None:
+    from omni_trainer.data_cli import data_app
+
+    app.add_typer(data_app, name="data")
+
+
+_add_data_commands()
 _register_plugins()
 
 if __name__ == "__main__":

@@ -69,6 +69,11 @@ class TrainConfig(Spec):
 
 class TrainerConfig(Spec):
     seed: int = 1234
+    tokenizer: str | None = Field(
+        None,
+        description="Hugging Face tokenizer files (a directory or s3:// prefix with "
+        "tokenizer.json and a chat_template); conversation sources are rendered with it",
+    )
     model: ModelConfig
     data: DataConfig
     parallelism: ParallelismConfig = ParallelismConfig()
@@ -86,12 +91,19 @@ class TrainerConfig(Spec):
             patch_size=image.patch_size if image else 14,
             audio_subsampling=audio.subsampling if audio else 4,
             n_mels=audio.n_mels if audio else 80,
+            encoders=tuple(m for m in ("image", "audio") if getattr(self.model.encoders, m)),
         )
 
     @model_validator(mode="after")
     def _data_fits_model(self) -> TrainerConfig:
         consumable = set(self.model.modalities)
         for i, source in enumerate(self.data.sources):
+            if source.kind == "conversations" and self.tokenizer is None:
+                raise ValueError(
+                    f"data.sources[{i}] ({source.name!r}) holds conversations, which are "
+                    "rendered with a chat template: set spec.trainer.tokenizer to a directory "
+                    "(or s3:// prefix) of Hugging Face tokenizer files"
+                )
             if source.modality not in consumable:
                 raise ValueError(
                     f"data.sources[{i}] ({source.name!r}) has modality {source.modality!r} "
@@ -146,7 +158,7 @@ def format_errors(err: ValidationError) -> str:
 
 def _is_union_tag(part: object) -> bool:
     # pydantic puts the chosen member of a tagged union into the location ("synthetic").
-    return isinstance(part, str) and part in {"synthetic", "shards"}
+    return isinstance(part, str) and part in {"synthetic", "shards", "conversations"}
 
 
 def parse_manifest(doc: Any) -> JobManifest:

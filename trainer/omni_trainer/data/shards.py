@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from omni_trainer.data.config import Modality, ShardSourceConfig, SyntheticSourceConfig
-from omni_trainer.data.sample import MEDIA_DTYPE, MediaGeometry, MediaRef, Sample
+from omni_trainer.data.sample import MEDIA_DTYPE, MediaGeometry, MediaRef, Sample, Skipped
 from omni_trainer.data.synthetic import SyntheticSource
 
 log = logging.getLogger(__name__)
@@ -217,9 +217,9 @@ class ShardSource:
         shard = bisect.bisect_right(self._bounds, i)
         return shard, i - (self._bounds[shard - 1] if shard else 0)
 
-    def get(self, index: int) -> Sample | None:
-        """Sample ``index`` with its media as a reference (only the media header is read); None
-        (with a warning) when it cannot be used."""
+    def get(self, index: int) -> Sample | Skipped:
+        """Sample ``index`` with its media as a reference (only the media header is read);
+        :class:`Skipped` (with a warning) when it cannot be used."""
         entry = self._entries[index % len(self._entries)]
         wanted = {suffix: entry.members[suffix] for suffix in ("json", "text.npy")}
         if "media.npy" in entry.members:
@@ -242,7 +242,7 @@ class ShardSource:
         n_media = self.geometry.media_tokens(self.modality, media)
         if n_media < 1 or n_media >= self.seq_length:
             return self._skip(
-                sid, f"media takes {n_media} positions, seqLength is {self.seq_length}"
+                sid, f"media takes {n_media} positions, seqLength is {self.seq_length}", "too_long"
             )
         return Sample(
             key=(self.source_index, index),
@@ -278,9 +278,9 @@ class ShardSource:
             shape, _, dtype = np.lib.format.read_array_header_2_0(f)
         return tuple(int(n) for n in shape), dtype
 
-    def _skip(self, sample_id: str, why: str) -> None:
+    def _skip(self, sample_id: str, why: str, reason: str = "malformed") -> Skipped:
         log.warning("source %s: skipping %s: %s", self.name, sample_id, why)
-        return None
+        return Skipped(sample_id, reason, why)
 
     def _fit_shape(
         self, header: tuple[tuple[int, ...], np.dtype]
