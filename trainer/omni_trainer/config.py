@@ -8,7 +8,7 @@ cluster settings validated by the operator's CRD schema and ignored by a local r
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, model_validator
@@ -16,9 +16,11 @@ from pydantic import Field, ValidationError, model_validator
 from omni_trainer.checkpoint.config import CheckpointConfig
 from omni_trainer.config_base import Spec
 from omni_trainer.data.config import DataConfig
-from omni_trainer.data.sample import MediaGeometry
 from omni_trainer.distributed.config import ParallelismConfig
 from omni_trainer.models.config import ModelConfig
+
+if TYPE_CHECKING:  # numpy: the operator imports this module and has no numpy
+    from omni_trainer.data.sample import MediaGeometry
 
 API_VERSION = "omni.megascale.io/v1alpha1"
 KIND = "OmniTrainingJob"
@@ -82,6 +84,8 @@ class TrainerConfig(Spec):
 
     def media_geometry(self) -> MediaGeometry:
         """The data pipeline's view of the encoders: pixels per patch, frames per token, mels."""
+        from omni_trainer.data.sample import MediaGeometry
+
         image, audio = self.model.encoders.image, self.model.encoders.audio
         return MediaGeometry(
             patch_size=image.patch_size if image else 14,
