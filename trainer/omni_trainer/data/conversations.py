@@ -69,6 +69,21 @@ def media_of(record: dict[str, Any]) -> list[tuple[Modality, str]]:
     return out
 
 
+def with_text(
+    record: dict[str, Any], fields: dict[str, Any], prompt: str, sample_id: str
+) -> dict[str, Any] | Skipped:
+    """``record`` completed from a sample's text fields: its ``conversations``/``messages``, or
+    its ``caption``/``text`` as the assistant's reply to ``prompt`` (WebDataset, parquet)."""
+    for field in ("conversations", "messages"):
+        if fields.get(field):
+            return record | {field: fields[field]}
+    caption = fields.get("caption", fields.get("text"))
+    if not isinstance(caption, str) or not caption.strip():
+        return Skipped(sample_id, "malformed", "no caption or conversation")
+    reply = [{"role": "user", "content": prompt}, {"role": "assistant", "content": caption.strip()}]
+    return record | {"messages": reply}
+
+
 class MediaDecodeError(RuntimeError):
     """A media file whose header read but whose content does not decode."""
 

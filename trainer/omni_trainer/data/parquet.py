@@ -15,7 +15,7 @@ from collections import OrderedDict
 from typing import Any
 
 from omni_trainer.data.blobs import list_dir, read_bytes
-from omni_trainer.data.conversations import ConversationSource
+from omni_trainer.data.conversations import ConversationSource, with_text
 from omni_trainer.data.sample import Skipped
 from omni_trainer.data.shards import _is_s3
 
@@ -88,18 +88,7 @@ class ParquetSource(ConversationSource):
         for modality, columns in MEDIA_COLUMNS.items():
             cells = [c for col in columns for c in _as_list(row.get(col))]
             record[modality] = [f"{modality}:{j}" for j in range(len(cells))]
-        for field in ("conversations", "messages"):
-            if row.get(field):
-                record[field] = row[field]
-                return record
-        caption = row.get("caption", row.get("text"))
-        if not isinstance(caption, str) or not caption.strip():
-            return Skipped(f"{self.name}/{key}", "malformed", "no caption or conversation")
-        record["messages"] = [
-            {"role": "user", "content": self.config.prompt},
-            {"role": "assistant", "content": caption.strip()},
-        ]
-        return record
+        return with_text(record, row, self.config.prompt, f"{self.name}/{key}")
 
     def _open(self, index: int, rel: str) -> bytes:
         modality, _, j = rel.partition(":")

@@ -13,7 +13,7 @@ import os
 from typing import Any
 
 from omni_trainer.data.blobs import list_dir, read_bytes
-from omni_trainer.data.conversations import ConversationSource
+from omni_trainer.data.conversations import ConversationSource, with_text
 from omni_trainer.data.sample import Skipped
 from omni_trainer.data.shards import _is_s3, scan_members
 
@@ -64,18 +64,8 @@ class WebDatasetSource(ConversationSource):
             return Skipped(f"{self.name}/{key}", "malformed", f"unreadable text: {err}")
         if not isinstance(meta, dict):
             return Skipped(f"{self.name}/{key}", "malformed", ".json is not an object")
-        for field in ("conversations", "messages"):
-            if field in meta:
-                record[field] = meta[field]
-                return record
-        caption = caption if caption is not None else meta.get("caption", meta.get("text"))
-        if not isinstance(caption, str) or not caption.strip():
-            return Skipped(f"{self.name}/{key}", "malformed", "no caption or conversation")
-        record["messages"] = [
-            {"role": "user", "content": self.config.prompt},
-            {"role": "assistant", "content": caption.strip()},
-        ]
-        return record
+        fields = meta | ({"caption": caption} if caption is not None else {})
+        return with_text(record, fields, self.config.prompt, f"{self.name}/{key}")
 
     def _open(self, index: int, rel: str) -> bytes:
         return self._member(index, rel)
