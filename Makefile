@@ -46,6 +46,11 @@ bench-multiplex: setup
 crds: setup
 	$(BIN)/python -m omni_operator.crd crds
 
+.PHONY: bench-data
+# Data time per step with vs without prefetch (llava-tiny, real files), decoded images/s per core.
+bench-data: setup
+	$(BIN)/python bench/data.py $(BENCH_ARGS)
+
 .PHONY: bench-balance
 
 # Grouped Karmarkar-Karp reordering vs greedy and no reordering (PAPER.md technique 7).

@@ -213,7 +213,7 @@ def generate(
 
     from omni_trainer.interop.generate import Generation, eos_ids, greedy, prompt_ids
     from omni_trainer.interop.runtime import hf_files_dir, single_process_model
-    from omni_trainer.interop.tokenizer import load_tokenizer, tokenizer_path
+    from omni_trainer.interop.tokenizer import load_checked_tokenizer
 
     cfg = _load(manifest).spec.trainer
     if image or audio:
@@ -222,9 +222,9 @@ def generate(
             "(model.hf / model.encoders.*.hf), which this version cannot import yet"
         )
     try:
-        tok = load_tokenizer(cfg)
+        tok = load_checked_tokenizer(cfg)
         ids = prompt_ids(tok, prompt, raw=raw)
-        gen_file = hf_files_dir(tokenizer_path(cfg)) / "generation_config.json"
+        gen_file = hf_files_dir(cfg.tokenizer) / "generation_config.json"
         gen_cfg = json.loads(gen_file.read_text()) if gen_file.is_file() else None
         with single_process_model(cfg, checkpoint=checkpoint) as (model, _):
             out, logprobs = greedy(
@@ -311,6 +311,7 @@ def _print_summary(s: dict) -> None:
         ),
         ("layout", f"{s['layout']['name']} (world {s['world_size']})"),
         ("samples", ", ".join(f"{k} {v}" for k, v in s["samples_per_modality"].items())),
+        ("skipped", ", ".join(f"{k} {v}" for k, v in s.get("skipped_samples", {}).items()) or "0"),
         ("wall time", f"{s['wall_time_s']:.1f} s ({s['mean_step_time_s'] * 1e3:.0f} ms/step)"),
     ]
     for k, v in rows:
@@ -332,6 +333,13 @@ def _register_plugins() -> None:
         register(app)
 
 
+def _add_data_commands() -> None:
+    from omni_trainer.data_cli import data_app
+
+    app.add_typer(data_app, name="data")
+
+
+_add_data_commands()
 _register_plugins()
 
 if __name__ == "__main__":

@@ -107,6 +107,8 @@ class RunSummary:
     """Reordering of sequences between data-parallel ranks: group size, method, traffic."""
     breakdown: list[dict[str, object]] = field(default_factory=list)
     """Per rank: mean seconds per step in each phase, and the peak encoder activation bytes."""
+    skipped_samples: dict[str, int] = field(default_factory=dict)
+    """Samples the loaders skipped, by reason (missing, corrupt, too_long...), all replicas."""
 
 
 def autocast_context(cfg: TrainerConfig, device: torch.device):
@@ -183,8 +185,15 @@ class Trainer:
         self.forward_backward = get_forward_backward_func()
         self.chunks[0].config.finalize_model_grads_func = self._finalize_grads
         self._schedule_kwargs = schedule_kwargs(self.chunks[0].config, self.timer)
-        self.data = DataPlane(cfg, dp_rank=groups.dp_rank, dp_size=dims.dp, group=groups.reorder)
+        self.data = DataPlane(
+            cfg,
+            dp_rank=groups.dp_rank,
+            dp_size=dims.dp,
+            group=groups.reorder,
+            read_ahead=dims.pp == 1,  # then this rank encodes all the media it draws
+        )
         self.reorder_bytes: list[int] = []
+        self._skipped_exported: dict[str, int] = {}
         self.checkpointer = (
             Checkpointer(cfg.checkpoint, layout=dims.as_dict()) if cfg.checkpoint else None
         )
@@ -260,6 +269,7 @@ class Trainer:
                 )
         finally:
             self.reporter.close()
+            self.data.close()
             if self.checkpointer:
                 last = self.checkpointer.close()
                 if last is not None and not last.committed:
@@ -385,6 +395,12 @@ class Trainer:
             encoder_mbs=encoder_mbs,
         )
         mine = media_encoded_on(table, self.groups.anchor.stage)
+        self.data.media.prefetch(  # decoded in parallel by the workers while this thread waits
+            item.ref
+            for m, mb in enumerate(micro)
+            for item in mb.media
+            if item.modality in mine.get(m, ())
+        )
         self._batches = [
             to_device_batch(mb, self.device, load=self.data.media.load, media=mine.get(m, ()))
             for m, mb in enumerate(micro)
@@ -467,6 +483,12 @@ class Trainer:
             encoder_activation_peak_bytes=r.encoder_activation_peak_bytes,
             media_bytes_read=r.media_bytes_read,
         )
+        if self.groups.tp_rank == self.groups.cp_rank == self.groups.anchor.stage == 0:
+            skipped = self.data.counters["skipped_samples"]
+            self.metrics.record_skipped(
+                {k: v - self._skipped_exported.get(k, 0) for k, v in skipped.items()}
+            )
+            self._skipped_exported = skipped
 
     def _global_counters(self) -> dict[str, dict[str, int]]:
         """Samples and tokens per modality over all data-parallel replicas."""
@@ -475,7 +497,7 @@ class Trainer:
         dist.all_gather_object(everyone, mine, group=self.groups.dp)
         total: dict[str, dict[str, int]] = {}
         for counters in everyone:
-            for key in ("samples_per_modality", "tokens_per_modality"):
+            for key in ("samples_per_modality", "tokens_per_modality", "skipped_samples"):
                 bucket = total.setdefault(key, {})
                 for m, v in counters.get(key, {}).items():
                     bucket[m] = bucket.get(m, 0) + v
@@ -547,6 +569,7 @@ class Trainer:
             step_time_curve=[r.seconds for r in results],
             parameters={"llm": int(llm_params.item()), "encoders": enc_params},
             breakdown=breakdown,
+            skipped_samples=dict(sorted(counters["skipped_samples"].items())),
             data_reorder={
                 "group_size": self.cfg.data.reorder.group_size,
                 "method": self.cfg.data.reorder.method,
