@@ -121,7 +121,7 @@ def make_tiny_dataset(
 
     Args:
         out: the dataset directory.
-        images: image samples (captions and Q/A about shapes, colours, counts; some with 2 images).
+        images: image samples (captions and Q/A about shapes, colours, counts).
         audio: audio samples (which tone is played).
         seed: everything derives from it.
         corrupt: image sample indices whose file is overwritten with garbage after writing.
