@@ -186,15 +186,26 @@ def make_tiny(
     out: Annotated[Path, typer.Argument(help="dataset directory")] = Path("data/llava-tiny"),
     images: Annotated[int, typer.Option(min=1)] = 600,
     audio: Annotated[int, typer.Option(min=0)] = 120,
+    videos: Annotated[int, typer.Option(min=0, help="mp4 clips of a moving square")] = 0,
     seed: int = 0,
     corrupt: Annotated[list[int], typer.Option(help="image record to overwrite with junk")] = [],  # noqa: B006
     missing: Annotated[list[int], typer.Option(help="image record whose file to delete")] = [],  # noqa: B006
 ) -> None:
     """Write the LLaVA-format example of examples/llava-tiny.yaml: Pillow-drawn shapes with
-    captions and Q/A, numpy tones as WAV, and a tokenizer trained on its text."""
+    captions and Q/A, numpy tones as WAV, optional mp4 clips, and a tokenizer trained on its
+    text."""
     from omni_trainer.data.tinyset import make_tiny_dataset
 
     paths = make_tiny_dataset(
-        str(out), images=images, audio=audio, seed=seed, corrupt=corrupt, missing=missing
+        str(out),
+        images=images,
+        audio=audio,
+        videos=videos,
+        seed=seed,
+        corrupt=corrupt,
+        missing=missing,
     )
-    typer.echo(f"wrote {images} image and {audio} audio conversations: {paths['annotations']}")
+    typer.echo(
+        f"wrote {images} image, {audio} audio and {videos} video conversations: "
+        f"{paths['annotations']}"
+    )

@@ -38,9 +38,9 @@ def _config(url: str, seq_length: int = 256, **source) -> DataConfig:
     )
 
 
-def _stream(cfg: DataConfig, tokenizer: str, shard: int = 0, shards: int = 1):
+def _stream(cfg: DataConfig, tokenizer: str, shard: int = 0, shards: int = 1, geometry=GEOMETRY):
     return MultimodalStream(
-        cfg, seed=0, vocab_size=512, geometry=GEOMETRY, tokenizer=tokenizer,
+        cfg, seed=0, vocab_size=512, geometry=geometry, tokenizer=tokenizer,
         shard=shard, num_shards=shards,
     )  # fmt: skip
 
@@ -99,14 +99,18 @@ def test_too_long_and_malformed_samples_are_skipped(tmp_path, dataset):
         {"id": "noreply", "conversations": [{"from": "human", "value": "hi"}]},
         {"id": "video", "video": "clip.mp4", "messages": [{"role": "user", "content": "<video>"},
                                                           {"role": "assistant", "content": "x"}]},
+        {"id": "audio", "audio": "a.wav", "messages": [{"role": "user", "content": "<audio>"},
+                                                       {"role": "assistant", "content": "x"}]},
     ]  # fmt: skip
     path = tmp_path / "chat.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows))
-    src = _stream(_config(str(path), seq_length=64, modality="text"), dataset["tokenizer"])
+    images_only = MediaGeometry(n_mels=16, encoders=("image",))  # a model without audio
+    cfg = _config(str(path), seq_length=64, modality="text")
+    src = _stream(cfg, dataset["tokenizer"], geometry=images_only)
     got = [src.sources[0].get(i) for i in range(len(rows))]
     assert got[0].sample_id == "llava/ok" and got[0].targets.any()
     reasons = [g.reason for g in got[1:]]
-    assert reasons == ["too_long", "malformed", "malformed", "unsupported_media"]
+    assert reasons == ["too_long", "malformed", "malformed", "missing", "unsupported_media"]
 
 
 def test_annotations_media_and_tokenizer_on_s3(dataset, s3_bucket):

@@ -13,6 +13,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
+from collections import OrderedDict
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -28,10 +31,13 @@ from omni_trainer.data.config import (
 from omni_trainer.data.media import (
     AudioSettings,
     ImageSettings,
+    VideoSettings,
     audio_info,
+    decode_frames,
     image_size,
     read_audio,
     resampled_length,
+    video_info,
 )
 from omni_trainer.data.sample import MediaGeometry, MediaRef, MediaSpan, Sample, Skipped
 from omni_trainer.data.shards import _is_s3
@@ -126,6 +132,11 @@ class ConversationSource:
         self.audio = AudioSettings(
             feature_size=geometry.n_mels, sampling_rate=media.sample_rate, chunk_length=None
         )
+        self.video = VideoSettings(
+            fps=media.fps, max_frames=media.max_frames, total_pixels=media.video_total_pixels
+        )
+        self._frames: OrderedDict[tuple[int, int], list[np.ndarray]] = OrderedDict()
+        self._frames_lock = threading.Lock()
         self._logged: set[str] = set()
 
     # -- what a subclass changes: where records and media come from ------------------------------
@@ -154,6 +165,43 @@ class ConversationSource:
             raise FileNotFoundError(path)
         return path
 
+    def _frame_settings(self, frames: int) -> ImageSettings:
+        """Images settings of a video's frames: the per-frame share of the pixel budget."""
+        return replace(self.image, max_pixels=self.video.frame_pixels(frames, self.image))
+
+    def _inputs(
+        self, modality: Modality, src: bytes | str, index: int, k: int
+    ) -> list[tuple[Modality, MediaRef]]:
+        """Encoder inputs of media item ``k``, from headers alone: the item itself, or for a
+        video one image per sampled frame (the ViT encodes frames as images)."""
+        if modality != "video":
+            ref = MediaRef(self.source_index, index, self._shape(modality, src), item=k)
+            return [(modality, ref)]
+        total, fps, height, width = video_info(src)
+        frames = len(self.video.frame_indices(total, fps))
+        h, w = self._frame_settings(frames).target_size(height, width)
+        shape = (self.geometry.image_channels, h, w)
+        return [
+            ("image", MediaRef(self.source_index, index, shape, item=k, frame=j))
+            for j in range(frames)
+        ]
+
+    def _video_frame(self, ref: MediaRef, src: bytes | str) -> np.ndarray:
+        """Frame ``ref.frame`` of a video item, preprocessed (a video is decoded once for all
+        its frames; the last few are kept)."""
+        key = (ref.index, ref.item)
+        with self._frames_lock:
+            frames = self._frames.get(key)
+            if frames is None:
+                total, fps, _, _ = video_info(src)
+                indices = self.video.frame_indices(total, fps)
+                settings = self._frame_settings(len(indices))
+                frames = [settings.resized_image(f) for f in decode_frames(src, indices)]
+                self._frames[key] = frames
+                if len(self._frames) > 2:
+                    self._frames.popitem(last=False)
+        return frames[ref.frame]
+
     def _shape(self, modality: Modality, src: bytes | str) -> tuple[int, ...]:
         """Encoder input shape of one item, from its header alone."""
         g = self.geometry
@@ -172,42 +220,48 @@ class ConversationSource:
         if isinstance(record, Skipped):
             return self._skip(record.sample_id, record.reason, record.detail)
         sid = f"{self.name}/{record.get('id', index)}"
-        refs: list[tuple[Modality, int, MediaRef]] = []
+        items: list[tuple[Modality, list[tuple[Modality, int, MediaRef]]]] = []
         for k, (modality, rel) in enumerate(media_of(record)):
-            if modality not in self.encoders:
-                return self._skip(sid, "unsupported_media", f"no {modality} encoder")
+            encoder = "image" if modality == "video" else modality
+            if encoder not in self.encoders:
+                return self._skip(sid, "unsupported_media", f"no {encoder} encoder")
             try:
-                shape = self._shape(modality, self._open(index, rel))
+                inputs = self._inputs(modality, self._open(index, rel), index, k)
             except FileNotFoundError:
                 return self._skip(sid, "missing", f"{rel} does not exist")
             except Exception as err:
                 return self._skip(sid, "corrupt", f"{rel}: {err}")
-            ref = MediaRef(self.source_index, index, shape, item=k)
-            n = self.geometry.media_tokens(modality, ref)
-            if n < 1:
+            parts = [(m, self.geometry.media_tokens(m, ref), ref) for m, ref in inputs]
+            if not parts or min(n for _, n, _ in parts) < 1:
                 return self._skip(sid, "too_short", f"{rel} gives no encoder positions")
-            refs.append((modality, n, ref))
+            items.append((modality, parts))
         messages = record.get("conversations", record.get("messages"))
         if not isinstance(messages, list):
             return self._skip(sid, "malformed", "no conversations or messages list")
         try:
-            out = self.renderer.render(messages, [(m, n) for m, n, _ in refs])
+            out = self.renderer.render(
+                messages, [(m, sum(n for _, n, _ in parts)) for m, parts in items]
+            )
         except ConversationError as err:
             return self._skip(sid, err.reason, str(err))
         if len(out.tokens) > self.seq_length:
             return self._skip(
                 sid, "too_long", f"{len(out.tokens)} positions > seqLength {self.seq_length}"
             )
-        by_modality: dict[str, list[MediaRef]] = {}
-        for m, _, ref in refs:
-            by_modality.setdefault(m, []).append(ref)
-        spans = tuple(MediaSpan(m, offset, n, by_modality[m].pop(0)) for m, offset, n in out.spans)
+        by_modality: dict[str, list] = {}
+        for m, parts in items:
+            by_modality.setdefault(m, []).append(parts)
+        spans: list[MediaSpan] = []
+        for m, offset, _ in out.spans:  # a video's frames follow each other in its span
+            for encoder, n, ref in by_modality[m].pop(0):
+                spans.append(MediaSpan(encoder, offset, n, ref))
+                offset += n
         return Sample(
             key=(self.source_index, index),
             sample_id=sid,
             modality=self.modality,
             text=out.tokens,
-            spans=spans,
+            spans=tuple(spans),
             targets=out.targets,
         )
 
@@ -223,7 +277,9 @@ class ConversationSource:
         modality, rel = media_of(record)[ref.item]
         try:
             src = self._open(ref.index, rel)
-            if modality == "image":
+            if modality == "video":
+                array = self._video_frame(ref, src)
+            elif modality == "image":
                 array = self.image.resized(src)
             else:
                 wave = read_audio(src, self.audio.sampling_rate)

@@ -113,7 +113,10 @@ class ImageSettings:
 
     def resized(self, data: Source) -> np.ndarray:
         """[C, H, W] float32, resized by ``smart_resize``, rescaled and normalized."""
-        img = open_image(data)
+        return self.resized_image(open_image(data))
+
+    def resized_image(self, img) -> np.ndarray:
+        """:meth:`resized` of an opened Pillow image (e.g. a decoded video frame)."""
         h, w = self.target_size(img.height, img.width)
         return _normalize(_resize(img, h, w, self.resample), self.image_mean, self.image_std)
 

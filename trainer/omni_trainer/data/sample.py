@@ -31,6 +31,8 @@ class MediaRef:
     """Shape once loaded: image [C,H,W], audio [frames, n_mels], video [T,C,H,W]; float32."""
     item: int = 0
     """Which media item of the sample (conversations may hold several)."""
+    frame: int = -1
+    """-1: the whole item; k >= 0: the k-th sampled frame of a video item (encoded as an image)."""
 
     @property
     def nbytes(self) -> int:

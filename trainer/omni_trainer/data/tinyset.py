@@ -103,6 +103,25 @@ def _draw(rng: np.random.Generator, size: tuple[int, int], colour: str, shape: s
     return img
 
 
+def write_clip(path: str, *, frames: int, fps: int, size: int, colour: str) -> None:
+    """An mp4 (MPEG-4 part 2, PyAV) of a ``colour`` square crossing a light background."""
+    import av
+
+    with av.open(path, mode="w") as out:
+        stream = out.add_stream("mpeg4", rate=fps)
+        stream.width = stream.height = size
+        stream.pix_fmt = "yuv420p"
+        side = size // 4
+        for k in range(frames):
+            arr = np.full((size, size, 3), 245, dtype=np.uint8)
+            x = (size - side) * k // max(frames - 1, 1)
+            arr[size // 2 - side // 2 : size // 2 + side // 2, x : x + side] = COLOURS[colour]
+            for packet in stream.encode(av.VideoFrame.from_ndarray(arr, format="rgb24")):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+
+
 def _plural(shape: str, count: int) -> str:
     return shape if count == 1 else shape + "s"
 
@@ -116,17 +135,19 @@ def make_tiny_dataset(
     corrupt: Sequence[int] = (),
     missing: Sequence[int] = (),
     size: int | None = None,
+    videos: int = 0,
 ) -> dict[str, str]:
     """Write ``out/{images,audio}/``, ``out/train.json`` (LLaVA format) and ``out/tokenizer/``.
 
     Args:
         out: the dataset directory.
-        images: image samples (captions and Q/A about shapes, colours, counts; some with 2 images).
+        images: image samples (captions and Q/A about shapes, colours, counts).
         audio: audio samples (which tone is played).
         seed: everything derives from it.
         corrupt: image sample indices whose file is overwritten with garbage after writing.
         missing: image sample indices whose file is deleted after writing.
         size: draw every image ``size`` x ``size`` (default: small mixed sizes, 84-140 pixels).
+        videos: video samples (which colour the moving square is), 1-2 s mp4 clips at 8 fps.
 
     Returns:
         ``{"annotations", "media_root", "tokenizer"}`` paths.
@@ -177,6 +198,18 @@ def make_tiny_dataset(
             {"from": "gpt", "value": f"It is a {tone} tone."},
         ]
         records.append({"id": f"aud-{i:05d}", "audio": name, "conversations": conv})
+    if videos:
+        os.makedirs(os.path.join(out, "videos"), exist_ok=True)
+    for i in range(videos):
+        colour = str(rng.choice(list(COLOURS)))
+        name = f"videos/{i:05d}.mp4"
+        write_clip(os.path.join(out, name), frames=int(rng.choice([8, 16])), fps=8, size=112,
+                   colour=colour)  # fmt: skip
+        conv = [
+            {"from": "human", "value": "<video>\nWhat colour is the moving square?"},
+            {"from": "gpt", "value": f"It is {colour}."},
+        ]
+        records.append({"id": f"vid-{i:05d}", "video": name, "conversations": conv})
     for i in corrupt:
         with open(os.path.join(out, records[i]["image"]), "wb") as f:
             f.write(b"\x00not an image\x00" * 8)
