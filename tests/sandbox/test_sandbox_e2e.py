@@ -56,10 +56,7 @@ def _wait(what: str, check: Callable[[], Any], *, timeout: float, logs: Path) ->
     pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}; sandbox log tail:\n{tail}")
 
 
-def test_node_lost_mid_run_restarts_and_matches_an_uninterrupted_run(tmp_path: Path) -> None:
-    _manifest(tmp_path / "job.yaml", step_log="runs/job/steps.jsonl", checkpoint="runs/job/ckpt")
-    _manifest(tmp_path / "ref.yaml", step_log="runs/ref/steps.jsonl", checkpoint=None)
-    sandbox_log = tmp_path / "sandbox.log"
+def _kubectl(tmp_path: Path) -> Callable[..., str]:
     env = {**os.environ, "KUBECONFIG": str(tmp_path / SANDBOX_DIR / "kubeconfig")}
 
     def kubectl(*args: str) -> str:
@@ -67,6 +64,58 @@ def test_node_lost_mid_run_restarts_and_matches_an_uninterrupted_run(tmp_path: P
                              capture_output=True, text=True, timeout=120)  # fmt: skip
         assert out.returncode == 0, f"kubectl {' '.join(args)}: {out.stderr}"
         return out.stdout
+
+    return kubectl
+
+
+def test_a_missing_image_fails_the_job_naming_it_within_the_start_timeout(
+    tmp_path: Path,
+) -> None:
+    """The sandbox's registry holds only the images it was given; the kubelet reports the
+    others as a real one does, and the operator ends the job in Failed at once, naming the
+    image, instead of showing Running forever."""
+    _manifest(tmp_path / "job.yaml", step_log="runs/job/steps.jsonl", checkpoint=None)
+    doc = yaml.safe_load((tmp_path / "job.yaml").read_text())
+    missing = "ghcr.io/megascale-omni/trainer:0.0.9"
+    doc["spec"]["image"] = missing
+    doc["spec"]["restartPolicy"]["startTimeoutSeconds"] = 60
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    sandbox_log = tmp_path / "sandbox.log"
+    kubectl = _kubectl(tmp_path)
+    with sandbox_log.open("w") as log:
+        sandbox = subprocess.Popen(
+            [*OMNI, "sandbox", "up", "--nodes", "2", "--gpus-per-node", "0", "--resync", "1",
+             "--dir", SANDBOX_DIR, "--image", "ghcr.io/megascale-omni/trainer:0.1.0"],
+            cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        _wait("the sandbox", (tmp_path / SANDBOX_DIR / "sandbox.json").exists, timeout=120,
+              logs=sandbox_log)  # fmt: skip
+        kubectl("apply", "--validate=false", "-f", "job.yaml")
+        start = time.monotonic()
+        kubectl("wait", "--for=jsonpath={.status.phase}=Failed", "otj/tiny-cpu",
+                "--timeout=60s")  # fmt: skip
+        assert time.monotonic() - start < 60
+        status = json.loads(kubectl("get", "otj", "tiny-cpu", "-o", "json"))["status"]
+        assert f"image {missing} cannot be pulled" in status["message"], status["message"]
+        assert "ErrImagePull" in status["message"] or "ImagePullBackOff" in status["message"]
+        failed = {c["type"]: c for c in status["conditions"]}["Failed"]
+        assert failed["reason"] == "ImagePullFailed" and status["restarts"] == 0
+        assert f"image {missing} is not in the registry" in sandbox_log.read_text()
+        assert "registry: ghcr.io/megascale-omni/trainer:0.1.0" in sandbox_log.read_text()
+    finally:
+        sandbox.terminate()
+        try:
+            sandbox.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            sandbox.kill()
+
+
+def test_node_lost_mid_run_restarts_and_matches_an_uninterrupted_run(tmp_path: Path) -> None:
+    _manifest(tmp_path / "job.yaml", step_log="runs/job/steps.jsonl", checkpoint="runs/job/ckpt")
+    _manifest(tmp_path / "ref.yaml", step_log="runs/ref/steps.jsonl", checkpoint=None)
+    sandbox_log = tmp_path / "sandbox.log"
+    kubectl = _kubectl(tmp_path)
 
     def job() -> dict[str, Any]:
         return json.loads(kubectl("get", "otj", "tiny-cpu", "-o", "json"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from dataclasses import dataclass, field
@@ -10,6 +11,7 @@ from functools import partial
 import torch
 
 from omni_trainer.checkpoint.checkpointer import Checkpointer, SaveResult
+from omni_trainer.checkpoint.config import CheckpointConfig
 from omni_trainer.checkpoint.state import ModelState
 from omni_trainer.components.dataplane import DataPlane
 from omni_trainer.components.encoder_zero import EncoderZero
@@ -35,10 +37,12 @@ from omni_trainer.config import TrainerConfig
 from omni_trainer.data.packing import MicroBatch, PackedSequence, collate, split_micro_batches
 from omni_trainer.distributed import comm
 from omni_trainer.distributed.layout import check_layout
+from omni_trainer.interop.runtime import find_checkpoint
 from omni_trainer.mcore.parallel import ProcessGroups, schedule_kwargs, seed_everything
 from omni_trainer.models.batch import DeviceBatch, to_device_batch
 from omni_trainer.models.context_parallel import set_rope_positions, shard_for_context
-from omni_trainer.models.llm import Recompute
+from omni_trainer.models.freeze import parameter_modules
+from omni_trainer.models.llm import Recompute, all_reduce_tied_embedding_grads
 from omni_trainer.models.omni import OmniModel, first_stage_input
 from omni_trainer.multiplex.anchor import EncoderAnchor, EncoderWork, build_works
 from omni_trainer.multiplex.dataflow import PRE, DataflowTable, plan_dataflow
@@ -115,6 +119,8 @@ class RunSummary:
     """The busiest rank's ``rank``, ``params_bytes`` (model weights + fp32 main copies),
     ``grads_bytes``, ``optimizer_state_bytes`` and ``activation_peak_bytes`` (the most bytes
     saved for the backward at once, LLM plus encoders: ``components.memory``)."""
+    skipped_samples: dict[str, int] = field(default_factory=dict)
+    """Samples the loaders skipped, by reason (missing, corrupt, too_long...), all replicas."""
 
 
 class Trainer:
@@ -156,12 +162,13 @@ class Trainer:
             sequence_parallel=cfg.parallelism.sequence_parallel_on,
         ).to(self.device)
         self.chunks = list(self.model.llm_chunks)
-        self.main = MainParams(self.model.llm_parameters())
+        # Frozen parameters (``freeze``) take no part: no gradient, optimizer state or all-reduce.
+        self.main = MainParams([p for p in self.model.llm_parameters() if p.requires_grad])
         self.llm_params = self.main.main  # fp32: what the optimizer, sync and clipping see
         self.sequence_parallel_params = [
             p for p in self.llm_params if getattr(p, "sequence_parallel", False)
         ]
-        self.encoder_params = self.model.encoder_parameters()
+        self.encoder_params = [p for p in self.model.encoder_parameters() if p.requires_grad]
         self.activations = SavedActivationMeter(self.model.parameters())
         # Gradients always exist (zeros when a modality is absent from a batch), as in megatron's
         # DDP buffers: every rank all-reduces the same tensors, and the optimizer treats a
@@ -175,7 +182,9 @@ class Trainer:
             else None
         )
         owned = self.encoder_zero.owned if self.encoder_zero else self.encoder_params
-        self.optimizer = build_optimizer([*self.llm_params, *owned], cfg.optimizer)
+        modules = parameter_modules(self.model)  # lrMultipliers, by module: mains included
+        modules |= {id(self.main.main_of(p)): modules[id(p)] for p in self.main.model_params}
+        self.optimizer = build_optimizer([*self.llm_params, *owned], cfg.optimizer, modules=modules)
         self.timer = PhaseTimer(events=self.device.type == "cuda")
         self.anchor = EncoderAnchor(
             encoders=self.model.encoders,
@@ -189,12 +198,19 @@ class Trainer:
         self.forward_backward = get_forward_backward_func()
         self.chunks[0].config.finalize_model_grads_func = self._finalize_grads
         self._schedule_kwargs = schedule_kwargs(self.chunks[0].config, self.timer)
-        self.data = DataPlane(cfg, dp_rank=groups.dp_rank, dp_size=dims.dp, group=groups.reorder)
+        self.data = DataPlane(
+            cfg,
+            dp_rank=groups.dp_rank,
+            dp_size=dims.dp,
+            group=groups.reorder,
+            read_ahead=dims.pp == 1,  # then this rank encodes all the media it draws
+        )
         self.reorder_bytes: list[int] = []
+        self._skipped_exported: dict[str, int] = {}
         self.checkpointer = (
             Checkpointer(cfg.checkpoint, layout=dims.as_dict()) if cfg.checkpoint else None
         )
-        self.start_step = self._resume() if resume else 0
+        self.start_step = self._resume() if resume else self._init_from()
         self.peak_flops, self.peak_source = resolve_peak_flops(
             self.device,
             dtype=self.dtype,
@@ -209,10 +225,20 @@ class Trainer:
             return 0
         found = self.checkpointer.load_latest(ModelState.from_trainer(self))
         if found is None:
-            return 0
+            return self._init_from()
         self.main.copy_to_model()
         self.data.load_state_dict(found.loader_state)
         return found.step
+
+    def _init_from(self) -> int:
+        """``checkpoint.initFrom``: a fresh run starts from another checkpoint's weights only."""
+        source = self.cfg.checkpoint.init_from if self.cfg.checkpoint else None
+        if source is not None:
+            root, step = find_checkpoint(source)
+            weights = dataclasses.replace(ModelState.from_trainer(self), optimizer=None)
+            Checkpointer(CheckpointConfig(path=root), cache_plans=False).load(step, weights)
+            self.main.copy_to_model()
+        return 0
 
     def _save(self, step: int) -> None:
         """Asynchronous checkpoint after ``step`` completed steps; the loop waits for the host
@@ -258,6 +284,7 @@ class Trainer:
                 )
         finally:
             self.reporter.close()
+            self.data.close()
             if self.checkpointer:
                 last = self.checkpointer.close()
                 if last is not None and not last.committed:
@@ -277,7 +304,7 @@ class Trainer:
                 self.reorder_bytes.append(self.data.last_stats.bytes_moved)
         lr = lr_at(step, opt=self.cfg.optimizer, sched=self.cfg.lr_schedule, total_steps=self.steps)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group["lr_multiplier"]
         self.optimizer.zero_grad(set_to_none=False)  # at the start: grads stay inspectable
         loss = self.forward_backward_step(local)
         with self.timer.span("sync"):
@@ -384,6 +411,12 @@ class Trainer:
             encoder_mbs=encoder_mbs,
         )
         mine = media_encoded_on(table, self.groups.anchor.stage)
+        self.data.media.prefetch(  # decoded in parallel by the workers while this thread waits
+            item.ref
+            for m, mb in enumerate(micro)
+            for item in mb.media
+            if item.modality in mine.get(m, ())
+        )
         self._batches = [
             to_device_batch(mb, self.device, load=self.data.media.load, media=mine.get(m, ()))
             for m, mb in enumerate(micro)
@@ -444,6 +477,7 @@ class Trainer:
             # sequence parallel: each TP rank's norms saw only its positions
             all_reduce_grads(self.sequence_parallel_params, self.groups.tp)
             all_reduce_grads(self.llm_params, self.groups.dp_cp)  # CP ranks hold partial sums
+            all_reduce_tied_embedding_grads(self.chunks, main_of=self.main.main_of)
             if self.encoder_zero:
                 self.encoder_zero.reduce_gradients()
             else:
@@ -466,6 +500,12 @@ class Trainer:
             encoder_activation_peak_bytes=r.encoder_activation_peak_bytes,
             media_bytes_read=r.media_bytes_read,
         )
+        if self.groups.tp_rank == self.groups.cp_rank == self.groups.anchor.stage == 0:
+            skipped = self.data.counters["skipped_samples"]
+            self.metrics.record_skipped(
+                {k: v - self._skipped_exported.get(k, 0) for k, v in skipped.items()}
+            )
+            self._skipped_exported = skipped
 
     def _global_counters(self) -> dict[str, dict[str, int]]:
         """Samples and tokens per modality over all data-parallel replicas."""
@@ -473,7 +513,7 @@ class Trainer:
         everyone = comm.all_gather_object(mine, group=self.groups.dp)
         total: dict[str, dict[str, int]] = {}
         for counters in everyone:
-            for key in ("samples_per_modality", "tokens_per_modality"):
+            for key in ("samples_per_modality", "tokens_per_modality", "skipped_samples"):
                 bucket = total.setdefault(key, {})
                 for m, v in counters.get(key, {}).items():
                     bucket[m] = bucket.get(m, 0) + v
@@ -554,6 +594,7 @@ class Trainer:
             parameters={"llm": int(llm_params.item()), "encoders": enc_params},
             breakdown=breakdown,
             memory={"rank": busiest["rank"], **busiest["memory"]},
+            skipped_samples=dict(sorted(counters["skipped_samples"].items())),
             data_reorder={
                 "group_size": self.cfg.data.reorder.group_size,
                 "method": self.cfg.data.reorder.method,

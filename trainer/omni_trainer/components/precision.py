@@ -25,6 +25,8 @@ _SHARDING_ATTRS = (
     "partition_dim",
     "partition_stride",
     "sequence_parallel",
+    "shared",  # the last stage's copy of a tied embedding
+    "shared_embedding",
 )
 
 
@@ -71,7 +73,8 @@ class MainParams:
         return hook
 
     def main_of(self, param: nn.Parameter) -> nn.Parameter:
-        return self._main_of[id(param)]
+        """The fp32 main parameter of ``param`` (``param`` itself: fp32, or frozen)."""
+        return self._main_of.get(id(param), param)
 
     @torch.no_grad()
     def copy_to_model(self) -> None:

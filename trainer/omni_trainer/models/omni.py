@@ -44,6 +44,7 @@ class OmniModel(nn.Module):
     ) -> None:
         super().__init__()
         from omni_trainer.models.encoders.projector import Projector
+        from omni_trainer.models.freeze import apply_freeze
         from omni_trainer.models.init import name_seed
 
         self.cfg = cfg
@@ -66,6 +67,7 @@ class OmniModel(nn.Module):
                 continue
             self.encoders[modality] = build_encoder(modality, enc_cfg)
             self.projectors[modality] = Projector(enc_cfg.hidden_size, cfg.llm.hidden_size)
+        apply_freeze(self, cfg)
 
     def llm_parameters(self) -> list[nn.Parameter]:
         return list(self.llm_chunks.parameters())
