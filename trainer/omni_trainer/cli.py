@@ -173,11 +173,12 @@ def export_cmd(
 ) -> None:
     """Write the model as a Hugging Face model (safetensors, config.json, tokenizer files) in
     the family it was imported from (Llama for presets), from a checkpoint of any layout."""
-    from omni_trainer.interop.export import write_hf
+    from omni_trainer.interop.export import check_export, write_hf
     from omni_trainer.interop.runtime import single_process_model
 
     cfg = _load(manifest).spec.trainer
     try:
+        check_export(cfg, out)  # before any weight is allocated
         with single_process_model(cfg, checkpoint=checkpoint) as (model, step):
             result = write_hf(model, cfg, out, step=step)
     except (ValueError, OSError) as err:
