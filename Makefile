@@ -57,6 +57,19 @@ bench-data: setup
 bench-balance: setup
 	$(BIN)/python bench/balance.py
 
+.PHONY: bench-freeze
+
+# LLaVA stage 1 (projector only: LLM and encoders frozen) vs full training, steps side by side.
+bench-freeze: setup
+	$(BIN)/python bench/freeze.py $(BENCH_ARGS)
+
+.PHONY: bench-interop
+
+# Hugging Face import (per rank, tp1 and tp2) and export: time and peak host memory of a 1.2B
+# random Llama in bf16 (BENCH_ARGS=--size small for a quick run).
+bench-interop: setup
+	$(BIN)/python bench/interop.py $(BENCH_ARGS)
+
 .PHONY: bench-checkpoint
 
 # Async loader snapshot vs synchronous save (1 MB, 100 MB; BENCH_ARGS=--big adds 1 GB) and

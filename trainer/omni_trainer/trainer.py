@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from dataclasses import dataclass, field
@@ -11,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from omni_trainer.checkpoint.checkpointer import Checkpointer, SaveResult
+from omni_trainer.checkpoint.config import CheckpointConfig
 from omni_trainer.checkpoint.state import ModelState
 from omni_trainer.components.dataplane import DataPlane
 from omni_trainer.components.encoder_zero import EncoderZero
@@ -29,8 +31,11 @@ from omni_trainer.components.timing import PhaseTimer
 from omni_trainer.config import TrainerConfig
 from omni_trainer.data.packing import MicroBatch, PackedSequence, collate, split_micro_batches
 from omni_trainer.distributed.layout import check_layout
+from omni_trainer.interop.runtime import find_checkpoint
 from omni_trainer.mcore.parallel import ProcessGroups, schedule_kwargs, seed_everything
 from omni_trainer.models.context_parallel import set_rope_positions, shard_for_context
+from omni_trainer.models.freeze import parameter_modules
+from omni_trainer.models.llm import all_reduce_tied_embedding_grads
 from omni_trainer.models.omni import DeviceBatch, OmniModel, first_stage_input, to_device_batch
 from omni_trainer.multiplex.anchor import EncoderAnchor, EncoderWork, build_works
 from omni_trainer.multiplex.dataflow import PRE, DataflowTable, plan_dataflow
@@ -148,8 +153,9 @@ class Trainer:
             cfg.model, max_sequence_length=cfg.data.seq_length, seed=cfg.seed
         ).to(self.device)
         self.chunks = list(self.model.llm_chunks)
-        self.llm_params = self.model.llm_parameters()
-        self.encoder_params = self.model.encoder_parameters()
+        # Frozen parameters (``freeze``) take no part: no gradient, optimizer state or all-reduce.
+        self.llm_params = [p for p in self.model.llm_parameters() if p.requires_grad]
+        self.encoder_params = [p for p in self.model.encoder_parameters() if p.requires_grad]
         # Gradients always exist (zeros when a modality is absent from a batch), as in megatron's
         # DDP buffers: every rank all-reduces the same tensors, and the optimizer treats a
         # parameter the same whether its modality showed up on this rank, another, or nowhere.
@@ -162,7 +168,11 @@ class Trainer:
             else None
         )
         owned = self.encoder_zero.owned if self.encoder_zero else self.encoder_params
-        self.optimizer = build_optimizer([*self.llm_params, *owned], cfg.optimizer)
+        self.optimizer = build_optimizer(
+            [*self.llm_params, *owned],
+            cfg.optimizer,
+            modules=parameter_modules(self.model),
+        )
         self.timer = PhaseTimer(synchronize=True)
         self.anchor = EncoderAnchor(
             encoders=self.model.encoders,
@@ -187,7 +197,7 @@ class Trainer:
         self.checkpointer = (
             Checkpointer(cfg.checkpoint, layout=dims.as_dict()) if cfg.checkpoint else None
         )
-        self.start_step = self._resume() if resume else 0
+        self.start_step = self._resume() if resume else self._init_from()
         self.peak_flops, self.peak_source = resolve_peak_flops(
             self.device,
             world_size=dims.world_size,
@@ -201,9 +211,18 @@ class Trainer:
             return 0
         found = self.checkpointer.load_latest(ModelState.from_trainer(self))
         if found is None:
-            return 0
+            return self._init_from()
         self.data.load_state_dict(found.loader_state)
         return found.step
+
+    def _init_from(self) -> int:
+        """``checkpoint.initFrom``: a fresh run starts from another checkpoint's weights only."""
+        source = self.cfg.checkpoint.init_from if self.cfg.checkpoint else None
+        if source is not None:
+            root, step = find_checkpoint(source)
+            weights = dataclasses.replace(ModelState.from_trainer(self), optimizer=None)
+            Checkpointer(CheckpointConfig(path=root), cache_plans=False).load(step, weights)
+        return 0
 
     def _save(self, step: int) -> None:
         """Asynchronous checkpoint after ``step`` completed steps; the loop waits for the host
@@ -270,7 +289,7 @@ class Trainer:
                 self.reorder_bytes.append(self.data.last_stats.bytes_moved)
         lr = lr_at(step, opt=self.cfg.optimizer, sched=self.cfg.lr_schedule, total_steps=self.steps)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group["lr_multiplier"]
         self.optimizer.zero_grad(set_to_none=False)  # at the start: grads stay inspectable
         loss = self.forward_backward_step(local)
         with self.timer.span("sync"):
@@ -441,6 +460,7 @@ class Trainer:
         self.anchor.end_step()
         with self.timer.span("sync"):
             all_reduce_grads(self.llm_params, self.groups.dp_cp)  # CP ranks hold partial sums
+            all_reduce_tied_embedding_grads(self.chunks)
             if self.encoder_zero:
                 self.encoder_zero.reduce_gradients()
             else:

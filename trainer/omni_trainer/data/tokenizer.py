@@ -73,12 +73,12 @@ def processor_defaults(path: str | None) -> dict[str, Any]:
 
 
 @functools.lru_cache(maxsize=8)
-def load_tokenizer(path: str) -> Any:
+def load_tokenizer(path: str, *, chat_template: bool = True) -> Any:
     """The tokenizer at ``path`` (no hub access); cached per process.
 
     Raises:
         ValueError: naming ``spec.trainer.tokenizer``, when nothing loadable is there or it has
-            no chat template.
+            no chat template (when ``chat_template``: ``omni generate --raw`` needs none).
     """
     from transformers import AutoTokenizer
 
@@ -92,7 +92,7 @@ def load_tokenizer(path: str) -> Any:
             f"spec.trainer.tokenizer: cannot load a tokenizer from {path!r} ({err}); expected "
             "Hugging Face files such as tokenizer.json and tokenizer_config.json"
         ) from None
-    if not getattr(tok, "chat_template", None):
+    if chat_template and not getattr(tok, "chat_template", None):
         raise ValueError(
             f"spec.trainer.tokenizer: {path!r} has no chat_template (tokenizer_config.json or "
             "chat_template.jinja); conversations are rendered through it"
