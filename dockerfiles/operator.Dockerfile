@@ -14,7 +14,8 @@ RUN python -m venv /opt/omni \
  && /opt/omni/bin/pip install ".[operator]" \
  # The operator extra must never pull torch (tests/chart/test_dockerfiles.py checks the resolution).
  && if /opt/omni/bin/python -c "import torch" 2>/dev/null; then echo "torch leaked in" >&2; exit 1; fi \
- && /opt/omni/bin/python -c "import kopf, prometheus_client, omni_operator.metrics"
+ # Every operator entry point imports from the extra alone (the kopf handlers above all).
+ && /opt/omni/bin/python -c "import kopf, omni_operator.handlers, omni_operator.metrics, omni_operator.cli"
 
 FROM ${PYTHON_IMAGE}
 ENV PATH=/opt/omni/bin:$PATH \
@@ -27,7 +28,7 @@ RUN groupadd --gid 10001 omni && useradd --uid 10001 --gid 10001 --no-create-hom
 USER 10001:10001
 # 8080: kopf liveness (/healthz); 9090: operator metrics (/metrics).
 EXPOSE 8080 9090
-# omni_operator.handlers is the kopf handlers package (arriving with the reconcile handlers).
+# omni_operator.handlers is the kopf handlers package.
 # The chart passes the run options (namespaces, peering, liveness) as args.
 ENTRYPOINT ["kopf", "run", "-m", "omni_operator.handlers"]
 CMD ["--all-namespaces", "--standalone", "--liveness=http://0.0.0.0:8080/healthz"]

@@ -47,12 +47,19 @@ def sandbox_up(
     port: Annotated[int, typer.Option(min=0, help="API server port (0: any free)")] = 0,
     workdir: SandboxDir = Path(".omni-sandbox"),
     resync: Annotated[float, typer.Option(min=0.1, help="operator resync seconds")] = 2.0,
+    image: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="an image the nodes can pull (repeatable); default: the images of examples/ "
+            "and the chart. Pods naming others fail with ErrImagePull, then ImagePullBackOff"
+        ),
+    ] = None,
 ) -> None:
     """Run the sandbox until Ctrl-C: pods run as local processes in this directory."""
     import asyncio
     import logging
 
-    from omni_operator.sandbox.cluster import Sandbox, SandboxConfig
+    from omni_operator.sandbox.cluster import DEFAULT_IMAGES, Sandbox, SandboxConfig
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("kopf").setLevel(logging.WARNING)
@@ -64,6 +71,7 @@ def sandbox_up(
         port=port,
         workdir=workdir,
         resync_seconds=resync,
+        images=tuple(image or DEFAULT_IMAGES),
     )
 
     async def main() -> None:
@@ -71,6 +79,7 @@ def sandbox_up(
             typer.echo(
                 f"sandbox up: API server {sb.url}, nodes "
                 f"{', '.join(n.name for n in sb.kubelet.nodes)}\n"
+                f"  registry: {', '.join(config.images)}\n"
                 f"  export KUBECONFIG={sb.kubeconfig_path}\n"
                 "  kubectl apply -f examples/tiny-cpu.yaml\n"
                 "  kubectl get otj -w     # pod logs: kubectl logs POD, or "

@@ -9,15 +9,18 @@ and neither duplicates nor forgets them.
 
 Phases::
 
-    Pending ─► Placing ─► Running ─► Succeeded
-      │          ▲  │        │
-      │          │  └───◄────┤ failure: Restarting (backoff) ─► Placing/Running (attempt + 1)
-      │          │           └ user error / budget spent: Failed
+    Pending ─► Placing ─► Starting ─► Running ─► Succeeded
+      │          ▲  │         │           │
+      │          │  └───◄─────┴───────────┤ failure: Restarting (backoff) ─► Placing/Starting
+      │          │                        └ user error / budget spent: Failed
       └─ spec.suspend: Suspended (pods deleted) ─ resume: a new attempt
 
-``Running`` means the attempt's pods exist; condition ``PodsRunning`` says whether all of them
-run. Pods are named per attempt (``<job>-a<attempt>-n<rank>``), so a restart never waits for a
-pod stuck Terminating on a lost node: those are force-deleted (grace 0) instead.
+``Starting`` means the attempt's pods exist but not all trainers run yet: condition
+``PodsRunning`` names what the scheduler or the kubelet says (Unschedulable, ErrImagePull...),
+and ``restartPolicy.startTimeoutSeconds`` bounds the time to the trainer's first step.
+``Running``: every trainer container runs. Pods are named per attempt
+(``<job>-a<attempt>-n<rank>``), so a restart never waits for a pod stuck Terminating on a lost
+node: those are force-deleted (grace 0) instead.
 """
 
 from __future__ import annotations
@@ -360,7 +363,7 @@ def reconcile(obs: Observed) -> Actions:
                 return s.finish()
 
     pods = s.attempt_pods()
-    if not pods or s.st.phase != "Running":
+    if not pods or s.st.phase not in ("Starting", "Running"):
         # Also when some pods exist but the status never recorded the attempt as started (the
         # operator stopped between creating pods and writing the status): placement is
         # deterministic, so the diff adopts what exists and creates only what is missing.
@@ -400,12 +403,13 @@ def _start_attempt(s: _Step) -> Actions:
     s.actions.adopt += _config_updates(desired, s.obs.owned)
     s.actions.delete += [Delete(o) for o in d.delete if o["kind"] != "Pod"]  # stale pods: above
     names = placement.names
-    s.set(placement=names, last_progress_time=None)
+    s.set(placement=names, last_progress_time=None, attempt_start_time=s.now_s,
+          first_step_time=None)  # fmt: skip
     s.condition("Placed", "True", "Placed", placement.explain())
     s.condition("PodsRunning", "False", "PodsCreated", f"0 of {s.spec.nodes} pods running")
-    verb = "restarted" if s.st.attempt and s.st.restart_history else "started"
+    verb = "restarting" if s.st.attempt and s.st.restart_history else "starting"
     s.phase(
-        "Running",
+        "Starting",
         f"attempt {s.st.attempt} {verb} on {len(names)} node{'s' if len(names) > 1 else ''}",
         event=Event(
             "Normal",
@@ -471,6 +475,8 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
         started = True
     elif s.obs.tracks_progress:
         started = False
+    starting = st.phase == "Starting" or (s.obs.tracks_progress and st.first_step_time is None)
+    starting_since = recovery.parse_time(st.attempt_start_time) if starting else None
     failure = recovery.classify(
         pods,
         s.nodes,
@@ -479,6 +485,7 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
         last_progress_time=recovery.parse_time(st.last_progress_time),
         started_steps=started,
         placement=st.placement,
+        starting_since=starting_since,
     )
     if failure is None:
         s.actions.requeue_after = recovery.next_deadline(
@@ -488,6 +495,7 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
             now=s.now,
             last_progress_time=recovery.parse_time(st.last_progress_time),
             placement=st.placement,
+            starting_since=starting_since,
         )
         return s.finish()
 
@@ -500,6 +508,7 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
         latest,
         attempt=st.attempt,
         quarantined=st.quarantined_nodes,
+        reached_step=st.step if st.first_step_time is not None else None,
     )
     s.set(quarantined_nodes=list(decision.quarantine), restart_budget_left=decision.budget_left)
     if decision.action == "fail":
@@ -521,6 +530,8 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
         restart_history=history,
         last_progress_time=None,
         placement=[],
+        attempt_start_time=None,
+        first_step_time=None,
     )
     s.condition("PodsRunning", "False", failure.reason, failure.message)
     s.condition("Placed", "False", "Restarting", "re-placed when the backoff ends")
@@ -588,27 +599,36 @@ def _record_progress(s: _Step, pods: list[Obj], phases: list[str]) -> None:
     """Pods running -> condition; trainer progress -> step, checkpoint, lastProgressTime."""
     st, spec = s.st, s.spec
     running = sum(ph == "Running" for ph in phases)
-    if running == spec.nodes and len(pods) == spec.nodes:
+    all_running = running == spec.nodes and len(pods) == spec.nodes
+    if all_running:
         s.condition("PodsRunning", "True", "AllPodsRunning", f"{running} of {spec.nodes} running")
         if st.last_progress_time is None and s.obs.tracks_progress:
             s.set(last_progress_time=s.now_s)  # the attempt started: the hang clock starts
+        if st.phase == "Starting":
+            n = len(pods)
+            s.phase("Running", f"attempt {st.attempt} running on {n} node{'s' if n > 1 else ''}")
     else:
         pending = sum(ph == "Pending" for ph in phases)
+        issues = recovery.start_issues(pods)
+        reason = issues[0].reason if issues else "PodsPending" if pending else "PodsNotRunning"
+        detail = "".join(f"; {i.describe()}" for i in issues)
         s.condition(
             "PodsRunning",
             "False",
-            "PodsPending" if pending else "PodsNotRunning",
-            f"{running} of {spec.nodes} running, {pending} pending",
+            reason,
+            f"{running} of {spec.nodes} running, {pending} pending{detail}",
         )
     if s.obs.progress is not None:
-        _apply_progress(s, s.obs.progress)
+        _apply_progress(s, s.obs.progress, all_running=all_running)
 
 
-def _apply_progress(s: _Step, p: Progress) -> None:
-    """The trainer's figures -> step, throughput, checkpoint (an Event per new one), and the
-    checkpoint the attempt really resumed from."""
+def _apply_progress(s: _Step, p: Progress, *, all_running: bool = False) -> None:
+    """The trainer's figures -> step (the attempt's first one costs its restart), throughput,
+    checkpoint (an Event per new one), and the checkpoint the attempt really resumed from."""
     st = s.st
     changes: dict[str, Any] = {}
+    if p.step is not None and all_running and st.first_step_time is None:
+        changes.update(first_step_time=s.now_s, restart_history=_restart_cost(s))
     if p.step is not None and p.step != st.step:
         changes.update(step=p.step, last_progress_time=s.now_s)
     changes.update(throughput_status(p))
@@ -619,18 +639,20 @@ def _apply_progress(s: _Step, p: Progress) -> None:
         changes["restart_budget_left"] = s.spec.restart_policy.budget  # progress refills it
         s.event("Normal", "Checkpoint", f"checkpoint at step {step} complete")
     if p.resumed_from is not None:
-        history = _confirm_resume(s, p.resumed_from)
+        current = changes.get("restart_history", list(st.restart_history))
+        history = _confirm_resume(s, p.resumed_from, current)
         if history is not None:
             changes["restart_history"] = history
     if changes:
         s.set(**changes)
 
 
-def _confirm_resume(s: _Step, resumed_from: int) -> list[RestartRecord] | None:
-    """The restart record of this attempt, with ``fromStep`` as the trainer reports it (the
-    operator planned the latest checkpoint it had seen; the trainer takes the latest in storage)
-    and a Resumed Event, once; None when there is nothing to confirm."""
-    history = s.st.restart_history
+def _confirm_resume(
+    s: _Step, resumed_from: int, history: list[RestartRecord]
+) -> list[RestartRecord] | None:
+    """``history`` with this attempt's restart record's ``fromStep`` as the trainer reports it
+    (the operator planned the latest checkpoint it had seen; the trainer takes the latest in
+    storage) and a ResumedFrom Event, once; None when there is nothing to confirm."""
     if not history or history[-1].attempt != s.st.attempt or history[-1].confirmed:
         return None
     actual = resumed_from or None
@@ -638,5 +660,21 @@ def _confirm_resume(s: _Step, resumed_from: int) -> list[RestartRecord] | None:
     where = f"checkpoint step {actual}" if actual else "the start (no checkpoint)"
     note = "" if planned == actual else f" (planned: {planned if planned else 'the start'})"
     s.event("Normal", "ResumedFrom", f"attempt {s.st.attempt} resumed from {where}{note}")
-    record = history[-1].model_copy(update={"from_step": actual, "confirmed": True})
+    update: dict[str, Any] = {"from_step": actual, "confirmed": True}
+    if history[-1].steps_recomputed is not None:  # reached - planned, now reached - actual
+        reached = history[-1].steps_recomputed + (planned or 0)
+        update["steps_recomputed"] = max(reached - (actual or 0), 0)
+    record = history[-1].model_copy(update=update)
     return [*history[:-1], record]
+
+
+def _restart_cost(s: _Step) -> list[RestartRecord]:
+    """The history with the restart that led to this attempt's first step costed: the seconds
+    from its detection to this first step."""
+    history = list(s.st.restart_history)
+    if history and history[-1].attempt == s.st.attempt and history[-1].lost_seconds is None:
+        since = recovery.parse_time(history[-1].time)
+        if since is not None:
+            lost = max((s.now - since).total_seconds(), 0.0)
+            history[-1] = history[-1].model_copy(update={"lost_seconds": lost})
+    return history

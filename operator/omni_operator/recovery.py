@@ -4,6 +4,10 @@
 one failure (or none). The order matters because one root cause shows several symptoms: a lost
 node makes its peers fail with NCCL errors, so a lost node wins over failed pods; an eviction
 over a crash; a non-retryable exit code over a generic one; a missing pod over a hang.
+Before its first step an attempt can also be stuck: pods that cannot be scheduled, images that
+cannot be pulled, containers that cannot be created (:func:`start_issues`). An image that does
+not exist fails the job at once; the others are waited for up to
+``restartPolicy.startTimeoutSeconds`` from the pods' creation, then the attempt is restarted.
 
 :func:`decide_restart` turns a failure into a decision: a whole-job restart after exponential
 backoff, or failing the job (a user error, or the restart budget is spent). The budget counts
@@ -17,6 +21,7 @@ Nodes blamed for failures are quarantined (:func:`quarantined_nodes`) once they 
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,7 +32,16 @@ from omni_operator.spec import OmniTrainingJobSpec
 from omni_operator.status import RestartRecord
 
 Obj = Mapping[str, Any]
-FailureKind = Literal["node_lost", "pod_failed", "pod_evicted", "pod_deleted", "hang", "user_error"]
+FailureKind = Literal[
+    "node_lost",
+    "pod_failed",
+    "pod_evicted",
+    "pod_deleted",
+    "hang",
+    "user_error",
+    "image_pull_failed",
+    "start_timeout",
+]
 
 REASONS: Mapping[FailureKind, str] = {
     "node_lost": "NodeLost",
@@ -36,6 +50,8 @@ REASONS: Mapping[FailureKind, str] = {
     "pod_deleted": "PodDeleted",
     "hang": "Hang",
     "user_error": "UserError",
+    "image_pull_failed": "ImagePullFailed",
+    "start_timeout": "StartTimeout",
 }
 """CamelCase reasons for status, conditions and Events (Kubernetes convention)."""
 
@@ -65,7 +81,7 @@ class Failure:
 
     @property
     def retryable(self) -> bool:
-        return self.kind != "user_error"
+        return self.kind not in ("user_error", "image_pull_failed")
 
 
 def parse_time(value: str | None) -> dt.datetime | None:
@@ -184,6 +200,64 @@ def _evicted(pod: Obj) -> str | None:
     return None
 
 
+_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
+_CREATE_REASONS = {"CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
+_IMAGE_MISSING = re.compile(
+    r"not found|manifest unknown|NotFound|repository does not exist|pull access denied", re.I
+)
+
+
+@dataclass(frozen=True)
+class StartIssue:
+    """Why one pod of an attempt does not run yet, as the scheduler or the kubelet says it."""
+
+    pod: str
+    reason: str
+    """Unschedulable, ErrImagePull, ImagePullBackOff, InvalidImageName, CreateContainerError..."""
+    message: str
+    image: str | None = None
+
+    @property
+    def terminal(self) -> bool:
+        """Waiting cannot help: the image does not exist (or its name is invalid)."""
+        if self.reason in ("InvalidImageName", "ErrImageNeverPull"):
+            return True
+        return self.reason in _PULL_REASONS and bool(_IMAGE_MISSING.search(self.message))
+
+    def describe(self) -> str:
+        what = f" (image {self.image})" if self.image and self.reason in _PULL_REASONS else ""
+        return f"pod {self.pod}: {self.reason}{what}" + (
+            f": {self.message}" if self.message else ""
+        )
+
+
+def start_issues(pods: Sequence[Obj]) -> list[StartIssue]:
+    """What keeps pods from running: the scheduler's Unschedulable condition, or a container
+    waiting on an image pull or on its creation (by pod name)."""
+    out = []
+    for pod in pods:
+        name = (pod.get("metadata") or {}).get("name", "?")
+        status = pod.get("status") or {}
+        if status.get("phase") not in (None, "", "Pending"):
+            continue
+        images = {
+            c.get("name"): c.get("image") for c in (pod.get("spec") or {}).get("containers") or []
+        }
+        for cs in status.get("containerStatuses") or []:
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            reason = waiting.get("reason") or ""
+            if reason in _PULL_REASONS | _CREATE_REASONS:
+                image = cs.get("image") or images.get(cs.get("name"))
+                out.append(StartIssue(name, reason, str(waiting.get("message") or ""), image))
+                break
+        else:
+            for c in status.get("conditions") or []:
+                if c.get("type") == "PodScheduled" and c.get("status") == "False":
+                    reason = c.get("reason") or "Unschedulable"
+                    out.append(StartIssue(name, reason, str(c.get("message") or "")))
+    return out
+
+
 def classify(
     pods: Sequence[Obj],
     nodes: Mapping[str, Obj],
@@ -193,6 +267,7 @@ def classify(
     last_progress_time: dt.datetime | None,
     started_steps: bool | None,
     placement: Sequence[str] = (),
+    starting_since: dt.datetime | None = None,
 ) -> Failure | None:
     """The failure of the current attempt, or None while it is healthy (or still pending).
 
@@ -206,6 +281,8 @@ def classify(
         started_steps: whether the job has ever finished a training step; None when unknown
             (then a crash is never taken for a user error).
         placement: node names by node rank (for pods that are gone or not yet scheduled).
+        starting_since: when the attempt's pods were created, while it has not reached its
+            first step (None: it has, or no start timeout applies).
 
     Returns:
         The most fundamental failure, or None.
@@ -284,7 +361,17 @@ def classify(
             exit_code=e.code,
         )
 
-    # 4. Pods that are gone or going while the job needs them.
+    # 4. An image that does not exist: no restart can help.
+    issues = start_issues(live)
+    for issue in issues:
+        if issue.terminal:
+            return Failure(
+                "image_pull_failed",
+                f"image {issue.image} cannot be pulled: {issue.describe()}; fix spec.image",
+                pods=(issue.pod,),
+            )
+
+    # 5. Pods that are gone or going while the job needs them.
     present = {pod_rank(p) for p in live}
     missing = [r for r in range(spec.nodes) if r not in present]
     if missing:
@@ -303,7 +390,19 @@ def classify(
             pods=tuple(deleting),
         )
 
-    # 5. A hang: every pod runs, yet the step has not advanced within the timeout.
+    # 6. A start that takes too long: pods unschedulable, pulls failing, or no first step.
+    if starting_since is not None:
+        waited = (now - starting_since).total_seconds()
+        if waited > policy.start_timeout_seconds:
+            why = "; ".join(i.describe() for i in issues) or "the trainer reported no step yet"
+            return Failure(
+                "start_timeout",
+                f"attempt not started {waited:.0f} s after its pods were created "
+                f"(startTimeoutSeconds {policy.start_timeout_seconds}): {why}",
+                pods=tuple(i.pod for i in issues),
+            )
+
+    # 7. A hang: every pod runs, yet the step has not advanced within the timeout.
     if last_progress_time is not None and all(
         (p.get("status") or {}).get("phase") == "Running" for p in live
     ):
@@ -327,9 +426,11 @@ def next_deadline(
     now: dt.datetime,
     last_progress_time: dt.datetime | None,
     placement: Sequence[str] = (),
+    starting_since: dt.datetime | None = None,
 ) -> float | None:
     """Seconds until a healthy-looking attempt could turn failed with no event to say so: a
-    NotReady node's grace ends, or the hang timeout passes. None when nothing is pending."""
+    NotReady node's grace ends, the start or the hang timeout passes. None when nothing is
+    pending."""
     policy = spec.restart_policy
     due: list[float] = []
     for pod in pods:
@@ -339,6 +440,8 @@ def next_deadline(
             due.append(policy.node_lost_grace_seconds - (now - since).total_seconds())
     if last_progress_time is not None:
         due.append(policy.hang_timeout_seconds - (now - last_progress_time).total_seconds())
+    if starting_since is not None:
+        due.append(policy.start_timeout_seconds - (now - starting_since).total_seconds())
     return max(min(due), 0.0) if due else None
 
 
@@ -427,6 +530,7 @@ def decide_restart(
     *,
     attempt: int = 0,
     quarantined: Iterable[str] = (),
+    reached_step: int | None = None,
 ) -> Decision:
     """Restart the whole job from the latest checkpoint after a backoff, or fail it.
 
@@ -438,6 +542,7 @@ def decide_restart(
         latest_checkpoint_step: the newest complete checkpoint (None: none yet).
         attempt: the attempt that failed; a restart runs ``attempt + 1``.
         quarantined: nodes quarantined before.
+        reached_step: the last step the failed attempt reported (steps recomputed).
 
     Returns:
         The decision; for a restart, ``record`` is the entry to append to the history.
@@ -492,6 +597,11 @@ def decide_restart(
         nodes=list(failure.nodes),
         from_step=latest_checkpoint_step,
         delay_seconds=delay,
+        steps_recomputed=(
+            max(reached_step - (latest_checkpoint_step or 0), 0)
+            if reached_step is not None
+            else None
+        ),
     )
     return Decision(
         "restart",

@@ -174,6 +174,12 @@ class RestartPolicyConfig(Spec):
     node_lost_grace_seconds: int = Field(
         60, ge=5, description="a node NotReady/unreachable this long counts as lost"
     )
+    start_timeout_seconds: int = Field(
+        900,
+        ge=10,
+        description="the longest an attempt may take from creating its pods to the trainer's "
+        "first step (scheduling, image pulls, imports, rendezvous); then it is restarted",
+    )
     quarantine_after_failures: int = Field(
         2,
         ge=1,

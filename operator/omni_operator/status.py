@@ -11,7 +11,11 @@ from pydantic import Field
 
 from omni_trainer.config_base import Spec
 
-Phase = Literal["Pending", "Placing", "Running", "Restarting", "Succeeded", "Failed", "Suspended"]
+Phase = Literal[
+    "Pending", "Placing", "Starting", "Running", "Restarting", "Succeeded", "Failed", "Suspended"
+]
+"""``Starting``: the attempt's pods exist but not all trainers run yet (scheduling, image
+pulls); ``Running``: every trainer container runs."""
 
 
 class Condition(Spec):
@@ -40,6 +44,15 @@ class RestartRecord(Spec):
     )
     confirmed: bool = Field(False, description="fromStep is what the trainer reported")
     delay_seconds: float = Field(0.0, ge=0, description="backoff before the new pods were created")
+    mode: Literal["in-place", "recreate", "spare"] = Field(
+        "recreate", description="how the job restarted: pods recreated, or kept"
+    )
+    lost_seconds: float | None = Field(
+        None, ge=0, description="from the failure's detection to the first step after the restart"
+    )
+    steps_recomputed: int | None = Field(
+        None, ge=0, description="steps trained before the failure beyond fromStep (done again)"
+    )
 
 
 class CheckpointStatus(Spec):
@@ -62,6 +75,12 @@ class OmniTrainingJobStatus(Spec):
     step: int | None = None
     last_progress_time: str | None = Field(
         None, description="when the step last advanced (or the attempt started); hang detection"
+    )
+    attempt_start_time: str | None = Field(
+        None, description="when the current attempt's pods were created (start timeout)"
+    )
+    first_step_time: str | None = Field(
+        None, description="when the current attempt's trainer first reported a step"
     )
     tokens_per_second: float | None = Field(
         None, description="the trainer's latest (after Succeeded: final) tokens/s, whole tokens"

@@ -51,15 +51,6 @@ def test_operator_entrypoint_is_kopf_run_on_the_handlers_module() -> None:
     assert "run" in main.commands
 
 
-@pytest.mark.xfail(
-    find_spec("omni_operator.handlers") is None,
-    reason="omni_operator.handlers arrives with the reconcile handlers",
-    strict=True,
-)
-def test_operator_handlers_module_exists() -> None:
-    assert find_spec("omni_operator.handlers") is not None
-
-
 def test_operator_image_is_slim_non_root_and_matches_the_chart() -> None:
     df = DOCKERFILES / "operator.Dockerfile"
     text = df.read_text()
@@ -149,3 +140,55 @@ def test_operator_extra_pip_dry_run_pulls_no_torch(tmp_path: Path) -> None:
     }
     assert "kopf" in names
     assert not names & TORCH_LIKE and not any(n.startswith("nvidia-") for n in names)
+
+
+OPERATOR_ENTRY_POINTS = (
+    "omni_operator.handlers",  # `kopf run -m omni_operator.handlers`: the image's entrypoint
+    "omni_operator.metrics",
+    "omni_operator.progress",
+    "omni_operator.crd",
+    "omni_operator.cli",  # `omni operator` / `omni render` (the `omni.commands` entry point)
+)
+_ONLY_OPERATOR_EXTRA = """
+import importlib, importlib.abc, json, sys
+
+blocked = set(json.loads(sys.argv[1]))
+
+class OnlyOperatorExtra(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.partition(".")[0] in blocked:
+            raise ModuleNotFoundError(f"No module named {name!r} (not in .[operator])", name=name)
+        return None
+
+sys.meta_path.insert(0, OnlyOperatorExtra())
+for module in sys.argv[2:]:
+    importlib.import_module(module)
+import typer
+import omni_operator.cli
+omni_operator.cli.register(typer.Typer())
+leaked = sorted(m for m in ("numpy", "torch", "megatron", "boto3") if m in sys.modules)
+assert not leaked, leaked
+print("imported", len(sys.argv) - 2)
+"""
+
+
+def test_operator_entry_points_import_with_the_operator_extra_alone() -> None:
+    """As `pip install .[operator]` installs them: every installed distribution outside the
+    extra's closure (numpy, torch, megatron-core, boto3, psutil...) is made unimportable."""
+    allowed = _closure("operator") | {"megascale-omni"}
+    blocked = sorted(
+        top
+        for top, dists in metadata.packages_distributions().items()
+        if not any(canonicalize_name(d) in allowed for d in dists)
+        and top not in sys.stdlib_module_names
+        and not top.startswith(("omni_", "_"))
+    )
+    assert {"numpy", "torch", "megatron", "boto3"} <= set(blocked)  # the check can bite
+    proc = subprocess.run(
+        [sys.executable, "-c", _ONLY_OPERATOR_EXTRA, json.dumps(blocked), *OPERATOR_ENTRY_POINTS],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"imported {len(OPERATOR_ENTRY_POINTS)}" in proc.stdout
+    runs = " ".join(a for i, a in instructions(DOCKERFILES / "operator.Dockerfile") if i == "RUN")
+    assert "import kopf, omni_operator.handlers" in runs  # the image build smoke-imports them

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from omni_operator.rbac import HANDLER_RULES, KOPF_RULES
+from omni_operator.rbac import ADMISSION_RULES, HANDLER_RULES, KOPF_RULES
 
 from .conftest import NAMESPACE, VALUE_SETS, by_kind, render
 
@@ -17,7 +17,7 @@ Rule = tuple[str, str, str]  # (apiGroup, resource, verb)
 
 NODES: set[Rule] = {r for r in HANDLER_RULES | KOPF_RULES if r[1] == "nodes"}
 VOLCANO: set[Rule] = {r for r in HANDLER_RULES if r[0] == "scheduling.volcano.sh"}
-NAMESPACED: set[Rule] = (set(HANDLER_RULES) | set(KOPF_RULES)) - NODES - VOLCANO
+NAMESPACED: set[Rule] = (HANDLER_RULES | KOPF_RULES | ADMISSION_RULES) - NODES - VOLCANO
 PEERING = ["get", "list", "watch", "patch"]
 CLUSTER_PEERING: set[Rule] = {("kopf.dev", "clusterkopfpeerings", v) for v in PEERING}
 NS_PEERING: set[Rule] = {("kopf.dev", "kopfpeerings", v) for v in PEERING}
@@ -55,6 +55,18 @@ def test_namespaced_grants_exactly_what_is_required(chart: Any) -> None:
     got = granted(render(chart, VALUE_SETS["namespaced-full"]))
     per_ns = NAMESPACED | VOLCANO | NS_PEERING
     assert got == {None: NODES, "team-a": per_ns, "team-b": per_ns}
+
+
+def test_owner_finalizers_update_is_granted_for_block_owner_deletion(chart: Any) -> None:
+    """Clusters enforcing OwnerReferencesPermissionEnforcement answer 403 to creating an object
+    with ``blockOwnerDeletion`` unless this is granted."""
+    rule = ("omni.megascale.io", "omnitrainingjobs/finalizers", "update")
+    assert rule in granted(render(chart, {}))[None]
+    assert all(
+        rule in rules
+        for ns, rules in granted(render(chart, VALUE_SETS["namespaced-full"])).items()
+        if ns
+    )
 
 
 def test_rbac_can_be_left_to_the_cluster_admin(chart: Any) -> None:

@@ -25,7 +25,9 @@ def full_grads(trainer) -> dict[str, torch.Tensor]:
     grads: dict[str, torch.Tensor] = {}
     for chunk in trainer.chunks:
         for name, p in global_llm_names(chunk).items():
-            g = p.grad.detach().clone()
+            if getattr(p, "shared", False) or not p.requires_grad:  # tied copy, or frozen
+                continue
+            g = trainer.main.main_of(p).grad.detach().clone()  # fp32 main gradient
             if getattr(p, "tensor_model_parallel", False) and tp > 1:
                 shards = [torch.empty_like(g) for _ in range(tp)]
                 dist.all_gather(shards, g, group=ps.get_tensor_model_parallel_group())
@@ -34,6 +36,10 @@ def full_grads(trainer) -> dict[str, torch.Tensor]:
                 g = torch.cat(
                     [pieces[j % tp][j // tp] for j in range(tp * stride)], dim=p.partition_dim
                 )
+            if name in ("embedding.word_embeddings.weight", "output_layer.weight"):
+                vocab = trainer.cfg.model.llm.vocab_size  # TP pads it: padding learns nothing
+                assert not g[vocab:].any(), f"{name}: padded vocabulary rows got gradients"
+                g = g[:vocab]
             grads[f"llm.{name}"] = g
     if groups.tp_rank != 0 or groups.dp_rank != 0:
         grads = {}
@@ -47,7 +53,8 @@ def full_grads(trainer) -> dict[str, torch.Tensor]:
     elif dist.get_rank() != 0:
         encoder_params = []
     for name, p in encoder_params:
-        grads[name] = p.grad.detach().clone()
+        if p.grad is not None:  # None: frozen
+            grads[name] = p.grad.detach().clone()
     return grads
 
 
@@ -161,6 +168,9 @@ def run_scenario(doc: dict, steps: int, out: Path | None) -> dict:
                     "dp_rank": groups.dp_rank,
                     "filter": filtered,
                     "context": contexts,
+                    "sequence_parallel": [c.config.sequence_parallel for c in trainer.chunks],
+                    "sequence_parallel_params": len(trainer.sequence_parallel_params),
+                    "llm_dtypes": sorted({str(p.dtype) for p in trainer.model.llm_parameters()}),
                 }
             )
         )

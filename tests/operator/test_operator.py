@@ -37,8 +37,9 @@ def _reasons(c: Cluster, job: str) -> list[str]:
 
 async def _running(c: Cluster, job: str = "train", attempt: int = 0) -> list[dict[str, Any]]:
     await c.wait(f"2 pods of attempt {attempt}", lambda: len(c.pods(job, attempt)) == 2)
-    await c.wait("phase Running", lambda: c.status(job).get("phase") == "Running")
+    await c.wait("phase Starting", lambda: c.status(job).get("phase") == "Starting")
     await c.run_pods(job)
+    await c.wait("phase Running", lambda: c.status(job).get("phase") == "Running")
     await c.wait(
         "PodsRunning",
         lambda: any(

@@ -215,3 +215,36 @@ async def test_a_running_pod_without_processes_is_reported_lost(env: Env) -> Non
     term = cs["state"]["terminated"]
     assert term["exitCode"] == 137 and term["reason"] == "ContainerStatusUnknown"
     assert "previous kubelet" in term["message"] and not env.kubelet.containers
+
+
+async def test_images_outside_the_registry_fail_to_pull_like_a_kubelet(env: Env) -> None:
+    """ErrImagePull at each attempt, ImagePullBackOff in between, the pod stays Pending and its
+    processes never start; an image the registry holds runs (``busybox`` means docker.io's)."""
+    from omni_operator.sandbox.kubelet import Registry
+
+    env.kubelet.registry = Registry.of(["busybox", "ghcr.io/megascale-omni/trainer:0.1.0"])
+    bad, good = _pod("bad", "node-0", SLEEPER), _pod("good", "node-1", SLEEPER)
+    bad["spec"]["containers"][0]["image"] = "ghcr.io/megascale-omni/trainer:0.0.9"
+    good["spec"]["containers"][0]["image"] = "docker.io/library/busybox:latest"
+    await env.post(f"/api/v1/namespaces/{NS}/pods", bad)
+    await env.post(f"/api/v1/namespaces/{NS}/pods", good)
+
+    def waiting() -> dict[str, Any]:
+        (cs,) = env.pod("bad").get("status", {}).get("containerStatuses") or [{}]
+        return (cs.get("state") or {}).get("waiting") or {}
+
+    seen: list[str] = []
+    deadline = asyncio.get_running_loop().time() + 10
+    while len(set(seen)) < 2 or seen[-1] != "ErrImagePull" or seen.count("ErrImagePull") < 2:
+        reason = waiting().get("reason")
+        if reason and (not seen or seen[-1] != reason):
+            seen.append(reason)
+        assert asyncio.get_running_loop().time() < deadline, seen
+        await asyncio.sleep(0.02)
+    assert seen[:3] == ["ErrImagePull", "ImagePullBackOff", "ErrImagePull"]
+    assert "ghcr.io/megascale-omni/trainer:0.0.9: not found" in waiting()["message"]
+    assert _phase(env, "bad") == "Pending" and env.pod("bad")["spec"]["nodeName"] == "node-0"
+    assert not pod_processes(env.pod("bad")["metadata"]["uid"])
+    await env.wait("good Running", lambda: _phase(env, "good") == "Running")
+    await env.delete(f"/api/v1/namespaces/{NS}/pods/bad")
+    await env.wait("pull forgotten", lambda: not env.kubelet._pulls)

@@ -60,18 +60,20 @@ def _wait(what: str, check: Callable[[], Any], *, timeout: float, logs: Path) ->
 class Sandbox:
     """`omni sandbox up` in ``cwd`` (4 CPU nodes), and the real kubectl against it."""
 
-    def __init__(self, cwd: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, cwd: Path, env: dict[str, str] | None = None, *, nodes: int = 4, args: tuple = ()
+    ) -> None:
         self.cwd, self.log = cwd, cwd / "sandbox.log"
         self.env = {**(env or os.environ), "KUBECONFIG": str(cwd / SANDBOX_DIR / "kubeconfig")}
+        self.argv = [*OMNI, "sandbox", "up", "--nodes", str(nodes), "--gpus-per-node", "0",
+                     "--resync", "1", "--dir", SANDBOX_DIR, *args]  # fmt: skip
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Sandbox:
         with self.log.open("w") as log:
             self.proc = subprocess.Popen(
-                [*OMNI, "sandbox", "up", "--nodes", "4", "--gpus-per-node", "0", "--resync",
-                 "1", "--dir", SANDBOX_DIR],
-                cwd=self.cwd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+                self.argv, cwd=self.cwd, env=self.env, stdout=log, stderr=subprocess.STDOUT
+            )
         try:
             self.wait("the sandbox", (self.cwd / SANDBOX_DIR / "sandbox.json").exists, timeout=120)
         except BaseException:
@@ -98,6 +100,35 @@ class Sandbox:
 
     def wait(self, what: str, check: Callable[[], Any], *, timeout: float) -> Any:
         return _wait(what, check, timeout=timeout, logs=self.log)
+
+
+def test_a_missing_image_fails_the_job_naming_it_within_the_start_timeout(
+    tmp_path: Path,
+) -> None:
+    """The sandbox's registry holds only the images it was given; the kubelet reports the
+    others as a real one does, and the operator ends the job in Failed at once, naming the
+    image, instead of showing Running forever."""
+    _manifest(tmp_path / "job.yaml", step_log="runs/job/steps.jsonl", checkpoint=None)
+    doc = yaml.safe_load((tmp_path / "job.yaml").read_text())
+    missing = "ghcr.io/megascale-omni/trainer:0.0.9"
+    doc["spec"]["image"] = missing
+    doc["spec"]["restartPolicy"]["startTimeoutSeconds"] = 60
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    registry = ("--image", "ghcr.io/megascale-omni/trainer:0.1.0")
+    with Sandbox(tmp_path, nodes=2, args=registry) as sb:
+        kubectl = sb.kubectl
+        kubectl("apply", "-f", "job.yaml")
+        start = time.monotonic()
+        kubectl("wait", "--for=jsonpath={.status.phase}=Failed", "otj/tiny-cpu",
+                "--timeout=60s")  # fmt: skip
+        assert time.monotonic() - start < 60
+        status = sb.job("tiny-cpu")["status"]
+        assert f"image {missing} cannot be pulled" in status["message"], status["message"]
+        assert "ErrImagePull" in status["message"] or "ImagePullBackOff" in status["message"]
+        failed = {c["type"]: c for c in status["conditions"]}["Failed"]
+        assert failed["reason"] == "ImagePullFailed" and status["restarts"] == 0
+        assert f"image {missing} is not in the registry" in sb.log.read_text()
+        assert "registry: ghcr.io/megascale-omni/trainer:0.1.0" in sb.log.read_text()
 
 
 def test_node_lost_mid_run_restarts_and_matches_an_uninterrupted_run(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, model_validator
@@ -17,12 +17,19 @@ from pydantic import Field, ValidationError, model_validator
 from omni_trainer.checkpoint.config import CheckpointConfig
 from omni_trainer.config_base import Spec
 from omni_trainer.data.config import DataConfig
-from omni_trainer.data.sample import MediaGeometry
 from omni_trainer.distributed.config import ParallelismConfig
 from omni_trainer.models.config import ModelConfig
 
+if TYPE_CHECKING:  # numpy: the operator imports this module and has no numpy
+    from omni_trainer.data.sample import MediaGeometry
+
 API_VERSION = "omni.megascale.io/v1alpha1"
 KIND = "OmniTrainingJob"
+
+
+LRModule = Literal[
+    "llm", "encoders.image", "encoders.audio", "projectors.image", "projectors.audio"
+]
 
 
 class OptimizerConfig(Spec):
@@ -34,6 +41,10 @@ class OptimizerConfig(Spec):
     beta2: float = Field(0.95, ge=0, lt=1)
     eps: float = Field(1e-8, gt=0)
     clip_grad: float = Field(1.0, ge=0, description="max global grad norm; 0 disables clipping")
+    lr_multipliers: dict[LRModule, Annotated[float, Field(gt=0)]] = Field(
+        default_factory=dict,
+        description="per module, a factor on the LR of every step (e.g. a 0.1x vision tower)",
+    )
 
     @model_validator(mode="after")
     def _min_below_peak(self) -> OptimizerConfig:
@@ -53,8 +64,31 @@ class LRScheduleConfig(Spec):
 class TrainConfig(Spec):
     steps: int = Field(100, ge=1, description="optimizer steps (overridable by --steps)")
     precision: Literal["auto", "fp32", "bf16"] = Field(
-        "auto", description="auto: bf16 autocast on GPUs, fp32 on CPU"
+        "auto",
+        description="bf16: bf16 LLM weights and activations with fp32 main weights and "
+        "gradients, encoders under bf16 autocast; auto: bf16 on GPUs, fp32 on CPU",
     )
+    recompute: Literal["none", "selective", "full"] = Field(
+        "none",
+        description="activation recompute in the backward: selective = core attention, "
+        "full = whole transformer layers (recomputeLayers per model chunk)",
+    )
+    recompute_layers: int | None = Field(
+        None,
+        ge=1,
+        description="with recompute: full, the layers of each model chunk recomputed (the "
+        "first ones; megatron's block method); default all",
+    )
+
+    @model_validator(mode="after")
+    def _layers_need_full(self) -> TrainConfig:
+        if self.recompute_layers is not None and self.recompute != "full":
+            raise ValueError(
+                f"recomputeLayers applies to recompute: full (recompute is {self.recompute!r}); "
+                "set recompute: full or drop recomputeLayers"
+            )
+        return self
+
     peak_flops_per_device: float | None = Field(
         None, gt=0, description="override the peak FLOP/s used for MFU"
     )
@@ -68,6 +102,12 @@ class TrainConfig(Spec):
 
 class TrainerConfig(Spec):
     seed: int = 1234
+    tokenizer: str | None = Field(
+        None,
+        description="Hugging Face tokenizer files (a directory or s3:// prefix with "
+        "tokenizer.json and a chat_template); conversation sources are rendered with it; "
+        "default: the tokenizer saved beside model.llm.hf",
+    )
     model: ModelConfig
     data: DataConfig
     parallelism: ParallelismConfig = ParallelismConfig()
@@ -78,17 +118,28 @@ class TrainerConfig(Spec):
 
     def media_geometry(self) -> MediaGeometry:
         """The data pipeline's view of the encoders: pixels per patch, frames per token, mels."""
+        from omni_trainer.data.sample import MediaGeometry
+
         image, audio = self.model.encoders.image, self.model.encoders.audio
         return MediaGeometry(
             patch_size=image.patch_size if image else 14,
             audio_subsampling=audio.subsampling if audio else 4,
             n_mels=audio.n_mels if audio else 80,
+            encoders=tuple(m for m in ("image", "audio") if getattr(self.model.encoders, m)),
         )
 
     @model_validator(mode="after")
     def _data_fits_model(self) -> TrainerConfig:
+        if self.tokenizer is None and self.model.llm.hf is not None:  # the model's own
+            object.__setattr__(self, "tokenizer", self.model.llm.hf)
         consumable = set(self.model.modalities)
         for i, source in enumerate(self.data.sources):
+            if source.kind in ("conversations", "webdataset", "parquet") and not self.tokenizer:
+                raise ValueError(
+                    f"data.sources[{i}] ({source.name!r}) holds conversations, which are "
+                    "rendered with a chat template: set spec.trainer.tokenizer to a directory "
+                    "(or s3:// prefix) of Hugging Face tokenizer files"
+                )
             if source.modality not in consumable:
                 raise ValueError(
                     f"data.sources[{i}] ({source.name!r}) has modality {source.modality!r} "
@@ -143,7 +194,10 @@ def format_errors(err: ValidationError) -> str:
 
 def _is_union_tag(part: object) -> bool:
     # pydantic puts the chosen member of a tagged union into the location ("synthetic").
-    return isinstance(part, str) and part in {"synthetic", "shards"}
+    return isinstance(part, str) and part in _SOURCE_KINDS
+
+
+_SOURCE_KINDS = {"synthetic", "shards", "conversations", "webdataset", "parquet"}
 
 
 def parse_manifest(doc: Any) -> JobManifest:

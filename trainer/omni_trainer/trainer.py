@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from dataclasses import dataclass, field
 from functools import partial
 
 import torch
-import torch.distributed as dist
 
 from omni_trainer.checkpoint.checkpointer import Checkpointer, SaveResult
+from omni_trainer.checkpoint.config import CheckpointConfig
 from omni_trainer.checkpoint.state import ModelState
 from omni_trainer.components.dataplane import DataPlane
 from omni_trainer.components.encoder_zero import EncoderZero
+from omni_trainer.components.memory import (
+    SavedActivationMeter,
+    optimizer_state_bytes,
+    tensor_bytes,
+)
 from omni_trainer.components.metrics import TRAINER_PHASES as PHASES
 from omni_trainer.components.metrics import MetricsSink, NullTrainerMetrics
 from omni_trainer.components.model_flops import StepFlops, step_flops
@@ -23,15 +29,21 @@ from omni_trainer.components.optim import (
     clip_grad_norm,
     lr_at,
 )
+from omni_trainer.components.precision import MainParams, compute_dtype
 from omni_trainer.components.progress import NullReporter, StepReporter
 from omni_trainer.components.throughput import resolve_peak_flops
 from omni_trainer.components.timing import PhaseTimer
 from omni_trainer.config import TrainerConfig
 from omni_trainer.data.packing import MicroBatch, PackedSequence, collate, split_micro_batches
+from omni_trainer.distributed import comm
 from omni_trainer.distributed.layout import check_layout
+from omni_trainer.interop.runtime import find_checkpoint
 from omni_trainer.mcore.parallel import ProcessGroups, schedule_kwargs, seed_everything
+from omni_trainer.models.batch import DeviceBatch, to_device_batch
 from omni_trainer.models.context_parallel import set_rope_positions, shard_for_context
-from omni_trainer.models.omni import DeviceBatch, OmniModel, first_stage_input, to_device_batch
+from omni_trainer.models.freeze import parameter_modules
+from omni_trainer.models.llm import Recompute, all_reduce_tied_embedding_grads
+from omni_trainer.models.omni import OmniModel, first_stage_input
 from omni_trainer.multiplex.anchor import EncoderAnchor, EncoderWork, build_works
 from omni_trainer.multiplex.dataflow import PRE, DataflowTable, plan_dataflow
 from omni_trainer.multiplex.workload import encoder_micro_batches, media_encoded_on
@@ -65,6 +77,7 @@ class StepResult:
     fingerprint: str  # of the set of samples the global batch consumed
     samples: dict[str, int]  # per modality, this replica's share of the step
     encoder_activation_peak_bytes: int
+    activation_peak_bytes: int  # LLM schedule + encoders: saved for the backward, at peak
     media_bytes_read: int  # media arrays this rank loaded during the step (the ones it encodes)
 
 
@@ -102,15 +115,12 @@ class RunSummary:
     """Reordering of sequences between data-parallel ranks: group size, method, traffic."""
     breakdown: list[dict[str, object]] = field(default_factory=list)
     """Per rank: mean seconds per step in each phase, and the peak encoder activation bytes."""
-
-
-def autocast_context(cfg: TrainerConfig, device: torch.device):
-    precision = cfg.train.precision
-    if precision == "auto":
-        precision = "bf16" if device.type == "cuda" else "fp32"
-    if precision == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return torch.autocast(device_type=device.type, enabled=False)
+    memory: dict[str, int] = field(default_factory=dict)
+    """The busiest rank's ``rank``, ``params_bytes`` (model weights + fp32 main copies),
+    ``grads_bytes``, ``optimizer_state_bytes`` and ``activation_peak_bytes`` (the most bytes
+    saved for the backward at once, LLM plus encoders: ``components.memory``)."""
+    skipped_samples: dict[str, int] = field(default_factory=dict)
+    """Samples the loaders skipped, by reason (missing, corrupt, too_long...), all replicas."""
 
 
 class Trainer:
@@ -142,16 +152,28 @@ class Trainer:
         self.metrics = metrics or NullTrainerMetrics()
         self.device = groups.device
         seed_everything(cfg.seed)
+        self.dtype = compute_dtype(cfg.train.precision, self.device)
         self.model = OmniModel(
-            cfg.model, max_sequence_length=cfg.data.seq_length, seed=cfg.seed
+            cfg.model,
+            max_sequence_length=cfg.data.seq_length,
+            seed=cfg.seed,
+            llm_dtype=self.dtype,
+            recompute=Recompute(cfg.train.recompute, cfg.train.recompute_layers),
+            sequence_parallel=cfg.parallelism.sequence_parallel_on,
         ).to(self.device)
         self.chunks = list(self.model.llm_chunks)
-        self.llm_params = self.model.llm_parameters()
-        self.encoder_params = self.model.encoder_parameters()
+        # Frozen parameters (``freeze``) take no part: no gradient, optimizer state or all-reduce.
+        self.main = MainParams([p for p in self.model.llm_parameters() if p.requires_grad])
+        self.llm_params = self.main.main  # fp32: what the optimizer, sync and clipping see
+        self.sequence_parallel_params = [
+            p for p in self.llm_params if getattr(p, "sequence_parallel", False)
+        ]
+        self.encoder_params = [p for p in self.model.encoder_parameters() if p.requires_grad]
+        self.activations = SavedActivationMeter(self.model.parameters())
         # Gradients always exist (zeros when a modality is absent from a batch), as in megatron's
         # DDP buffers: every rank all-reduces the same tensors, and the optimizer treats a
         # parameter the same whether its modality showed up on this rank, another, or nowhere.
-        for p in (*self.llm_params, *self.encoder_params):
+        for p in self.encoder_params:
             p.grad = torch.zeros_like(p)
         # ZeRO-2 for encoders: only owners keep their gradients and optimizer state.
         self.encoder_zero = (
@@ -160,27 +182,38 @@ class Trainer:
             else None
         )
         owned = self.encoder_zero.owned if self.encoder_zero else self.encoder_params
-        self.optimizer = build_optimizer([*self.llm_params, *owned], cfg.optimizer)
-        self.timer = PhaseTimer(synchronize=True)
+        modules = parameter_modules(self.model)  # lrMultipliers, by module: mains included
+        modules |= {id(self.main.main_of(p)): modules[id(p)] for p in self.main.model_params}
+        self.optimizer = build_optimizer([*self.llm_params, *owned], cfg.optimizer, modules=modules)
+        self.timer = PhaseTimer(events=self.device.type == "cuda")
         self.anchor = EncoderAnchor(
             encoders=self.model.encoders,
             projectors=self.model.projectors,
             groups=groups.anchor,
             hidden_size=cfg.model.llm.hidden_size,
             device=self.device,
+            dtype=self.dtype,
             timer=self.timer,
         )
         self.forward_backward = get_forward_backward_func()
         self.chunks[0].config.finalize_model_grads_func = self._finalize_grads
         self._schedule_kwargs = schedule_kwargs(self.chunks[0].config, self.timer)
-        self.data = DataPlane(cfg, dp_rank=groups.dp_rank, dp_size=dims.dp, group=groups.reorder)
+        self.data = DataPlane(
+            cfg,
+            dp_rank=groups.dp_rank,
+            dp_size=dims.dp,
+            group=groups.reorder,
+            read_ahead=dims.pp == 1,  # then this rank encodes all the media it draws
+        )
         self.reorder_bytes: list[int] = []
+        self._skipped_exported: dict[str, int] = {}
         self.checkpointer = (
             Checkpointer(cfg.checkpoint, layout=dims.as_dict()) if cfg.checkpoint else None
         )
-        self.start_step = self._resume() if resume else 0
+        self.start_step = self._resume() if resume else self._init_from()
         self.peak_flops, self.peak_source = resolve_peak_flops(
             self.device,
+            dtype=self.dtype,
             world_size=dims.world_size,
             override_per_device=cfg.train.peak_flops_per_device,
         )
@@ -192,17 +225,27 @@ class Trainer:
             return 0
         found = self.checkpointer.load_latest(ModelState.from_trainer(self))
         if found is None:
-            return 0
+            return self._init_from()
+        self.main.copy_to_model()
         self.data.load_state_dict(found.loader_state)
         return found.step
+
+    def _init_from(self) -> int:
+        """``checkpoint.initFrom``: a fresh run starts from another checkpoint's weights only."""
+        source = self.cfg.checkpoint.init_from if self.cfg.checkpoint else None
+        if source is not None:
+            root, step = find_checkpoint(source)
+            weights = dataclasses.replace(ModelState.from_trainer(self), optimizer=None)
+            Checkpointer(CheckpointConfig(path=root), cache_plans=False).load(step, weights)
+            self.main.copy_to_model()
+        return 0
 
     def _save(self, step: int) -> None:
         """Asynchronous checkpoint after ``step`` completed steps; the loop waits for the host
         copy only. The loader state saved is every shard's, so any layout can resume it."""
         with self.timer.span("checkpoint_blocking"):
             previous = self.checkpointer.wait()  # save() would wait for it too; we report it
-            everyone: list = [None] * self.groups.dims.dp
-            dist.all_gather_object(everyone, self.data.state_dict(), group=self.groups.dp)
+            everyone = comm.all_gather_object(self.data.state_dict(), group=self.groups.dp)
             shards = {k: v for state in everyone for k, v in state["shards"].items()}
             self.checkpointer.save(step, ModelState.from_trainer(self), {"shards": shards})
         self._report_save(previous)
@@ -241,6 +284,7 @@ class Trainer:
                 )
         finally:
             self.reporter.close()
+            self.data.close()
             if self.checkpointer:
                 last = self.checkpointer.close()
                 if last is not None and not last.committed:
@@ -260,7 +304,7 @@ class Trainer:
                 self.reorder_bytes.append(self.data.last_stats.bytes_moved)
         lr = lr_at(step, opt=self.cfg.optimizer, sched=self.cfg.lr_schedule, total_steps=self.steps)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group["lr_multiplier"]
         self.optimizer.zero_grad(set_to_none=False)  # at the start: grads stay inspectable
         loss = self.forward_backward_step(local)
         with self.timer.span("sync"):
@@ -273,11 +317,13 @@ class Trainer:
                 sharded_replicated_group=self.groups.world if self.encoder_zero else None,
             )
             self.optimizer.step()
+            self.main.copy_to_model()
             if self.encoder_zero:
                 self.encoder_zero.broadcast_parameters()
         if self.checkpointer and self.cfg.checkpoint.due(step + 1):
             self._save(step + 1)
         seconds = time.perf_counter() - start
+        encoder_peak = self.anchor.memory.take_peak()
         phases = self.timer.take()
         # What no span covers is the LLM's own forward/backward compute (and Python overhead).
         phases["llm"] = max(seconds - sum(phases.values()), 0.0)
@@ -292,7 +338,9 @@ class Trainer:
             fingerprint=fingerprint,
             samples=_samples_per_modality(local),
             phases=phases,
-            encoder_activation_peak_bytes=self.anchor.memory.take_peak(),
+            encoder_activation_peak_bytes=encoder_peak,
+            # the encoders' saved tensors are counted by their own meter (inner hooks win)
+            activation_peak_bytes=self.activations.take_peak() + encoder_peak,
             media_bytes_read=self.data.media.bytes_read - media_bytes,
         )
 
@@ -303,9 +351,8 @@ class Trainer:
         ids = [s.sample_id for seq in local for s in seq.samples]
         work = torch.tensor([float(flops.tokens), flops.training], dtype=torch.float64)
         digest = torch.tensor([sum(_id_hash(i) for i in ids) % _FINGERPRINT_MOD], dtype=torch.int64)
-        if self.groups.dims.dp > 1:
-            dist.all_reduce(work, group=self.groups.dp)
-            dist.all_reduce(digest, group=self.groups.dp)
+        comm.all_reduce(work, group=self.groups.dp)
+        comm.all_reduce(digest, group=self.groups.dp)
         fingerprint = int(digest.item()) % _FINGERPRINT_MOD
         return int(work[0].item()), float(work[1].item()), f"{fingerprint:010x}"
 
@@ -316,29 +363,28 @@ class Trainer:
         the WHOLE global batch, so summing gradients over micro-batches and data-parallel ranks
         gives exactly the gradient of the global-batch mean, whatever the layout.
         """
-        dims = self.groups.dims
         with self.timer.span("data"):
             table, works, micro = self._prepare(local)
         self.anchor.begin_step(table, works)
         self.anchor.run_slot(PRE)
         self._forward_calls = 0
         iterators = [iter(range(len(micro))) for _ in self.chunks]
-        outputs = self.forward_backward(
-            forward_step_func=self._forward_step,
-            data_iterator=iterators if len(self.chunks) > 1 else iterators[0],
-            model=self.chunks,
-            num_microbatches=len(micro),
-            seq_length=self.cfg.data.seq_length,
-            micro_batch_size=self.cfg.data.micro_batch_size,
-            forward_only=False,
-            **self._schedule_kwargs,
-        )
+        with self.activations.recording():
+            outputs = self.forward_backward(
+                forward_step_func=self._forward_step,
+                data_iterator=iterators if len(self.chunks) > 1 else iterators[0],
+                model=self.chunks,
+                num_microbatches=len(micro),
+                seq_length=self.cfg.data.seq_length,
+                micro_batch_size=self.cfg.data.micro_batch_size,
+                forward_only=False,
+                **self._schedule_kwargs,
+            )
         loss_sum = torch.zeros(1, dtype=torch.float64)
         if self.chunks[-1].post_process and self.groups.tp_rank == 0:
             loss_sum += sum(float(o["loss_sum"]) for o in outputs)
         with self.timer.span("sync"):
-            if dims.world_size > 1:
-                dist.all_reduce(loss_sum)
+            comm.all_reduce(loss_sum)
         return float(loss_sum.item()) / self._global_tokens
 
     def _prepare(
@@ -351,8 +397,7 @@ class Trainer:
         groups_of_seqs = split_micro_batches(local, self.cfg.data.micro_batch_size)
         micro = [collate(seqs, self.cfg.data.seq_length) for seqs in groups_of_seqs]
         counts = torch.tensor([float(sum(mb.num_loss_tokens for mb in micro))], dtype=torch.float64)
-        if dims.dp > 1:
-            dist.all_reduce(counts, group=self.groups.dp)
+        comm.all_reduce(counts, group=self.groups.dp)
         self._global_tokens = max(float(counts.item()), 1.0)
 
         encoder_mbs, lengths = encoder_micro_batches(
@@ -366,6 +411,12 @@ class Trainer:
             encoder_mbs=encoder_mbs,
         )
         mine = media_encoded_on(table, self.groups.anchor.stage)
+        self.data.media.prefetch(  # decoded in parallel by the workers while this thread waits
+            item.ref
+            for m, mb in enumerate(micro)
+            for item in mb.media
+            if item.modality in mine.get(m, ())
+        )
         self._batches = [
             to_device_batch(mb, self.device, load=self.data.media.load, media=mine.get(m, ()))
             for m, mb in enumerate(micro)
@@ -394,23 +445,22 @@ class Trainer:
         batch = self._batches[m]
         labels = batch.labels if model.post_process else None
         set_rope_positions(model, batch.position_ids)  # context parallel: positions in the row
-        with autocast_context(self.cfg, self.device):
-            if model.pre_process:
-                decoder_input = first_stage_input(model, batch, self.anchor.embeddings(m))
-                output = model(
-                    input_ids=batch.tokens,
-                    position_ids=batch.position_ids,
-                    attention_mask=batch.attention_mask,
-                    decoder_input=decoder_input,
-                    labels=labels,
-                )
-            else:
-                output = model(
-                    input_ids=None,
-                    position_ids=None,
-                    attention_mask=batch.attention_mask,
-                    labels=labels,
-                )
+        if model.pre_process:
+            decoder_input = first_stage_input(model, batch, self.anchor.embeddings(m))
+            output = model(
+                input_ids=batch.tokens,
+                position_ids=batch.position_ids,
+                attention_mask=batch.attention_mask,
+                decoder_input=decoder_input,
+                labels=labels,
+            )
+        else:
+            output = model(
+                input_ids=None,
+                position_ids=None,
+                attention_mask=batch.attention_mask,
+                labels=labels,
+            )
         return output, partial(self._loss, batch)
 
     def _loss(self, batch: DeviceBatch, per_token: torch.Tensor):
@@ -424,7 +474,10 @@ class Trainer:
         """Called by megatron after the last backward: the anchor's POST slot, then grad sync."""
         self.anchor.end_step()
         with self.timer.span("sync"):
+            # sequence parallel: each TP rank's norms saw only its positions
+            all_reduce_grads(self.sequence_parallel_params, self.groups.tp)
             all_reduce_grads(self.llm_params, self.groups.dp_cp)  # CP ranks hold partial sums
+            all_reduce_tied_embedding_grads(self.chunks, main_of=self.main.main_of)
             if self.encoder_zero:
                 self.encoder_zero.reduce_gradients()
             else:
@@ -447,19 +500,32 @@ class Trainer:
             encoder_activation_peak_bytes=r.encoder_activation_peak_bytes,
             media_bytes_read=r.media_bytes_read,
         )
+        if self.groups.tp_rank == self.groups.cp_rank == self.groups.anchor.stage == 0:
+            skipped = self.data.counters["skipped_samples"]
+            self.metrics.record_skipped(
+                {k: v - self._skipped_exported.get(k, 0) for k, v in skipped.items()}
+            )
+            self._skipped_exported = skipped
 
     def _global_counters(self) -> dict[str, dict[str, int]]:
         """Samples and tokens per modality over all data-parallel replicas."""
         mine = self.data.counters
-        everyone: list = [None] * self.groups.dims.dp
-        dist.all_gather_object(everyone, mine, group=self.groups.dp)
+        everyone = comm.all_gather_object(mine, group=self.groups.dp)
         total: dict[str, dict[str, int]] = {}
         for counters in everyone:
-            for key in ("samples_per_modality", "tokens_per_modality"):
+            for key in ("samples_per_modality", "tokens_per_modality", "skipped_samples"):
                 bucket = total.setdefault(key, {})
                 for m, v in counters.get(key, {}).items():
                     bucket[m] = bucket.get(m, 0) + v
         return total
+
+    def _memory(self, results: list[StepResult]) -> dict[str, int]:
+        figures = self.main.bytes()
+        figures["params_bytes"] += tensor_bytes(self.encoder_params)
+        figures["grads_bytes"] += tensor_bytes(p.grad for p in self.encoder_params)
+        figures["optimizer_state_bytes"] = optimizer_state_bytes(self.optimizer)
+        figures["activation_peak_bytes"] = max(r.activation_peak_bytes for r in results)
+        return figures
 
     def _summary(self, results: list[StepResult], wall: float) -> RunSummary:
         timed = results[1:] if len(results) > 1 else results  # step 1 pays one-off warmup
@@ -471,17 +537,17 @@ class Trainer:
         llm_params = torch.tensor(
             [
                 float(
-                    sum(  # each weight once over TP shards and stages
+                    sum(  # each weight once over TP shards and stages (frozen ones too)
                         p.numel()
-                        for p in self.llm_params
-                        if getattr(p, "tensor_model_parallel", False) or self.groups.tp_rank == 0
+                        for p in self.model.llm_parameters()
+                        if (getattr(p, "tensor_model_parallel", False) or self.groups.tp_rank == 0)
+                        and not getattr(p, "shared", False)  # a tied embedding's 2nd copy
                     )
                 )
             ],
             dtype=torch.float64,
         )
-        if dims.tp * dims.pp > 1:
-            dist.all_reduce(llm_params, group=self.groups.model_parallel)
+        comm.all_reduce(llm_params, group=self.groups.model_parallel)
         enc_params = sum(p.numel() for p in self.model.encoder_parameters())
         mine = {
             "rank": self.groups.rank,
@@ -494,9 +560,10 @@ class Trainer:
             },
             "encoder_activation_peak_bytes": max(r.encoder_activation_peak_bytes for r in results),
             "media_bytes_read": sum(r.media_bytes_read for r in results),
+            "memory": self._memory(results),
         }
-        breakdown: list = [None] * dims.world_size
-        dist.all_gather_object(breakdown, mine)
+        breakdown = comm.all_gather_object(mine)
+        busiest = max(breakdown, key=lambda row: sum(row["memory"].values()))
         return RunSummary(
             steps=len(results),
             first_step=self.start_step,
@@ -527,6 +594,8 @@ class Trainer:
             step_time_curve=[r.seconds for r in results],
             parameters={"llm": int(llm_params.item()), "encoders": enc_params},
             breakdown=breakdown,
+            memory={"rank": busiest["rank"], **busiest["memory"]},
+            skipped_samples=dict(sorted(counters["skipped_samples"].items())),
             data_reorder={
                 "group_size": self.cfg.data.reorder.group_size,
                 "method": self.cfg.data.reorder.method,

@@ -27,23 +27,25 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import kopf
 
 from omni_operator import reconcile as rec
-from omni_operator.handlers.kube import JOB_API, Kube, obj_path, url_path
+from omni_operator.handlers.kube import JOB_API, ApiError, Kube, obj_path, url_path
 from omni_operator.metrics import Fleet, NullOperatorMetrics, OperatorMetrics
 from omni_operator.progress import MetricsProgress
 from omni_operator.recovery import format_time, node_not_ready_since, pod_node
-from omni_operator.render import LABEL_JOB
+from omni_operator.render import LABEL_ATTEMPT, LABEL_JOB
 from omni_operator.spec import GROUP, PLURAL, VERSION, OmniTrainingJob, parse_job
 from omni_trainer.config import ManifestError
 
 RESOURCE = (GROUP, VERSION, PLURAL)
 FINALIZER = f"{GROUP}/cleanup"
 EVENT_MESSAGE_LIMIT = 1000  # the API server rejects longer Event messages
-RETRY_SECONDS = 2.0  # after a reconcile failed (API server unreachable, conflict)
+RETRY_SECONDS = 2.0  # after a reconcile failed (API server unreachable)
+CONFLICT_RETRIES = 5  # reconciles in a row whose status write met a newer job (409)
+T = TypeVar("T")
 
 ProgressSource = Callable[
     [OmniTrainingJob, Sequence[dict[str, Any]]], Awaitable[rec.Progress | None]
@@ -200,25 +202,35 @@ async def spec_changed(
     immutable, and restarting a healthy job on every edit would waste its progress)."""
     st = state(memo)
     fields = sorted({".".join(map(str, ("spec", *d[1]))) for d in diff})
-    if any(f != "spec.suspend" for f in fields):
-        conds = rec.parse_status(body.get("status")).conditions
-        invalid = rec.get_condition(conds, "Valid")
-        if invalid is not None and invalid.status == "False":  # an invalid job was fixed: retry
-            await st.kube.patch(
-                url_path(
-                    JOB_API, "OmniTrainingJob", namespace=namespace, name=name, subresource="status"
-                ),
-                {"status": {"phase": None, "message": None, "completionTime": None}},
-            )
-        else:
-            kopf.event(
-                body,
-                type="Normal",
-                reason="SpecChanged",
-                message=f"changed {', '.join(fields)}: applies when the pods are next (re)created",
-            )
+    if any(f != "spec.suspend" for f in fields) and not await _retry_invalid(st, namespace, name):
+        kopf.event(
+            body,
+            type="Normal",
+            reason="SpecChanged",
+            message=f"changed {', '.join(fields)}: applies when the pods are next (re)created",
+        )
     await _reconcile(st, namespace, name, "update")
     st.wakeup((namespace, name)).poke("update")  # a finished (rejected) job polls again
+
+
+async def _retry_invalid(st: OperatorState, namespace: str, name: str) -> bool:
+    """An invalid job whose spec changed starts over (its Failed status is cleared, under the
+    job's lock and conditional on the job read there); False when it was not invalid."""
+    path = url_path(JOB_API, "OmniTrainingJob", namespace=namespace, name=name)
+
+    async def once() -> bool:
+        raw = await st.kube.get(path)
+        if raw is None:
+            return True
+        invalid = rec.get_condition(rec.parse_status(raw.get("status")).conditions, "Valid")
+        if invalid is None or invalid.status != "False":
+            return False
+        cleared = {"phase": None, "message": None, "completionTime": None}
+        await _write_status(st.kube, raw, path, cleared)
+        return True
+
+    async with st.lock(namespace, name):
+        return await _on_conflict_retry(once)
 
 
 async def _stopped(stopped: kopf.DaemonStopped) -> None:
@@ -349,65 +361,90 @@ async def _reconcile(st: OperatorState, namespace: str, name: str, handler: str)
         return await _reconcile_locked(st, namespace, name)
 
 
+async def _on_conflict_retry(once: Callable[[], Awaitable[T]]) -> T:
+    """Run ``once`` again (it re-reads the job) while its conditional status write meets a
+    newer job (409 Conflict): a decision is only written over the state it was made from."""
+    for _ in range(CONFLICT_RETRIES - 1):
+        try:
+            return await once()
+        except ApiError as err:
+            if err.status != 409:
+                raise
+    return await once()
+
+
 async def _reconcile_locked(st: OperatorState, namespace: str, name: str) -> Outcome:
+    async with st.lock(namespace, name):
+        return await _on_conflict_retry(lambda: _reconcile_once(st, namespace, name))
+
+
+async def _reconcile_once(st: OperatorState, namespace: str, name: str) -> Outcome:
     kube = st.kube
     job_path = url_path(JOB_API, "OmniTrainingJob", namespace=namespace, name=name)
-    async with st.lock(namespace, name):
-        raw = await kube.get(job_path)
-        if raw is None or raw["metadata"].get("deletionTimestamp"):
-            return FINISHED
-        status = rec.parse_status(raw.get("status"))
-        if status.phase in rec.TERMINAL:
-            return FINISHED
-        try:
-            job = parse_job(raw)
-        except ManifestError as err:
-            await _reject(kube, raw, job_path, status, str(err), now=st.clock())
-            st.fleet.observe(
-                (namespace, name), phase="Failed", quarantined=0, now=st.clock().timestamp()
-            )
-            raise kopf.PermanentError(f"invalid OmniTrainingJob:\n{err}") from None
-        owned, nodes = await asyncio.gather(
-            _owned(st, namespace, name), kube.list(url_path("v1", "Node"))
+    raw = await kube.get(job_path)
+    if raw is None or raw["metadata"].get("deletionTimestamp"):
+        return FINISHED
+    status = rec.parse_status(raw.get("status"))
+    if status.phase in rec.TERMINAL:
+        return FINISHED
+    try:
+        job = parse_job(raw)
+    except ManifestError as err:
+        await _reject(kube, raw, job_path, status, str(err), now=st.clock())
+        st.fleet.observe(
+            (namespace, name), phase="Failed", quarantined=0, now=st.clock().timestamp()
         )
-        pods = [o for o in owned if o["kind"] == "Pod"]
-        progress = await st.progress(job, pods) if st.progress is not None else None
-        actions = rec.reconcile(
-            rec.Observed(
-                job=job,
-                status=status,
-                owned=owned,
-                nodes=nodes,
-                now=st.clock(),
-                progress=progress,
-                tracks_progress=st.progress is not None,
-                generation=raw["metadata"].get("generation"),
-            )
+        raise kopf.PermanentError(f"invalid OmniTrainingJob:\n{err}") from None
+    owned, nodes = await asyncio.gather(
+        _owned(st, namespace, name), kube.list(url_path("v1", "Node"))
+    )
+    pods = [o for o in owned if o["kind"] == "Pod"]
+    current = [p for p in pods if p["metadata"]["labels"].get(LABEL_ATTEMPT) == str(status.attempt)]
+    progress = await st.progress(job, current) if st.progress is not None else None  # not stale
+    actions = rec.reconcile(
+        rec.Observed(
+            job=job,
+            status=status,
+            owned=owned,
+            nodes=nodes,
+            now=st.clock(),
+            progress=progress,
+            tracks_progress=st.progress is not None,
+            generation=raw["metadata"].get("generation"),
         )
-        await _apply(kube, raw, job_path, actions)
-        phase = actions.status.get("phase", status.phase)
-        if actions.status.get("phase") == "Restarting":
-            st.metrics.record_restart(actions.status["restartHistory"][-1]["reason"])
-        quarantined = actions.status.get("quarantinedNodes", status.quarantined_nodes)
-        recovered = st.fleet.observe(
-            (namespace, name),
-            phase=phase or "Pending",
-            quarantined=len(quarantined or ()),
-            now=st.clock().timestamp(),
-        )
-        if recovered is not None:
-            st.metrics.observe_recovery(recovered)
-        st.fleet.export(st.metrics)
-        st.job_nodes[(namespace, name)] = frozenset(
-            filter(None, (pod_node(p) for p in pods + actions.create if p["kind"] == "Pod"))
-        )
-        if phase in rec.TERMINAL:
-            return FINISHED
-        return Outcome(requeue_after=actions.requeue_after)
+    )
+    await _apply(kube, raw, job_path, actions)
+    phase = actions.status.get("phase", status.phase)
+    if actions.status.get("phase") == "Restarting":
+        st.metrics.record_restart(actions.status["restartHistory"][-1]["reason"])
+    quarantined = actions.status.get("quarantinedNodes", status.quarantined_nodes)
+    recovered = st.fleet.observe(
+        (namespace, name),
+        phase=phase or "Pending",
+        quarantined=len(quarantined or ()),
+        now=st.clock().timestamp(),
+    )
+    if recovered is not None:
+        st.metrics.observe_recovery(recovered)
+    st.fleet.export(st.metrics)
+    st.job_nodes[(namespace, name)] = frozenset(
+        filter(None, (pod_node(p) for p in pods + actions.create if p["kind"] == "Pod"))
+    )
+    if phase in rec.TERMINAL:
+        return FINISHED
+    return Outcome(requeue_after=actions.requeue_after)
 
 
 async def _apply(kube: Kube, raw: dict[str, Any], job_path: str, actions: rec.Actions) -> None:
-    """Deletes, adoptions, creates (each batch concurrent), then the status, then Events."""
+    """Deletes, adoptions, creates (each batch concurrent), the status, then Events.
+
+    The status write is conditional on the job this reconcile read (a 409 re-runs it). A status
+    that starts pods is written after them (a half-created attempt is not recorded as started);
+    any other (a restart, a failure, a suspension) before the deletes it orders, so that only
+    the reconcile whose decision was recorded acts on it."""
+    starts_pods = any(o["kind"] == "Pod" for o in actions.create)
+    if actions.status and not starts_pods:
+        await _write_status(kube, raw, job_path, actions.status)
     await kube.gather(
         kube.delete(obj_path(d.obj), grace_seconds=d.grace_seconds) for d in actions.delete
     )
@@ -415,8 +452,8 @@ async def _apply(kube: Kube, raw: dict[str, Any], job_path: str, actions: rec.Ac
     shared = [o for o in actions.create if o["kind"] != "Pod"]
     await kube.gather(kube.create(o) for o in shared)  # pods mount the ConfigMap: it goes first
     await kube.gather(kube.create(o) for o in actions.create if o["kind"] == "Pod")
-    if actions.status:
-        await kube.patch(job_path + "/status", {"status": actions.status})
+    if actions.status and starts_pods:
+        await _write_status(kube, raw, job_path, actions.status)
     for e in actions.events:
         kopf.event(raw, type=e.type, reason=e.reason, message=e.message[:EVENT_MESSAGE_LIMIT])
 
@@ -443,5 +480,17 @@ async def _reject(
     new = status.model_copy(
         update={"phase": "Failed", "message": f"invalid spec: {errors}", "conditions": conds}
     )
-    await kube.patch(job_path + "/status", {"status": rec.status_patch(status, new)})
+    await _write_status(kube, raw, job_path, rec.status_patch(status, new))
     kopf.event(raw, type="Warning", reason="InvalidSpec", message=errors[:EVENT_MESSAGE_LIMIT])
+
+
+async def _write_status(
+    kube: Kube, raw: dict[str, Any], job_path: str, status: dict[str, Any]
+) -> None:
+    """A merge patch of the status, conditional on the job's resourceVersion as read (the API
+    server answers 409 when another writer came in between)."""
+    rv = raw["metadata"].get("resourceVersion")
+    body: dict[str, Any] = {"status": status}
+    if rv:
+        body["metadata"] = {"resourceVersion": rv}
+    await kube.patch(job_path + "/status", body)

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import os
 import ssl
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import aiohttp
@@ -112,12 +113,12 @@ class Kube:
                     cafile=os.fsdecode(info.ca_path) if info.ca_path else None,
                     cadata=_text(info.ca_data) if info.ca_data else None,
                 )
-                cert, key = (
-                    _material(info.certificate_path, info.certificate_data),
-                    _material(info.private_key_path, info.private_key_data),
-                )
-                if cert:
-                    ctx.load_cert_chain(cert, key)
+                with (
+                    _pem_file(info.certificate_path, info.certificate_data) as cert,
+                    _pem_file(info.private_key_path, info.private_key_data) as key,
+                ):
+                    if cert:
+                        ctx.load_cert_chain(cert, key)  # read now: the temp files can go
                 ssl_ctx = ctx
         return aiohttp.ClientSession(
             base_url=info.server.rstrip("/") + "/",
@@ -235,16 +236,23 @@ def _text(value: str | bytes) -> str:
     return base64.b64decode(raw).decode()
 
 
-def _material(path: Any, data: str | bytes | None) -> str | None:
-    """A file path for ssl (which only loads client certificates from files)."""
+@contextlib.contextmanager
+def _pem_file(path: Any, data: str | bytes | None) -> Iterator[str | None]:
+    """A file path for ssl (which only loads client certificates from files): the given path,
+    or the inline data in an owner-only temp file that is removed on exit."""
     if path:
-        return os.fsdecode(path)
+        yield os.fsdecode(path)
+        return
     if not data:
-        return None
+        yield None
+        return
     raw = data.encode() if isinstance(data, str) else data
     if b"BEGIN" not in raw:
         raw = base64.b64decode(raw)
-    f = tempfile.NamedTemporaryFile(prefix="omni-", suffix=".pem", delete=False)  # noqa: SIM115
-    f.write(raw)
-    f.close()
-    return f.name
+    fd, name = tempfile.mkstemp(prefix="omni-", suffix=".pem")  # mode 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+        yield name
+    finally:
+        os.unlink(name)

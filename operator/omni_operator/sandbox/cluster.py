@@ -26,10 +26,15 @@ import kopf
 import yaml
 
 from omni_operator.sandbox.emulator import Emulator
-from omni_operator.sandbox.kubelet import FAULT, GPU, Kubelet, SimNode, ready_condition
+from omni_operator.sandbox.kubelet import FAULT, GPU, Kubelet, Registry, SimNode, ready_condition
 from omni_operator.sandbox.tables import printer_columns
-from omni_operator.spec import GROUP, PLURAL, VERSION
+from omni_operator.spec import DEFAULT_IMAGE, GROUP, PLURAL, VERSION
 
+OPERATOR_IMAGE = "ghcr.io/megascale-omni/operator:0.1.0"
+"""The chart's operator image (``image.repository`` at the chart's ``appVersion``)."""
+DEFAULT_IMAGES: tuple[str, ...] = (DEFAULT_IMAGE, OPERATOR_IMAGE)
+"""What the sandbox's registry holds unless ``--image`` says otherwise: the images examples/ and
+the chart use (tests keep this in step with them)."""
 ZONE = "topology.kubernetes.io/zone"
 SPINE = f"{GROUP}/spine"
 STATE_FILE = "sandbox.json"
@@ -52,6 +57,8 @@ class SandboxConfig:
     """State file, kubeconfig, pod volumes and logs."""
     resync_seconds: float = 2.0
     """The operator's longest pause between reconciles (progress polling)."""
+    images: tuple[str, ...] = DEFAULT_IMAGES
+    """The images its nodes can pull; pods naming any other fail with ErrImagePull."""
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.spines < 1 or self.gpus_per_node < 0:
@@ -134,7 +141,9 @@ class Sandbox:
                         schema=served["schema"]["openAPIV3Schema"])  # fmt: skip
             url = str(server.url).rstrip("/")
             nodes = [SimNode(f"node-{i}", i, config.gpus_per_node) for i in range(config.nodes)]
-            kubelet = Kubelet(api=url, nodes=nodes, workdir=workdir)
+            kubelet = Kubelet(
+                api=url, nodes=nodes, workdir=workdir, registry=Registry.of(config.images)
+            )
             emu.pod_logs = kubelet.pod_log
             sb = cls(config=config, url=url, emulator=emu, kubelet=kubelet)
             async with aiohttp.ClientSession() as http:

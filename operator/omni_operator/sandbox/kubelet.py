@@ -9,7 +9,10 @@ like the real components do and:
   directory (a shared filesystem for every node), with the pod's environment, its ConfigMap
   volumes written to files, and its status reported through ``/status`` (Running with a pod IP,
   then Succeeded/Failed with the exit code);
-* stops: a deleted pod's processes get SIGTERM, then SIGKILL after the pod's grace period.
+* stops: a deleted pod's processes get SIGTERM, then SIGKILL after the pod's grace period;
+* pulls: a pod's images must be in the sandbox's :class:`Registry`; any other image fails as a
+  real kubelet reports it: the container waits in ``ErrImagePull`` at each pull attempt and in
+  ``ImagePullBackOff`` between them (the delay doubles up to a cap), the pod stays Pending.
 
 Networking is emulated on the loopback: every pod gets its own address ``127.<s>.<node>.<n>``
 (``s`` drawn per sandbox, so that two sandboxes on one machine never share a pod address)
@@ -37,7 +40,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -173,6 +176,53 @@ def map_service_ports(words: list[str], env: dict[str, str], net: Network) -> No
         env["MASTER_PORT"] = str(net.port(host, int(port)))
 
 
+def image_ref(image: str) -> str:
+    """A reference as a container runtime resolves it: ``busybox`` ->
+    ``docker.io/library/busybox:latest``; a host with a dot, a port or ``localhost`` is a
+    registry; no tag or digest means ``latest``."""
+    first, _, rest = image.partition("/")
+    if not rest or ("." not in first and ":" not in first and first != "localhost"):
+        image = "docker.io/" + (image if rest else "library/" + image)
+    last = image.rsplit("/", 1)[-1]
+    return image if ("@" in last or ":" in last) else image + ":latest"
+
+
+@dataclass(frozen=True)
+class Registry:
+    """The images the sandbox's nodes can pull (``omni sandbox up --image``)."""
+
+    images: frozenset[str]
+
+    @classmethod
+    def of(cls, images: Iterable[str]) -> Registry:
+        return cls(frozenset(image_ref(i) for i in images))
+
+    def has(self, image: str) -> bool:
+        return image_ref(image) in self.images
+
+    def not_found(self, image: str) -> str:
+        """containerd's words for a reference the registry does not hold."""
+        ref = image_ref(image)
+        return (
+            f'rpc error: code = NotFound desc = failed to pull and unpack image "{ref}": '
+            f'failed to resolve reference "{ref}": {ref}: not found'
+        )
+
+
+PULL_BACKOFF_S = 1.0
+"""The first delay between pull attempts of a missing image (a kubelet's is 10 s)."""
+PULL_BACKOFF_MAX_S = 8.0
+
+
+@dataclass
+class _Pull:
+    """A pod whose image pulls fail: attempts so far, when the next may run, what was said."""
+
+    failures: int = 0
+    next_try: float = 0.0
+    reported: str = ""
+
+
 @dataclass
 class SimNode:
     name: str
@@ -215,8 +265,11 @@ class Kubelet:
     tick_s: float = 0.2
     net: Network = field(default_factory=Network)
     containers: dict[str, Container] = field(default_factory=dict)
+    registry: Registry | None = None
+    """Images the nodes can pull; None: every image."""
     _http: aiohttp.ClientSession | None = None
     _unschedulable: set[str] = field(default_factory=set)
+    _pulls: dict[str, _Pull] = field(default_factory=dict)
 
     # -- the loop ------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -246,6 +299,8 @@ class Kubelet:
             await self._sync_pod(pod, nodes)
         for key in [k for k in self.containers if k not in live]:
             self._terminate(self.containers[key], grace_s=0)  # deleted outright
+        for key in [k for k in self._pulls if k not in live]:
+            del self._pulls[key]
         await self._reap()
 
     # -- nodes ---------------------------------------------------------------------------------
@@ -307,7 +362,44 @@ class Kubelet:
         sim = self._sim(node_name)
         if sim is None or sim.lost or status.get("phase") not in (None, "", "Pending"):
             return
-        await self._start(pod, sim)
+        if await self._pulled(pod):
+            await self._start(pod, sim)
+
+    async def _pulled(self, pod: Obj) -> bool:
+        """Whether the pod's images are there; else report the failed pull or its back-off."""
+        key = _key(pod)
+        containers = pod["spec"].get("containers") or []
+        missing = [
+            c for c in containers if self.registry and not self.registry.has(c.get("image", ""))
+        ]
+        if not missing:
+            self._pulls.pop(key, None)
+            return True
+        assert self.registry is not None
+        (c, *_) = missing
+        pull = self._pulls.setdefault(key, _Pull())
+        now = asyncio.get_running_loop().time()
+        error = self.registry.not_found(c["image"])
+        if now >= pull.next_try:  # a pull attempt: it fails
+            pull.failures += 1
+            delay = min(PULL_BACKOFF_S * 2 ** (pull.failures - 1), PULL_BACKOFF_MAX_S)
+            pull.next_try = now + delay
+            reason, message = "ErrImagePull", error
+        else:
+            reason, message = "ImagePullBackOff", f'Back-off pulling image "{c["image"]}": {error}'
+        if pull.reported != f"{reason}/{pull.failures}":
+            pull.reported = f"{reason}/{pull.failures}"
+            waiting = {"waiting": {"reason": reason, "message": message}}
+            await self._patch(
+                _pod_path(pod, "status"),
+                {"status": {"phase": "Pending",
+                            "containerStatuses": [{"name": c["name"], "image": c["image"],
+                                                   "ready": False, "restartCount": 0,
+                                                   "state": waiting}]}},
+            )  # fmt: skip
+            if pull.failures == 1 and reason == "ErrImagePull":
+                log.warning(f"sandbox: {key}: image {c['image']} is not in the registry")
+        return False
 
     async def _schedule(self, pod: Obj, nodes: Mapping[str, Obj]) -> None:
         key = _key(pod)

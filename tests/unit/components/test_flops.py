@@ -9,6 +9,7 @@ import pytest
 
 from omni_trainer.components.flops import (
     DEVICE_PEAK_FLOPS,
+    DEVICE_PEAKS,
     attention_flops,
     detect_peak_flops,
     matmul_flops,
@@ -75,24 +76,48 @@ def test_mfu_and_training() -> None:
     [
         ("NVIDIA H100 80GB HBM3", "H100 SXM"),
         ("NVIDIA H100 PCIe", "H100 PCIe"),
-        ("NVIDIA H200", "H200"),
-        ("NVIDIA GH200 480GB", "H200"),
-        ("NVIDIA A100-SXM4-80GB", "A100"),
+        ("NVIDIA H100 NVL", "H100 NVL"),
+        ("NVIDIA H200", "H200 SXM"),
+        ("NVIDIA H200 NVL", "H200 NVL"),
+        ("NVIDIA GH200 480GB", "H200 SXM"),
+        ("NVIDIA H800", "H800 SXM"),
+        ("NVIDIA H800 PCIe", "H800 PCIe"),
+        ("NVIDIA H20", "H20"),
+        ("NVIDIA A100-SXM4-40GB", "A100 40GB"),
+        ("NVIDIA A100-SXM4-80GB", "A100 80GB"),
+        ("NVIDIA A100 80GB PCIe", "A100 80GB"),
+        ("NVIDIA B200", "B200"),
+        ("NVIDIA L40S", "L40S"),
     ],
 )
 def test_detect_peak_from_datasheet(name: str, key: str) -> None:
-    assert detect_peak_flops(name) == (DEVICE_PEAK_FLOPS[key], f"datasheet:{key}")
+    assert detect_peak_flops(name) == (DEVICE_PEAKS[key]["bf16"], f"datasheet:{key} bf16")
+    fp32 = detect_peak_flops(name, dtype="fp32")
+    assert fp32 == (DEVICE_PEAKS[key]["fp32"], f"datasheet:{key} fp32")
+    assert fp32[0] < DEVICE_PEAKS[key]["bf16"]
 
 
 def test_detect_peak_override_and_unknown() -> None:
     assert detect_peak_flops("NVIDIA H100 80GB HBM3", override=1e12) == (1e12, "override")
     assert detect_peak_flops(None, override=2e11) == (2e11, "override")
-    with pytest.raises(ValueError, match="override"):
-        detect_peak_flops(None)
-    with pytest.raises(ValueError, match="override"):
-        detect_peak_flops("Tesla T4")
-    assert DEVICE_PEAK_FLOPS["H100 SXM"] == DEVICE_PEAK_FLOPS["H200"] == 989e12
-    assert DEVICE_PEAK_FLOPS["A100"] == 312e12
+    assert detect_peak_flops(None) is None
+    assert detect_peak_flops("Tesla T4") is None
+    assert DEVICE_PEAK_FLOPS["H100 SXM"] == DEVICE_PEAK_FLOPS["H200 SXM"] == 989e12
+    assert DEVICE_PEAK_FLOPS["A100 80GB"] == DEVICE_PEAK_FLOPS["A100 40GB"] == 312e12
+
+
+def test_unknown_gpu_warns_and_measures(monkeypatch) -> None:
+    import torch
+
+    from omni_trainer.components import throughput
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA X9000")
+    monkeypatch.setattr(throughput, "measure_matmul_flops", lambda device, dtype: 5e14)
+    with pytest.warns(UserWarning, match="no datasheet peak FLOPs for 'NVIDIA X9000'"):
+        peak, source = throughput.resolve_peak_flops(
+            torch.device("cuda", 0), dtype=torch.bfloat16, world_size=8, override_per_device=None
+        )
+    assert (peak, source) == (4e15, "measured bf16 matmul x 8 devices")
 
 
 def test_measure_peak_keeps_fastest_call() -> None:

@@ -119,11 +119,12 @@ def test_status_patch_has_only_changes_and_full_first_write() -> None:
     assert parse_status({"phase": "Running", "unknownField": 1}).phase == "Running"
 
 
-def test_first_reconcile_creates_everything_and_runs() -> None:
+def test_first_reconcile_creates_everything_and_starts() -> None:
     a = reconcile(_obs(_job()))
     kinds = [o["kind"] for o in a.create]
     assert kinds == ["ConfigMap", "Service", "Pod", "Pod"]
-    assert a.status["phase"] == "Running" and a.status["placement"] == ["n0", "n1"]
+    assert a.status["phase"] == "Starting" and a.status["placement"] == ["n0", "n1"]
+    assert a.status["attemptStartTime"] == T
     assert a.status["restartBudgetLeft"] == 10 and a.status["startTime"] == T
     assert _cond(a.status, "Placed")["status"] == "True"
     assert [e.reason for e in a.events] == ["PodsCreated"]
@@ -134,7 +135,8 @@ def test_reconcile_is_idempotent_once_running() -> None:
     status, owned = _start(job)
     a = reconcile(_obs(job, status, owned))
     assert not a.create and not a.delete and not a.events
-    assert set(a.status) <= {"conditions"}  # PodsRunning flips to True, nothing else
+    assert set(a.status) <= {"conditions", "phase", "message"}  # PodsRunning True: Running
+    assert a.status["phase"] == "Running"
     status = {**status, **a.status}
     again = reconcile(_obs(job, status, owned))
     assert again.status == {} and not again.events
@@ -146,7 +148,7 @@ def test_partial_creation_is_completed_not_restarted() -> None:
     owned = _live(first.create[:3], phase="Pending")  # stopped before the 2nd pod and status
     a = reconcile(_obs(job, None, owned))
     assert [o["metadata"]["name"] for o in a.create] == ["tiny-cpu-a0-n1"]
-    assert a.status["phase"] == "Running" and not a.delete
+    assert a.status["phase"] == "Starting" and not a.delete
 
 
 def test_unplaceable_job_waits_in_placing() -> None:
@@ -177,7 +179,7 @@ def test_failure_restarts_after_backoff_on_new_nodes() -> None:
     due = reconcile(_obs(job, status, remaining, now=NOW + dt.timedelta(seconds=31)))
     pods = [o for o in due.create if o["kind"] == "Pod"]
     assert [p["metadata"]["labels"][LABEL_ATTEMPT] for p in pods] == ["1", "1"]
-    assert due.status["phase"] == "Running"
+    assert due.status["phase"] == "Starting"
 
 
 def test_pods_on_a_lost_node_are_force_deleted() -> None:
@@ -272,7 +274,7 @@ def test_suspend_then_resume_as_a_new_attempt() -> None:
     status = {**status, **a.status}
     shared = [o for o in owned if o["kind"] != "Pod"]
     b = reconcile(_obs(job, status, shared))
-    assert b.status["attempt"] == 1 and b.status["phase"] == "Running"
+    assert b.status["attempt"] == 1 and b.status["phase"] == "Starting"
     assert {e.reason for e in b.events} == {"Resumed", "PodsCreated"}
 
 

@@ -103,3 +103,24 @@ def test_crd_printer_columns_become_a_table() -> None:
     assert cells["Name"] == "train" and cells["Phase"] == "Running" and cells["Step"] == 42
     assert cells["Restarts"] == 1 and cells["Nodes"] == 2 and cells["MFU"] is None
     assert row["object"]["metadata"]["name"] == "train"
+
+
+def test_the_registry_holds_the_images_of_the_examples_and_the_chart() -> None:
+    from omni_operator.sandbox.cluster import DEFAULT_IMAGES
+    from omni_operator.sandbox.kubelet import Registry, image_ref
+
+    from ...conftest import REPO
+
+    registry = Registry.of(DEFAULT_IMAGES)
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc.get("kind") == "OmniTrainingJob":
+                assert registry.has(parse_job(doc).spec.image), path
+    chart = REPO / "charts" / "megascale-omni"
+    values = yaml.safe_load((chart / "values.yaml").read_text())["image"]
+    version = yaml.safe_load((chart / "Chart.yaml").read_text())["appVersion"]
+    assert registry.has(f"{values['repository']}:{values['tag'] or version}")
+    assert image_ref("busybox") == "docker.io/library/busybox:latest"
+    assert image_ref("localhost:5000/a/b") == "localhost:5000/a/b:latest"
+    assert image_ref("ghcr.io/x/y@sha256:ab") == "ghcr.io/x/y@sha256:ab"
+    assert not registry.has("ghcr.io/megascale-omni/trainer:0.0.9")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from omni_trainer.models.batch import segment_attention_mask
 from omni_trainer.models.config import LLMConfig
 from omni_trainer.models.llm import build_gpt
-from omni_trainer.models.omni import segment_attention_mask
 
 
 def test_segment_mask_is_causal_and_block_diagonal() -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -47,11 +48,13 @@ from omni_trainer.checkpoint.loader_state import (
 from omni_trainer.checkpoint.state import ModelState, load_targets, staged_state_dict
 from omni_trainer.checkpoint.storage import (
     CheckpointStorage,
+    Fenced,
     FileEntry,
     describe_file,
     open_storage,
     step_name,
 )
+from omni_trainer.distributed import comm
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +95,9 @@ class Checkpointer:
         loader_scope: ``"shared"`` (every rank's loader state is identical: rank 0 writes it)
             or ``"per_rank"`` (each rank writes its own).
         cache_plans: reuse DCP save plans while the state's structure is unchanged.
+        attempt: the restart attempt writing (fencing: once a newer attempt resumed, this one
+            can neither commit nor delete); default ``OMNI_RESTART_ATTEMPT``, which the
+            operator sets; None (a local run): unfenced.
     """
 
     def __init__(
@@ -103,6 +109,7 @@ class Checkpointer:
         layout: dict[str, Any] | None = None,
         loader_scope: str = SHARED,
         cache_plans: bool = True,
+        attempt: int | None = None,
     ) -> None:
         if loader_scope not in (SHARED, PER_RANK):
             raise ValueError(f"loader_scope must be {SHARED!r} or {PER_RANK!r}")
@@ -121,6 +128,8 @@ class Checkpointer:
         self.planner = make_planner(cache_plans=cache_plans, key=f"omni-ckpt-{tag}-{id(self)}")
         self._saver = BackgroundSaver()
         self._last_sync: SaveResult | None = None
+        env = os.environ.get("OMNI_RESTART_ATTEMPT")
+        self.attempt = attempt if attempt is not None else int(env) if env else None
 
     # -- saving ----------------------------------------------------------------------------
     def save(
@@ -180,8 +189,10 @@ class Checkpointer:
         error: str | None = None
         local = storage.local_dir(step) or self.scratch / step_name(step)
         try:
+            if self.rank == 0 and self.attempt is not None and storage.attempt is None:
+                storage.claim(self.attempt)  # a run that did not resume
             if self.rank == 0 and step in storage.list_steps():
-                storage.delete_step(step)  # a partial save of this step from a crashed run
+                storage.remove(step)  # a partial save of this step from a crashed run
             self._barrier()
             for rel in save_dcp(staged, local / "model", planner=self.planner, group=self.group):
                 files[f"model/{rel}"] = describe_file(local / "model" / rel)
@@ -226,9 +237,26 @@ class Checkpointer:
 
     # -- loading ---------------------------------------------------------------------------
     def latest_step(self) -> int | None:
-        """The newest complete step (rank 0 looks, every rank gets the answer)."""
-        step = self.storage.latest_complete() if self.rank == 0 else None
-        return self._broadcast(step)
+        """The newest complete step (rank 0 looks, every rank gets the answer). A fenced
+        writer first claims the storage for its attempt and records the step it resumes from.
+
+        Raises:
+            Fenced: on every rank, when a newer attempt already claimed the storage.
+        """
+        found: tuple[int | None, str | None] = (None, None)
+        if self.rank == 0:
+            try:
+                if self.attempt is not None:
+                    self.storage.claim(self.attempt)
+                step = self.storage.latest_complete()
+                self.storage.resumed_from(step)
+                found = (step, None)
+            except Fenced as exc:
+                found = (None, str(exc))
+        step, fenced = self._broadcast(found)
+        if fenced:
+            raise Fenced(fenced)
+        return step
 
     def load_latest(self, state: ModelState) -> Resume | None:
         """Load the newest complete checkpoint into ``state`` (any layout); None when there is
@@ -278,18 +306,14 @@ class Checkpointer:
     # -- collectives on the checkpoint group (never P2P) -------------------------------------
     def _barrier(self) -> None:
         if self.distributed:
-            dist.barrier(group=self.group)
+            comm.barrier(self.group)
 
     def _all_gather(self, obj: Any) -> list[Any]:
         if not self.distributed:
             return [obj]
-        out: list[Any] = [None] * dist.get_world_size(self.group)
-        dist.all_gather_object(out, obj, group=self.group)
-        return out
+        return comm.all_gather_object(obj, group=self.group)
 
     def _broadcast(self, obj: Any) -> Any:
         if not self.distributed:
             return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=0, group=self.group)
-        return box[0]
+        return comm.broadcast_object(obj, src=0, group=self.group)

@@ -11,6 +11,14 @@ A step counts only when its marker exists and every file it lists is present wit
 size: a crash, a failed upload or a lost file therefore never yields a checkpoint that a restart
 would load. Pure bookkeeping (discovery, retention) lives in the base class over a few storage
 primitives, so the filesystem and S3 behave identically.
+
+Attempts are fenced: ``<root>/FENCE`` holds the newest restart attempt that claimed the root
+(:meth:`CheckpointStorage.claim`, an atomic compare-and-swap: a lock on a filesystem, S3
+conditional writes) and the step it resumed from. Old pods keep running for their grace period
+after a restart, so a superseded attempt may still try to commit or prune: both check the fence
+first and raise :class:`Fenced`; markers carry their attempt, and one committed by a superseded
+attempt past the step the newer one resumed from (it slipped between check and write) is not
+counted. Retention never deletes the step the current attempt resumed from.
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ import re
 import shutil
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +40,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 MARKER = "COMMITTED"
+FENCE = "FENCE"
 FORMAT = "omni-checkpoint/1"
 _STEP_RE = re.compile(r"^step-(\d{8})$")
 
@@ -56,10 +67,16 @@ def describe_file(path: Path) -> FileEntry:
     return FileEntry(size=path.stat().st_size, sha256=digest.hexdigest())
 
 
+class Fenced(RuntimeError):
+    """This attempt was superseded: a newer one started on the same checkpoints."""
+
+
 class CheckpointStorage(ABC):
     """A root holding ``step-*`` directories; subclasses supply the I/O primitives."""
 
     url: str
+    attempt: int | None = None
+    """The attempt this writer claimed (:meth:`claim`); None: unfenced (a local run)."""
 
     # -- primitives ------------------------------------------------------------------------
     @abstractmethod
@@ -90,9 +107,83 @@ class CheckpointStorage(ABC):
     def delete_step(self, step: int) -> None:
         """Remove a step, its marker first (so it is never 'complete with missing files')."""
 
+    @abstractmethod
+    def write_marker(self, step: int, data: bytes) -> None:
+        """Store the commit marker only if ``step`` has none (never overwrite a commit)."""
+
+    @abstractmethod
+    def swap_root(self, name: str, update: Callable[[bytes | None], bytes]) -> None:
+        """Atomically replace a small file at the root with ``update(current)`` (None: none
+        yet); a concurrent writer makes ``update`` run again on the newer content."""
+
+    @abstractmethod
+    def read_root(self, name: str) -> bytes | None:
+        """A small file at the root, or None."""
+
     def local_dir(self, step: int) -> Path | None:
         """A directory writers may fill in place (filesystem), or None (upload needed)."""
         return None
+
+    # -- fencing ---------------------------------------------------------------------------
+    def read_fence(self) -> dict[str, Any] | None:
+        raw = self.read_root(FENCE)
+        try:
+            return None if raw is None else json.loads(raw)
+        except ValueError:
+            return None
+
+    def claim(self, attempt: int) -> None:
+        """Record that ``attempt`` writes here from now on, superseding older attempts.
+
+        Raises:
+            Fenced: a newer attempt already claimed the root.
+        """
+
+        def update(raw: bytes | None) -> bytes:
+            fence = json.loads(raw) if raw else {}
+            newer = fence.get("attempt", -1)
+            if newer > attempt:
+                raise Fenced(f"attempt {attempt} is superseded by attempt {newer} on {self.url}")
+            if newer == attempt:
+                return raw or b""
+            return json.dumps({"attempt": attempt, "time": time.time()}).encode()
+
+        self.swap_root(FENCE, update)
+        self.attempt = attempt
+
+    def resumed_from(self, step: int | None) -> None:
+        """Record the step the claiming attempt resumed from (None: from scratch)."""
+        if self.attempt is None:
+            return
+
+        def update(raw: bytes | None) -> bytes:
+            fence = json.loads(raw) if raw else {}
+            if fence.get("attempt") != self.attempt:
+                raise Fenced(f"attempt {self.attempt} lost its claim on {self.url}: {fence}")
+            return json.dumps({**fence, "resumedFrom": -1 if step is None else step}).encode()
+
+        self.swap_root(FENCE, update)
+
+    def check_fence(self) -> dict[str, Any] | None:
+        """The fence; raises :class:`Fenced` when a newer attempt than ours claimed the root."""
+        fence = self.read_fence()
+        if self.attempt is not None and fence and fence.get("attempt", -1) > self.attempt:
+            raise Fenced(
+                f"attempt {self.attempt} is superseded by attempt {fence['attempt']} on "
+                f"{self.url}: it may neither commit nor delete checkpoints"
+            )
+        return fence
+
+    def _superseded(self, marker: dict[str, Any], fence: dict[str, Any] | None) -> bool:
+        """Committed by a superseded attempt past the step the newer one resumed from."""
+        if not fence or "resumedFrom" not in fence or marker.get("attempt") is None:
+            return False
+        return marker["attempt"] < fence["attempt"] and marker["step"] > fence["resumedFrom"]
+
+    def remove(self, step: int) -> None:
+        """Delete a step unless a newer attempt took over (then :class:`Fenced`)."""
+        self.check_fence()
+        self.delete_step(step)
 
     # -- commit, discovery, retention --------------------------------------------------------
     def commit(
@@ -103,16 +194,22 @@ class CheckpointStorage(ABC):
         layout: dict[str, Any],
         extra: dict[str, Any] | None = None,
     ) -> None:
-        """Write the marker that makes ``step`` count; call only once every file is stored."""
+        """Write the marker that makes ``step`` count; call only once every file is stored.
+
+        Raises:
+            Fenced: a newer attempt claimed the root (nothing is written).
+        """
+        self.check_fence()
         marker = {
             **(extra or {}),
             "format": FORMAT,
             "step": step,
+            "attempt": self.attempt,
             "time": time.time(),
             "layout": layout,
             "files": {rel: asdict(entry) for rel, entry in sorted(files.items())},
         }
-        self.write_bytes(step, MARKER, json.dumps(marker, indent=1).encode())
+        self.write_marker(step, json.dumps(marker, indent=1).encode())
 
     def read_marker(self, step: int) -> dict[str, Any] | None:
         """The parsed marker of ``step``, or None when missing or unreadable."""
@@ -127,11 +224,17 @@ class CheckpointStorage(ABC):
             return None
         return marker
 
-    def problem(self, step: int) -> str | None:
-        """Why ``step`` is not a usable checkpoint, or None when it is complete."""
+    def problem(self, step: int, fence: dict[str, Any] | None = None) -> str | None:
+        """Why ``step`` is not a usable checkpoint, or None when it is complete (``fence``:
+        as read once by the caller)."""
         marker = self.read_marker(step)
         if marker is None:
             return "no valid commit marker (partial or interrupted save)"
+        if self._superseded(marker, fence):
+            return (
+                f"committed by attempt {marker['attempt']} after attempt {fence['attempt']} "
+                f"resumed from step {fence['resumedFrom']} (a superseded attempt)"
+            )
         stored = self.list_files(step)
         for rel, entry in marker["files"].items():
             if rel not in stored:
@@ -142,8 +245,9 @@ class CheckpointStorage(ABC):
 
     def latest_complete(self) -> int | None:
         """The newest complete step; newer partial or corrupt ones are skipped with a warning."""
+        fence = self.read_fence()
         for step in reversed(self.list_steps()):
-            reason = self.problem(step)
+            reason = self.problem(step, fence)
             if reason is None:
                 return step
             log.warning("checkpoint %s/%s skipped: %s", self.url, step_name(step), reason)
@@ -155,12 +259,18 @@ class CheckpointStorage(ABC):
 
         Returns:
             The deleted steps.
+
+        Raises:
+            Fenced: a newer attempt claimed the root (nothing is deleted).
         """
+        fence = self.check_fence()
         steps = self.list_steps()
-        complete = [s for s in steps if self.problem(s) is None]
+        complete = [s for s in steps if self.problem(s, fence) is None]
         if not complete:
             return []
         keep = set(complete[-keep_last:])
+        if fence and fence.get("resumedFrom", -1) >= 0:
+            keep.add(fence["resumedFrom"])  # the current attempt may still be loading it
         doomed = [s for s in steps if s not in keep and s < complete[-1]]
         for s in doomed:
             self.delete_step(s)
@@ -234,6 +344,32 @@ class FilesystemStorage(CheckpointStorage):
         os.replace(tmp, path)  # atomic: a reader sees the old file or the whole new one
         _fsync_dir(path.parent)
 
+    def write_marker(self, step: int, data: bytes) -> None:
+        path = self._dir(step) / MARKER
+        tmp = path.with_name(f".{MARKER}.tmp-{os.getpid()}")
+        with tmp.open("wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)  # exclusive: fails when a marker exists
+        finally:
+            tmp.unlink()
+        _fsync_dir(path.parent)
+
+    def read_root(self, name: str) -> bytes | None:
+        path = self.root / name
+        return path.read_bytes() if path.is_file() else None
+
+    def swap_root(self, name: str, update: Callable[[bytes | None], bytes]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with _locked(self.root / f".{name}.lock"):
+            new = update(self.read_root(name))
+            tmp = self.root / f".{name}.tmp-{os.getpid()}"
+            tmp.write_bytes(new)
+            os.replace(tmp, self.root / name)
+            _fsync_dir(self.root)
+
     def upload(self, step: int, rel: str, local: Path) -> None:
         dest = self._dir(step) / rel
         if dest.resolve() != local.resolve():
@@ -247,6 +383,19 @@ class FilesystemStorage(CheckpointStorage):
         base = self._dir(step)
         (base / MARKER).unlink(missing_ok=True)
         shutil.rmtree(base, ignore_errors=True)
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock (flock) held for the block."""
+    import fcntl
+
+    with path.open("a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -340,6 +489,45 @@ class S3Storage(CheckpointStorage):
 
     def write_bytes(self, step: int, rel: str, data: bytes) -> None:
         self.client.put_object(Bucket=self.bucket, Key=self._key(step, rel), Body=data)
+
+    def write_marker(self, step: int, data: bytes) -> None:
+        """Conditional write (If-None-Match: *): an existing marker is never replaced."""
+        self.client.put_object(
+            Bucket=self.bucket, Key=self._key(step, MARKER), Body=data, IfNoneMatch="*"
+        )
+
+    def _root_key(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def read_root(self, name: str) -> bytes | None:
+        try:
+            obj = self.client.get_object(Bucket=self.bucket, Key=self._root_key(name))
+        except self.client.exceptions.NoSuchKey:
+            return None
+        return obj["Body"].read()
+
+    def swap_root(self, name: str, update: Callable[[bytes | None], bytes]) -> None:
+        """Compare-and-swap with S3 conditional writes (If-Match on the ETag read, or
+        If-None-Match when there was none); a lost race re-reads and runs ``update`` again."""
+        from botocore.exceptions import ClientError
+
+        key = self._root_key(name)
+        for _ in range(20):
+            try:
+                obj = self.client.get_object(Bucket=self.bucket, Key=key)
+                current, cond = obj["Body"].read(), {"IfMatch": obj["ETag"]}
+            except self.client.exceptions.NoSuchKey:
+                current, cond = None, {"IfNoneMatch": "*"}
+            try:
+                self.client.put_object(Bucket=self.bucket, Key=key, Body=update(current), **cond)
+                return
+            except ClientError as err:
+                if err.response.get("Error", {}).get("Code") not in (
+                    "PreconditionFailed",
+                    "ConditionalRequestConflict",
+                ):
+                    raise
+        raise OSError(f"{self.url}/{name}: too many concurrent writers")
 
     def upload(self, step: int, rel: str, local: Path) -> None:
         self.client.upload_file(str(local), self.bucket, self._key(step, rel), Config=self.transfer)

@@ -15,6 +15,8 @@ import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from omni_trainer.distributed import comm
+
 
 def assign_owners(sizes: list[int], world_size: int) -> list[int]:
     """Owner rank per parameter: largest first onto the least-loaded rank (ties: lower index)."""
@@ -50,7 +52,7 @@ class EncoderZero:
                 continue
             grads = [p.grad for p in params]
             flat = _flatten_dense_tensors(grads)
-            dist.reduce(flat, dst=dist.get_global_rank(self.group, owner), group=self.group)
+            comm.reduce(flat, dst=owner, group=self.group)
             if owner == self.rank:
                 for g, reduced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
                     g.copy_(reduced)
@@ -65,6 +67,6 @@ class EncoderZero:
             if not params:
                 continue
             flat = _flatten_dense_tensors([p.data for p in params])
-            dist.broadcast(flat, src=dist.get_global_rank(self.group, owner), group=self.group)
+            comm.broadcast(flat, src=owner, group=self.group)
             for p, synced in zip(params, _unflatten_dense_tensors(flat, params), strict=True):
                 p.data.copy_(synced)

@@ -17,27 +17,54 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
-# Dense (no sparsity) BF16 tensor-core peak per device, from the public NVIDIA datasheets:
-# H100 SXM / H200 / H800 SXM: 1,979 TFLOP/s "with sparsity" -> 989 dense (H100 and H200 datasheets);
-# H100 PCIe: 1,513 with sparsity -> 756 dense; A100 (SXM and PCIe): 312 dense (A100 datasheet).
-DEVICE_PEAK_FLOPS: Mapping[str, float] = MappingProxyType(
+# Dense (no sparsity) peak per device from the public NVIDIA datasheets, (bf16, fp32) in FLOP/s.
+# bf16: tensor cores; the datasheets print "with sparsity" figures, halved here. fp32: the plain
+# FP32 figure (CUDA cores), what fp32 matmuls run at unless TF32 is enabled.
+#   H100 SXM / H800 SXM / H200 SXM (and GH200: the same tensor cores): 1,979 sparse -> 989; 67.
+#   H100 PCIe / H800 PCIe: 1,513 sparse -> 756; 51.    H100 NVL / H200 NVL: 1,671 -> 835; 60.
+#   H20: 296 sparse -> 148; 44.    A100 40GB and 80GB (SXM and PCIe): 624 sparse -> 312; 19.5.
+#   B200 (HGX B200, per GPU): 4.5 PF sparse -> 2,250; 75.    L40S: 733 sparse -> 362; 91.6.
+DEVICE_PEAKS: Mapping[str, Mapping[str, float]] = MappingProxyType(
     {
-        "H100 SXM": 989e12,
-        "H100 PCIe": 756e12,
-        "H200": 989e12,
-        "H800": 989e12,
-        "A100": 312e12,
+        key: MappingProxyType({"bf16": bf16 * 1e12, "fp32": fp32 * 1e12})
+        for key, bf16, fp32 in (
+            ("H100 SXM", 989, 67),
+            ("H100 PCIe", 756, 51),
+            ("H100 NVL", 835, 60),
+            ("H200 SXM", 989, 67),
+            ("H200 NVL", 835, 60),
+            ("H800 SXM", 989, 67),
+            ("H800 PCIe", 756, 51),
+            ("H20", 148, 44),
+            ("A100 40GB", 312, 19.5),
+            ("A100 80GB", 312, 19.5),
+            ("B200", 2250, 75),
+            ("L40S", 362, 91.6),
+        )
     }
 )
+DEVICE_PEAK_FLOPS: Mapping[str, float] = MappingProxyType(
+    {key: peaks["bf16"] for key, peaks in DEVICE_PEAKS.items()}
+)
+"""The bf16 column of :data:`DEVICE_PEAKS` (what the planner models: it plans bf16 training)."""
 
-# Substrings of a lower-cased ``torch.cuda.get_device_name()`` -> DEVICE_PEAK_FLOPS key; first match
-# wins, so the more specific names come first ("NVIDIA H100 PCIe" before "NVIDIA H100 80GB HBM3").
+# Substrings of a lower-cased ``torch.cuda.get_device_name()`` -> table key; first match wins, so
+# the more specific names come first ("NVIDIA H100 PCIe" before "NVIDIA H100 80GB HBM3", "H200"
+# before "H20").
 _DEVICE_NAME_PATTERNS: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("h200",), "H200"),
+    (("h200", "nvl"), "H200 NVL"),
+    (("h200",), "H200 SXM"),
+    (("gh200",), "H200 SXM"),
+    (("h100", "nvl"), "H100 NVL"),
     (("h100", "pcie"), "H100 PCIe"),
     (("h100",), "H100 SXM"),
-    (("h800",), "H800"),
-    (("a100",), "A100"),
+    (("h800", "pcie"), "H800 PCIe"),
+    (("h800",), "H800 SXM"),
+    (("h20",), "H20"),
+    (("a100", "80gb"), "A100 80GB"),
+    (("a100",), "A100 40GB"),
+    (("b200",), "B200"),
+    (("l40s",), "L40S"),
 )
 
 
@@ -157,20 +184,18 @@ def mfu(achieved_flops_per_s: float, peak_flops_per_s: float) -> float:
 
 
 def detect_peak_flops(
-    device_name: str | None, *, override: float | None = None
-) -> tuple[float, str]:
+    device_name: str | None, *, dtype: str = "bf16", override: float | None = None
+) -> tuple[float, str] | None:
     """The per-device peak that MFU divides by, and where the figure came from (logged with MFU).
 
     Args:
         device_name: e.g. ``torch.cuda.get_device_name()``; None on CPU.
-        override: a configured or measured figure (FLOP/s); wins over the datasheet table. On CPU
-            there is no datasheet figure: pass the result of :func:`measure_peak_flops`.
+        dtype: ``"bf16"`` or ``"fp32"``: the precision the job computes in.
+        override: a configured figure (FLOP/s); wins over the datasheet table.
 
     Returns:
-        ``(flops_per_s, source)`` with source ``"override"`` or ``"datasheet:<table key>"``.
-
-    Raises:
-        ValueError: the device is not in :data:`DEVICE_PEAK_FLOPS` and no override was given.
+        ``(flops_per_s, source)`` with source ``"override"`` or ``"datasheet:<key> <dtype>"``;
+        None for a device the table does not know (the caller measures a matmul instead).
     """
     if override is not None:
         if override <= 0:
@@ -179,11 +204,8 @@ def detect_peak_flops(
     name = (device_name or "").lower()
     for substrings, key in _DEVICE_NAME_PATTERNS:
         if all(s in name for s in substrings):
-            return DEVICE_PEAK_FLOPS[key], f"datasheet:{key}"
-    raise ValueError(
-        f"no datasheet peak FLOPs for device {device_name!r} "
-        f"(known: {', '.join(DEVICE_PEAK_FLOPS)}); pass a configured or measured figure as override"
-    )
+            return DEVICE_PEAKS[key][dtype], f"datasheet:{key} {dtype}"
+    return None
 
 
 def measure_peak_flops(

@@ -1,61 +1,54 @@
 """Data pipeline: sources (synthetic, tar shards on disk/S3), mixture schedule, packing, loader.
 
-Pure numpy + stdlib (boto3 only when an S3 url is used); no torch import here.
+Pure numpy + stdlib (boto3 only when an S3 url is used); no torch import here. Names resolve
+lazily (PEP 562): the operator imports ``omni_trainer.data.config`` through this package and
+has no numpy.
 """
 
-from omni_trainer.data.config import (
-    MODALITIES,
-    DataConfig,
-    LengthDistribution,
-    MixturePoint,
-    Modality,
-    ShardSourceConfig,
-    SyntheticSourceConfig,
-)
-from omni_trainer.data.loader import DataLoader, MediaReader, MultimodalStream, build_source
-from omni_trainer.data.mixture import DeficitMixer, MixtureSchedule
-from omni_trainer.data.packing import (
-    MediaItem,
-    MicroBatch,
-    PackedSequence,
-    Packer,
-    Segment,
-    collate,
-    split_micro_batches,
-)
-from omni_trainer.data.sample import MediaGeometry, MediaRef, Sample
-from omni_trainer.data.shards import ShardSource, make_fixture_shards, write_shards
-from omni_trainer.data.synthetic import CLASS_TOKEN_BASE, FIRST_TEXT_ID, PAD_ID, SyntheticSource
+from __future__ import annotations
 
-__all__ = [
-    "CLASS_TOKEN_BASE",
-    "FIRST_TEXT_ID",
-    "MODALITIES",
-    "PAD_ID",
-    "DataConfig",
-    "DataLoader",
-    "DeficitMixer",
-    "LengthDistribution",
-    "MediaGeometry",
-    "MediaItem",
-    "MediaReader",
-    "MediaRef",
-    "MicroBatch",
-    "MixturePoint",
-    "MixtureSchedule",
-    "Modality",
-    "MultimodalStream",
-    "PackedSequence",
-    "Packer",
-    "Sample",
-    "Segment",
-    "ShardSource",
-    "ShardSourceConfig",
-    "SyntheticSource",
-    "SyntheticSourceConfig",
-    "build_source",
-    "collate",
-    "make_fixture_shards",
-    "split_micro_batches",
-    "write_shards",
-]
+import importlib
+from typing import Any
+
+_SOURCES = {
+    "CLASS_TOKEN_BASE": "omni_trainer.data.synthetic",
+    "DataConfig": "omni_trainer.data.config",
+    "DataLoader": "omni_trainer.data.loader",
+    "DeficitMixer": "omni_trainer.data.mixture",
+    "FIRST_TEXT_ID": "omni_trainer.data.synthetic",
+    "LengthDistribution": "omni_trainer.data.config",
+    "MODALITIES": "omni_trainer.data.config",
+    "MediaGeometry": "omni_trainer.data.sample",
+    "MediaItem": "omni_trainer.data.packing",
+    "MediaReader": "omni_trainer.data.loader",
+    "MediaRef": "omni_trainer.data.sample",
+    "MicroBatch": "omni_trainer.data.packing",
+    "MixturePoint": "omni_trainer.data.config",
+    "MixtureSchedule": "omni_trainer.data.mixture",
+    "Modality": "omni_trainer.data.config",
+    "MultimodalStream": "omni_trainer.data.loader",
+    "PAD_ID": "omni_trainer.data.synthetic",
+    "PackedSequence": "omni_trainer.data.packing",
+    "Packer": "omni_trainer.data.packing",
+    "Sample": "omni_trainer.data.sample",
+    "Segment": "omni_trainer.data.packing",
+    "ShardSource": "omni_trainer.data.shards",
+    "ShardSourceConfig": "omni_trainer.data.config",
+    "SyntheticSource": "omni_trainer.data.synthetic",
+    "SyntheticSourceConfig": "omni_trainer.data.config",
+    "build_source": "omni_trainer.data.loader",
+    "collate": "omni_trainer.data.packing",
+    "make_fixture_shards": "omni_trainer.data.shards",
+    "split_micro_batches": "omni_trainer.data.packing",
+    "write_shards": "omni_trainer.data.shards",
+}
+__all__ = sorted(_SOURCES)
+
+
+def __getattr__(name: str) -> Any:
+    module = _SOURCES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from omni_trainer.config_base import Spec
 
@@ -35,7 +35,33 @@ class ParallelismConfig(Spec):
     pipeline: int = Field(1, ge=1, description="pipeline stages of the LLM")
     virtual_pipeline: int = Field(1, ge=1, description="model chunks per pipeline stage")
     context: int = Field(1, ge=1, description="context-parallel size of the LLM")
+    sequence_parallel: bool | None = Field(
+        None,
+        description="megatron sequence parallelism inside the tensor-parallel group (norms, "
+        "residuals and the stage-0 embeddings sharded along the sequence); default: on when "
+        "tensor > 1 (and context is 1)",
+    )
     encoder: EncoderParallelConfig = EncoderParallelConfig()
+
+    @model_validator(mode="after")
+    def _sequence_parallel_fits(self) -> ParallelismConfig:
+        if self.sequence_parallel and self.tensor == 1:
+            raise ValueError(
+                "sequenceParallel shards along the sequence inside the tensor-parallel group: "
+                "set tensor > 1 or drop sequenceParallel"
+            )
+        if self.sequence_parallel and self.context > 1:
+            raise ValueError(
+                "sequenceParallel with context > 1 is not supported: set sequenceParallel: false "
+                "or context: 1"
+            )
+        return self
+
+    @property
+    def sequence_parallel_on(self) -> bool:
+        if self.sequence_parallel is None:
+            return self.tensor > 1 and self.context == 1
+        return self.sequence_parallel
 
 
 @dataclass(frozen=True)

@@ -102,6 +102,16 @@ def _batch_problems(cfg: TrainerConfig, dims: ParallelDims) -> list[Problem]:
                 "of each sequence; change either",
             )
         )
+    if cfg.parallelism.sequence_parallel_on and data.seq_length % dims.tp:
+        out.append(
+            (
+                "data.seqLength",
+                f"seqLength ({data.seq_length}) must be a multiple of parallelism.tensor "
+                f"({dims.tp}) with sequence parallelism: every tensor-parallel rank holds "
+                "seqLength / tensor positions; change either, or set "
+                "parallelism.sequenceParallel: false",
+            )
+        )
     per_step = data.micro_batch_size * dims.dp
     if data.global_batch_size % per_step:
         out.append(

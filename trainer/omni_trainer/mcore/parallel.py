@@ -9,6 +9,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from omni_trainer.distributed import comm
 from omni_trainer.distributed.config import ParallelDims
 from omni_trainer.mcore.cpu_compat import apply_cpu_compat
 
@@ -34,13 +35,14 @@ class ProcessGroups:
 
 
 def init_distributed(*, timeout_s: int = 600) -> tuple[int, int, torch.device]:
-    """Join the torchrun job (or a world of one). NCCL with CUDA, gloo on CPU."""
+    """Join the torchrun job (or a world of one). On CPU gloo; with CUDA every group carries
+    NCCL for CUDA tensors and gloo for CPU ones (object exchanges), see ``distributed.comm``."""
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank)
-        device, backend = torch.device("cuda", local_rank), "nccl"
+        device, backend = torch.device("cuda", local_rank), "cpu:gloo,cuda:nccl"
     else:
         apply_cpu_compat()
         device, backend = torch.device("cpu"), "gloo"
@@ -72,6 +74,8 @@ def build_process_groups(
         context_parallel_size=dims.cp,
         create_gloo_process_groups=False,
     )
+    anchor = build_anchor_groups(dims)
+    warm_up_p2p(dims, anchor)
     return ProcessGroups(
         dims=dims,
         rank=dist.get_rank(),
@@ -85,9 +89,25 @@ def build_process_groups(
         dp_rank=ps.get_data_parallel_rank(),
         cp_rank=ps.get_context_parallel_rank(),
         device=device,
-        anchor=build_anchor_groups(dims),
+        anchor=anchor,
         reorder=build_reorder_group(dims, reorder_group_size),
     )
+
+
+def warm_up_p2p(dims: ParallelDims, anchor) -> None:
+    """Create every point-to-point pair this rank will use before step 1: megatron's pipeline
+    neighbours (the ring: interleaving sends from the last stage to the first) and the anchor's
+    encoder traffic (every stage <-> stage 0's TP ranks, stage 0's TP ranks among themselves)."""
+    from megatron.core import parallel_state as ps
+
+    if dims.pp > 1:
+        pp_group = ps.get_pipeline_model_parallel_group()
+        ring = dist.get_process_group_ranks(pp_group)
+        stage = ps.get_pipeline_model_parallel_rank()
+        comm.warm_up_p2p([ring[(stage - 1) % dims.pp], ring[(stage + 1) % dims.pp]], group=pp_group)
+    first = anchor.stage_ranks[0]
+    peers = [r for ranks in anchor.stage_ranks for r in ranks] if anchor.stage == 0 else first
+    comm.warm_up_p2p(peers, group=anchor.p2p_group)
 
 
 def seed_everything(seed: int) -> None:

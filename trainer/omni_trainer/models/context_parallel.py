@@ -27,7 +27,8 @@ import torch.distributed as dist
 from torch import nn
 
 from omni_trainer.balance.cp import CPPlan, plan_context_parallel
-from omni_trainer.models.omni import DeviceBatch, MediaBatch
+from omni_trainer.distributed import comm
+from omni_trainer.models.batch import DeviceBatch, MediaBatch
 
 
 class _GatherTokens(torch.autograd.Function):
@@ -37,21 +38,11 @@ class _GatherTokens(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
         ctx.group = group
-        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(parts, x.contiguous(), group=group)
-        return torch.cat(parts)
+        return torch.cat(comm.all_gather(x, group=group))
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        size, rank = dist.get_world_size(ctx.group), dist.get_rank(ctx.group)
-        n = grad.shape[0] // size
-        if dist.get_backend(ctx.group) == "nccl":
-            out = grad.new_empty((n, *grad.shape[1:]))
-            dist.reduce_scatter_tensor(out, grad.contiguous(), group=ctx.group)
-            return out, None
-        total = grad.clone(memory_format=torch.contiguous_format)
-        dist.all_reduce(total, group=ctx.group)  # gloo has no reduce-scatter
-        return total[rank * n : (rank + 1) * n], None
+        return comm.reduce_scatter(grad, group=ctx.group), None
 
 
 def gather_tokens(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:

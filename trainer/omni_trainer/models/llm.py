@@ -2,10 +2,36 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
 
 from omni_trainer.models.config import LLMConfig
+
+
+@dataclass(frozen=True)
+class Recompute:
+    """Activation recompute (``train.recompute``): none, selective (core attention) or full
+    (whole layers: the first ``layers`` of each model chunk, all when None)."""
+
+    mode: Literal["none", "selective", "full"] = "none"
+    layers: int | None = None
+
+    def megatron_kwargs(self) -> dict:
+        if self.mode == "selective":
+            return {"recompute_granularity": "selective", "recompute_modules": ["core_attn"]}
+        if self.mode == "full":
+            return {
+                "recompute_granularity": "full",
+                "recompute_method": "block",
+                "recompute_num_layers": self.layers or 1 << 30,
+            }
+        return {}
+
+
+NO_RECOMPUTE = Recompute()
 
 
 def transformer_engine_usable() -> bool:
@@ -26,13 +52,19 @@ def build_gpt(
     pre_process: bool = True,
     post_process: bool = True,
     vp_stage: int | None = None,
+    params_dtype: torch.dtype = torch.float32,
+    recompute: Recompute = NO_RECOMPUTE,
+    sequence_parallel: bool = False,
 ):
     """Build one GPTModel chunk for this rank: its TP shard of the layers of its pipeline stage
     (and virtual stage ``vp_stage``), megatron's layer assignment. With context parallelism the
     core attention and RoPE are ``models.context_parallel``'s (adaptive sample sharding).
 
-    Dropout is zero: the trainer's equivalence guarantees (a parallel run equals a single process)
-    need every rank to compute the same function of the same data.
+    ``params_dtype`` is the dtype of the weights and so of every activation, the pipeline's
+    messages included (bf16: see ``components.precision``); ``recompute`` is megatron's
+    activation recompute; ``sequence_parallel`` megatron's SP (``models.sequence_parallel``).
+    Dropout is zero: the trainer's equivalence guarantees (a parallel run
+    equals a single process) need every rank to compute the same function of the same data.
     """
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import (
@@ -42,6 +74,11 @@ def build_gpt(
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     use_te = transformer_engine_usable()
+    if cfg.sliding_window is not None and max_sequence_length > cfg.sliding_window:
+        raise ValueError(
+            f"data.seqLength ({max_sequence_length}) exceeds the model's sliding window "
+            f"({cfg.sliding_window}), which this trainer does not implement; lower seqLength"
+        )
     config = TransformerConfig(
         num_layers=cfg.num_layers,
         hidden_size=cfg.hidden_size,
@@ -52,11 +89,15 @@ def build_gpt(
         gated_linear_unit=cfg.gated_mlp,
         activation_func=F.silu if cfg.gated_mlp else F.gelu,
         add_bias_linear=not cfg.gated_mlp,
+        add_qkv_bias=cfg.qkv_bias,
+        layernorm_epsilon=cfg.norm_epsilon,
         hidden_dropout=0.0,
         attention_dropout=0.0,
         init_method_std=cfg.init_method_std,
         use_cpu_initialization=not torch.cuda.is_available(),
-        pipeline_dtype=torch.float32,
+        params_dtype=params_dtype,
+        bf16=params_dtype == torch.bfloat16,
+        pipeline_dtype=params_dtype,  # what the layers emit: no autocast around the LLM
         batch_p2p_comm=False,  # batched p2p + interleaving gives wrong grads on gloo (ENV.md)
         calculate_per_token_loss=True,  # the trainer pre-normalises by global text targets
         **_parallel_sizes(),
@@ -65,11 +106,17 @@ def build_gpt(
         apply_rope_fusion=False,
         persist_layer_norm=False,
         gradient_accumulation_fusion=False,
+        sequence_parallel=sequence_parallel,
+        **recompute.megatron_kwargs(),
     )
     if use_te:
         spec = get_gpt_layer_with_transformer_engine_spec()
     else:
         spec = get_gpt_layer_local_spec(normalization=cfg.normalization)
+        if sequence_parallel:
+            from omni_trainer.models.sequence_parallel import local_block_spec
+
+            spec = local_block_spec(spec, config, vp_stage)
     context_parallel = _context_parallel_size() > 1
     if context_parallel:
         from omni_trainer.models.context_parallel import context_parallel_spec
@@ -78,19 +125,91 @@ def build_gpt(
     model = GPTModel(
         config=config,
         transformer_layer_spec=spec,
-        vocab_size=cfg.vocab_size,
+        vocab_size=padded_vocab_size(cfg.vocab_size, config.tensor_model_parallel_size),
         max_sequence_length=max_sequence_length,
         pre_process=pre_process,
         post_process=post_process,
-        share_embeddings_and_output_weights=False,
+        share_embeddings_and_output_weights=cfg.tie_embeddings,
         position_embedding_type="rope",
+        rotary_base=cfg.rotary_base,
         vp_stage=vp_stage,
     )
+    _scale_rope(model, cfg)
+    if post_process:
+        _mask_padded_logits(model, cfg.vocab_size)
+    if params_dtype != torch.float32:  # megatron's torch norms ignore params_dtype: cast them
+        model.to(dtype=params_dtype)  # too, as megatron's Float16Module casts its whole module
     if context_parallel:
         from omni_trainer.models.context_parallel import use_positional_rope
 
         use_positional_rope(model)
+    if sequence_parallel and pre_process:
+        from omni_trainer.models.sequence_parallel import embed_whole_sequence
+
+        embed_whole_sequence(model)
     return model
+
+
+def all_reduce_tied_embedding_grads(chunks: list, *, main_of=lambda p: p) -> None:
+    """With tied embeddings and several pipeline stages, the first stage's embedding and the last
+    stage's output layer are two copies of one weight: sum their gradients (those of their
+    ``main_of`` parameters: fp32 main copies with bf16) over megatron's embedding group so both
+    copies take the step a single process would."""
+    from megatron.core import parallel_state as ps
+
+    from omni_trainer.distributed import comm
+
+    if ps.get_pipeline_model_parallel_world_size() == 1:
+        return
+    for chunk in chunks:
+        if chunk.share_embeddings_and_output_weights and (chunk.pre_process or chunk.post_process):
+            weight = main_of(chunk.shared_embedding_or_output_weight())
+            if weight.grad is not None:  # None: the LLM is frozen
+                comm.all_reduce(weight.grad, group=ps.get_embedding_group())
+
+
+def padded_vocab_size(vocab_size: int, tp: int) -> int:
+    """The vocabulary rounded up to a multiple of TP (megatron's vocab-parallel layers need it);
+    the padded logits are masked out, so the loss is the unpadded model's at every TP size."""
+    return -(-vocab_size // tp) * tp
+
+
+def _mask_padded_logits(model, vocab_size: int) -> None:
+    """Give the padding rows of the output layer a logit of -inf-ish: no probability, no
+    gradient, so a TP size that pads trains exactly like one that does not."""
+    from megatron.core import parallel_state as ps
+
+    local = model.output_layer.output_size_per_partition
+    start = ps.get_tensor_model_parallel_rank() * local if ps.model_parallel_is_initialized() else 0
+    if start + local <= vocab_size:
+        return
+    keep = (torch.arange(start, start + local) < vocab_size).float()
+
+    def mask(_module, _inputs, output):
+        logits, bias = output
+        pad = (1.0 - keep.to(logits.device, logits.dtype)) * torch.finfo(logits.dtype).min
+        return logits * keep.to(logits.device, logits.dtype) + pad, bias
+
+    model.output_layer.register_forward_hook(mask)
+
+
+def _scale_rope(model, cfg: LLMConfig) -> None:
+    """RoPE frequency scaling as HF computes it (megatron's built-in Llama 3 scaling has fixed
+    constants); megatron computes cos/sin lazily, so replacing ``inv_freq`` here is enough."""
+    scaling = cfg.rope_scaling
+    rotary = getattr(model, "rotary_pos_emb", None)
+    if scaling is None or rotary is None:
+        return
+    if scaling.type == "linear":
+        rotary.inv_freq = rotary.inv_freq / scaling.factor
+    else:
+        rotary.inv_freq = rotary._apply_scaling(
+            rotary.inv_freq,
+            factor=scaling.factor,
+            low_freq_factor=scaling.low_freq_factor,
+            high_freq_factor=scaling.high_freq_factor,
+            original_max_position_embeddings=scaling.original_max_position_embeddings,
+        )
 
 
 def _context_parallel_size() -> int:
@@ -102,7 +221,15 @@ def _context_parallel_size() -> int:
     return ps.get_context_parallel_world_size()
 
 
-def build_gpt_chunks(cfg: LLMConfig, *, max_sequence_length: int, seed: int) -> list:
+def build_gpt_chunks(
+    cfg: LLMConfig,
+    *,
+    max_sequence_length: int,
+    seed: int,
+    params_dtype: torch.dtype = torch.float32,
+    recompute: Recompute = NO_RECOMPUTE,
+    sequence_parallel: bool = False,
+) -> list:
     """All model chunks of this rank (one per virtual stage), initialised layout-independently."""
     from megatron.core import parallel_state as ps
 
@@ -118,6 +245,9 @@ def build_gpt_chunks(cfg: LLMConfig, *, max_sequence_length: int, seed: int) -> 
             pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
             post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
             vp_stage=vp_stage,
+            params_dtype=params_dtype,
+            recompute=recompute,
+            sequence_parallel=sequence_parallel,
         )
         init_llm_chunk(
             chunk,
@@ -127,6 +257,15 @@ def build_gpt_chunks(cfg: LLMConfig, *, max_sequence_length: int, seed: int) -> 
             tp_rank=ps.get_tensor_model_parallel_rank(),
             tp_size=ps.get_tensor_model_parallel_world_size(),
         )
+        if cfg.hf is not None:
+            from omni_trainer.interop.llm import load_llm_chunk
+
+            load_llm_chunk(
+                chunk,
+                cfg,
+                tp_rank=ps.get_tensor_model_parallel_rank(),
+                tp_size=ps.get_tensor_model_parallel_world_size(),
+            )
         chunks.append(chunk)
     return chunks
 

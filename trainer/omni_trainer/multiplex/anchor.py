@@ -19,6 +19,7 @@ NCCL by order.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -26,7 +27,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from omni_trainer.components.precision import encoder_autocast
 from omni_trainer.components.timing import ActivationMeter, PhaseTimer
+from omni_trainer.distributed import comm
+from omni_trainer.models.freeze import is_frozen
 from omni_trainer.multiplex.dataflow import POST, PRE, DataflowTable, EncoderMicroBatch
 from omni_trainer.multiplex.lssp import LSSPPlan, TokenRange, plan_lssp
 from omni_trainer.multiplex.ulysses import encode_sequence_parallel
@@ -84,6 +88,7 @@ class EncoderAnchor:
         groups: AnchorGroups,
         hidden_size: int,
         device: torch.device,
+        dtype: torch.dtype = torch.float32,
         timer: PhaseTimer | None = None,
     ) -> None:
         self.timer = timer or PhaseTimer()
@@ -93,6 +98,7 @@ class EncoderAnchor:
         self.groups = groups
         self.hidden_size = hidden_size
         self.device = device
+        self.dtype = dtype  # the LLM's: encoders compute in it under autocast, and send it
         self._reset()
 
     # -- step lifecycle ----------------------------------------------------------------------
@@ -136,7 +142,11 @@ class EncoderAnchor:
         work = self.works[emb]
         encoder = self.encoders[work.mb.modality]
         projector = self.projectors[work.mb.modality]
-        with self.timer.span("encoder"), self.memory.recording(emb):
+        with (
+            self.timer.span("encoder"),
+            self.memory.recording(emb),
+            encoder_autocast(self.dtype, self.device),
+        ):
             outputs = self._encode(work, encoder, projector)
         self._route(emb, work, outputs)
 
@@ -147,14 +157,19 @@ class EncoderAnchor:
         me = self.groups.tp_rank
         outputs: dict[tuple[int, int], torch.Tensor] = {}
         short = work.plan.short[me]
+        # A frozen encoder keeps no graph: no activations held, no backward through it.
+        grad_mode = torch.no_grad() if is_frozen(encoder) else contextlib.nullcontext()
         if short:
-            encoded = projector(encoder([work.arrays[i] for i in short]))
+            with grad_mode:
+                features = encoder([work.arrays[i] for i in short])
+            encoded = projector(features)
             for i, out in zip(
                 short, encoded.split([work.plan.lengths[i] for i in short]), strict=True
             ):
                 outputs[(i, 0)] = out
         for i in work.plan.long:
-            shard = encode_sequence_parallel(encoder, work.arrays[i], self.groups.sp_group)
+            with grad_mode:
+                shard = encode_sequence_parallel(encoder, work.arrays[i], self.groups.sp_group)
             outputs[(i, work.plan.placement[i][me].start)] = projector(shard)
         return outputs
 
@@ -176,14 +191,17 @@ class EncoderAnchor:
             item = work.items[idx]
             out = outputs[(item, piece.start)]
             held.append((idx, item, out, item in work.plan.long))
-            payload = out.detach().contiguous()
+            payload = out.detach().to(self.dtype).contiguous()
             for dst in self.groups.stage_ranks[0]:
                 if dst == self.groups.rank:
                     self._local_outputs[(emb, idx)] = payload
                 else:
                     self._sends.append(
-                        dist.isend(
-                            payload, dst, group=self.groups.p2p_group, tag=_tag(emb, idx, _FORWARD)
+                        comm.isend(
+                            payload,
+                            dst=dst,
+                            group=self.groups.p2p_group,
+                            tag=_tag(emb, idx, _FORWARD),
                         )
                     )
         self._held[emb] = held
@@ -204,9 +222,11 @@ class EncoderAnchor:
             if src == self.groups.rank:
                 grads.append(self._local_grads.pop((emb, idx)))
             else:
-                buf = torch.empty_like(out)
+                buf = torch.empty_like(out, dtype=self.dtype)
                 requests.append(
-                    dist.irecv(buf, src, group=self.groups.p2p_group, tag=_tag(emb, idx, _BACKWARD))
+                    comm.irecv(
+                        buf, src=src, group=self.groups.p2p_group, tag=_tag(emb, idx, _BACKWARD)
+                    )
                 )
                 grads.append(buf)
         with self.timer.span("encoder_wait"):
@@ -237,11 +257,14 @@ class EncoderAnchor:
                     buf = self._local_outputs.pop((emb, idx))
                 else:
                     buf = torch.empty(
-                        piece.stop - piece.start, self.hidden_size, device=self.device
+                        piece.stop - piece.start,
+                        self.hidden_size,
+                        device=self.device,
+                        dtype=self.dtype,
                     )
                     requests.append(
-                        dist.irecv(
-                            buf, src, group=self.groups.p2p_group, tag=_tag(emb, idx, _FORWARD)
+                        comm.irecv(
+                            buf, src=src, group=self.groups.p2p_group, tag=_tag(emb, idx, _FORWARD)
                         )
                     )
                 leaf = buf.detach().requires_grad_()
@@ -279,9 +302,9 @@ class EncoderAnchor:
                 self._local_grads[(emb, idx)] = grad
             else:
                 self._sends.append(
-                    dist.isend(
+                    comm.isend(
                         grad.contiguous(),
-                        dst,
+                        dst=dst,
                         group=self.groups.p2p_group,
                         tag=_tag(emb, idx, _BACKWARD),
                     )
@@ -289,12 +312,16 @@ class EncoderAnchor:
 
 
 def _encoder_backward(held: list, grads: list[torch.Tensor]) -> None:
-    """Encoder backward of one micro-batch's outputs held by this rank."""
+    """Encoder backward of one micro-batch's outputs held by this rank (gradients arrive in the
+    LLM's dtype, outputs are in the encoder's compute dtype)."""
     # Short samples share one graph; each long one has its own, with collectives inside, so
     # they run one by one in the same order on every rank of the group.
+    # Outputs of a frozen encoder + projector have no graph: their gradients end here.
+    kept = [(h, g) for h, g in zip(held, grads, strict=True) if h[2].requires_grad]
+    held, grads = [h for h, _ in kept], [g for _, g in kept]
     short = [(o, g) for (_, _, o, is_long), g in zip(held, grads, strict=True) if not is_long]
     if short:
-        torch.autograd.backward([o for o, _ in short], [g for _, g in short])
+        torch.autograd.backward([o for o, _ in short], [g.to(o.dtype) for o, g in short])
     long = sorted(
         (
             (item, out, grad)
@@ -304,7 +331,7 @@ def _encoder_backward(held: list, grads: list[torch.Tensor]) -> None:
         key=lambda t: t[0],
     )
     for _, out, grad in long:
-        torch.autograd.backward(out, grad)
+        torch.autograd.backward(out, grad.to(out.dtype))
 
 
 def build_works(

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from omni_trainer.distributed import comm
 from omni_trainer.models.encoders.layers import (
     AttentionFn,
     TokenMixer,
@@ -37,7 +38,7 @@ from omni_trainer.multiplex.lssp import shard_offsets, shard_sizes
 
 
 class _AllToAll(torch.autograd.Function):
-    """``dist.all_to_all_single`` along dim 0 with uneven splits; backward is the reverse exchange.
+    """``comm.all_to_all_single`` along dim 0 with uneven splits; backward is the reverse exchange.
 
     (``torch.distributed.nn.functional.all_to_all_single`` does the same but is deprecated and
     warns on every call site.)
@@ -53,14 +54,9 @@ class _AllToAll(torch.autograd.Function):
     ) -> Tensor:
         ctx.splits, ctx.group = (input_splits, output_splits), group
         out = x.new_empty((sum(output_splits), *x.shape[1:]))
-        dist.all_to_all_single(
-            out,
-            x.contiguous(),
-            output_split_sizes=output_splits,
-            input_split_sizes=input_splits,
-            group=group,
+        return comm.all_to_all_single(
+            out, x, output_splits=output_splits, input_splits=input_splits, group=group
         )
-        return out
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:

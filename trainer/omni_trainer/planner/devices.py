@@ -183,14 +183,14 @@ H100 = DeviceProfile(
     host=_PCIE5,
 )
 # HGX H200: the H100 board with 141 GB HBM3e; the host link is still PCIe Gen5.
-H200 = replace(H100, name="H200 141GB", peak_flops=DEVICE_PEAK_FLOPS["H200"], hbm_bytes=141e9)
+H200 = replace(H100, name="H200 141GB", peak_flops=DEVICE_PEAK_FLOPS["H200 SXM"], hbm_bytes=141e9)
 # GH200 Grace Hopper (144 GB HBM3e variant): same tensor cores as H100/H200 (989 TFLOP/s dense
 # BF16, datasheet), host memory behind NVLink-C2C. Node and network are taken from the HGX
 # profile (8 per node, one 400G rail NIC each): our assumption, GH200 systems vary.
 GH200 = replace(H200, name="GH200 144GB", hbm_bytes=144e9, host=_NVLINK_C2C)
 A100 = DeviceProfile(
     name="A100 SXM 80GB",
-    peak_flops=DEVICE_PEAK_FLOPS["A100"],  # 312e12 dense BF16 (datasheet)
+    peak_flops=DEVICE_PEAK_FLOPS["A100 80GB"],  # 312e12 dense BF16 (datasheet)
     hbm_bytes=80e9,
     gpus_per_node=8,
     intra=_NVLINK_A100,

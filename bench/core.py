@@ -1,0 +1,101 @@
+"""CPU tokens/s of the trainer core, before vs after, at the same layout, side by side in one run.
+
+Runs ``omni train`` (real torchrun processes) on one job with two source trees, alternating
+(before, after, before, after, ...) so that the shared machine's noise hits both alike, and
+prints the median tokens/s of each and their ratio. Then, on this tree only, the same job with
+bf16 and with activation recompute, and the summary's ``memory`` of each, so the trade-offs show.
+
+    git worktree add /tmp/omni-before main   # the baseline tree (any commit)
+    python bench/core.py --before /tmp/omni-before --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def bench_job(pipeline: int) -> dict:
+    """The tiny example with 4 LLM layers at a fixed layout (fields every tree understands)."""
+    doc = yaml.safe_load((REPO / "examples" / "tiny-cpu.yaml").read_text())
+    t = doc["spec"]["trainer"]
+    t["model"]["llm"]["numLayers"] = 4
+    t["parallelism"] = {"pipeline": pipeline}
+    return doc
+
+
+def run(tree: Path, doc: dict, *, nproc: int, steps: int, name: str, workdir: Path) -> dict:
+    manifest, summary = workdir / f"{name}.yaml", workdir / f"{name}.json"
+    manifest.write_text(yaml.safe_dump(doc))
+    env = {**os.environ, "PYTHONPATH": f"{tree}/trainer:{tree}/operator"}
+    cmd = [sys.executable, "-m", "omni_trainer.cli", "train", str(manifest)]
+    cmd += ["--steps", str(steps), "--nproc", str(nproc), "--summary", str(summary)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tree)
+    if proc.returncode:
+        sys.exit(f"{name}: omni train failed\n{proc.stderr[-3000:]}")
+    return json.loads(summary.read_text())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--before", type=Path, required=True, help="the baseline source tree")
+    ap.add_argument("--pipeline", type=int, default=2)
+    ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    doc = bench_job(args.pipeline)
+    trees = {"before": args.before.resolve(), "after": REPO}
+    rates: dict[str, list[float]] = {k: [] for k in trees}
+    kw = {"nproc": args.nproc, "steps": args.steps}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.rounds):
+            for label, tree in trees.items():
+                s = run(tree, doc, **kw, name=f"{label}{i}", workdir=Path(tmp))
+                rates[label].append(s["tokens_per_second"])
+        variants = {}
+        for label, train in [
+            ("fp32", {}),
+            ("bf16", {"precision": "bf16"}),
+            ("fp32 selective", {"recompute": "selective"}),
+            ("fp32 full", {"recompute": "full"}),
+        ]:
+            d = json.loads(json.dumps(doc))
+            d["spec"]["trainer"]["train"].update(train)
+            variants[label] = run(REPO, d, **kw, name=label.replace(" ", "-"), workdir=Path(tmp))
+    before, after = (statistics.median(rates[k]) for k in ("before", "after"))
+    print(
+        f"pp{args.pipeline} on {args.nproc} processes, {args.steps} steps (first excluded), "
+        f"{args.rounds} alternating rounds"
+    )
+    for label in trees:
+        print(
+            f"{label:<7} {before if label == 'before' else after:>10,.0f} tok/s (median of "
+            f"{', '.join(f'{r:,.0f}' for r in rates[label])})"
+        )
+    print(f"after / before = {after / before:.3f}")
+    print(
+        f"{'this tree':<16}{'tok/s':>10}{'final loss':>12}{'params MB':>11}{'grads MB':>10}"
+        f"{'optim MB':>10}{'act peak MB':>13}"
+    )
+    for label, s in variants.items():
+        m = s["memory"]
+        print(
+            f"{label:<16}{s['tokens_per_second']:>10,.0f}{s['final_loss']:>12.4f}"
+            f"{m['params_bytes'] / 1e6:>11.2f}{m['grads_bytes'] / 1e6:>10.2f}"
+            f"{m['optimizer_state_bytes'] / 1e6:>10.2f}{m['activation_peak_bytes'] / 1e6:>13.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""Mixed precision: bf16 LLM weights and compute, fp32 main weights and gradients (megatron's).
+
+With ``precision: bf16`` the LLM chunks hold bf16 parameters (so every layer emits bf16 and the
+pipeline carries bf16), while the optimizer, the gradient sync and the clipping see fp32 *main*
+parameters: each bf16 parameter has an fp32 twin, its micro-batch gradients are accumulated into
+the twin's fp32 gradient as soon as autograd produces them (the bf16 gradient is then dropped),
+and after the optimizer step the twins are copied back into the bf16 weights. Encoders keep fp32
+weights and compute under bf16 autocast. Checkpoints hold the fp32 main weights, so a checkpoint
+moves between precisions unchanged.
+
+fp32 runs use the parameters themselves: :class:`MainParams` is then the identity.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from typing import Literal
+
+import torch
+from torch import nn
+
+# the megatron attributes that say how a parameter is sharded (read by clipping and checkpoints)
+_SHARDING_ATTRS = (
+    "tensor_model_parallel",
+    "partition_dim",
+    "partition_stride",
+    "sequence_parallel",
+    "shared",  # the last stage's copy of a tied embedding
+    "shared_embedding",
+)
+
+
+def compute_dtype(precision: Literal["auto", "fp32", "bf16"], device: torch.device) -> torch.dtype:
+    """bf16 when asked, or by default on GPUs; fp32 otherwise."""
+    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return torch.float32
+
+
+def encoder_autocast(dtype: torch.dtype, device: torch.device) -> AbstractContextManager:
+    """Encoders compute in ``dtype`` over fp32 weights (autograd keeps the casts)."""
+    if dtype == torch.float32:
+        return nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+class MainParams:
+    """fp32 main parameters (and gradients) of low-precision model parameters."""
+
+    def __init__(self, params: list[nn.Parameter]) -> None:
+        self.model_params = params
+        self.main: list[nn.Parameter] = []
+        self._main_of: dict[int, nn.Parameter] = {}
+        for p in params:
+            if p.dtype == torch.float32:
+                main = p
+            else:
+                main = nn.Parameter(p.detach().float(), requires_grad=p.requires_grad)
+                for attr in _SHARDING_ATTRS:
+                    if hasattr(p, attr):
+                        setattr(main, attr, getattr(p, attr))
+                p.register_post_accumulate_grad_hook(self._accumulate(main))
+            main.grad = torch.zeros_like(main)
+            self.main.append(main)
+            self._main_of[id(p)] = main
+
+    @staticmethod
+    def _accumulate(main: nn.Parameter):
+        def hook(p: nn.Parameter) -> None:
+            main.grad.add_(p.grad)  # fp32 accumulation over micro-batches
+            p.grad = None
+
+        return hook
+
+    def main_of(self, param: nn.Parameter) -> nn.Parameter:
+        """The fp32 main parameter of ``param`` (``param`` itself: fp32, or frozen)."""
+        return self._main_of.get(id(param), param)
+
+    @torch.no_grad()
+    def copy_to_model(self) -> None:
+        """The model's weights become the (rounded) main weights: after a step or a load."""
+        for p, main in zip(self.model_params, self.main, strict=True):
+            if p is not main:
+                p.copy_(main)
+
+    def bytes(self) -> dict[str, int]:
+        """Bytes of model weights, fp32 main copies and every gradient this object holds."""
+        model = sum(p.numel() * p.element_size() for p in self.model_params)
+        extra = [m for p, m in zip(self.model_params, self.main, strict=True) if m is not p]
+        return {
+            "params_bytes": model + sum(m.numel() * m.element_size() for m in extra),
+            "grads_bytes": sum(m.grad.numel() * m.grad.element_size() for m in self.main),
+        }

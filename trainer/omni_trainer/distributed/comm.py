@@ -1,0 +1,209 @@
+"""The one module that calls torch.distributed collectives and point-to-point operations.
+
+Why one place: on GPUs the job's groups carry two backends (``cpu:gloo,cuda:nccl``, see
+:func:`omni_trainer.mcore.parallel.init_distributed`), and a tensor must sit on the device of the
+backend that should carry it. Here:
+
+- tensor collectives stage their tensors on the group's communication device (the current GPU
+  when the group has NCCL, the CPU otherwise) and copy results back where the caller keeps them,
+  so a CPU scalar (a loss sum, a token count) never reaches NCCL;
+- object exchanges (sequence metadata, pickled sequences, loader states) travel as CPU tensors,
+  i.e. over the gloo side of the group;
+- :func:`warm_up_p2p` creates the lazily built NCCL pair communicators before step 1, in the
+  same order on both ends, so the first step cannot deadlock on their creation.
+
+``tests/unit/distributed/test_comm_owner.py`` fails when a collective is called anywhere else.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+Group = dist.ProcessGroup | None
+
+
+def size(group: Group = None) -> int:
+    return dist.get_world_size(group) if dist.is_initialized() else 1
+
+
+def comm_device(group: Group = None) -> torch.device:
+    """Where a tensor must live to travel over ``group``: the current GPU when it has NCCL."""
+    if "nccl" in str(dist.get_backend(group)):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _staged(tensor: Tensor, device: torch.device) -> Tensor:
+    """``tensor`` itself when it can travel as is, else a contiguous copy on ``device``."""
+    return tensor.to(device).contiguous()  # both return ``tensor`` itself when they can
+
+
+def _write_back(tensor: Tensor, staged: Tensor) -> Tensor:
+    if staged is not tensor:
+        tensor.copy_(staged)
+    return tensor
+
+
+# -- tensor collectives -------------------------------------------------------------------------
+def all_reduce(tensor: Tensor, *, group: Group = None, op: str = "sum") -> Tensor:
+    """Reduce ``tensor`` in place over ``group`` (``op``: sum or max); returns it."""
+    if size(group) == 1:
+        return tensor
+    staged = _staged(tensor, comm_device(group))
+    dist.all_reduce(staged, op=_OPS[op], group=group)
+    return _write_back(tensor, staged)
+
+
+def all_gather(tensor: Tensor, *, group: Group) -> list[Tensor]:
+    """Every rank's ``tensor`` (same shape everywhere), in group-rank order, on its device."""
+    staged = _staged(tensor, comm_device(group))
+    parts = [torch.empty_like(staged) for _ in range(size(group))]
+    dist.all_gather(parts, staged, group=group)
+    return [p.to(tensor.device) for p in parts]
+
+
+def reduce_scatter(tensor: Tensor, *, group: Group) -> Tensor:
+    """Sum ``tensor`` over ``group`` and return this rank's equal slice along dim 0."""
+    n, rank = size(group), dist.get_rank(group)
+    rows = tensor.shape[0] // n
+    device = comm_device(group)
+    staged = _staged(tensor, device)
+    if device.type == "cuda":
+        out = staged.new_empty((rows, *staged.shape[1:]))
+        dist.reduce_scatter_tensor(out, staged, group=group)
+        return out.to(tensor.device)
+    total = staged.clone() if staged is tensor else staged
+    dist.all_reduce(total, group=group)  # gloo has no reduce-scatter
+    return total[rank * rows : (rank + 1) * rows].to(tensor.device)
+
+
+def all_to_all_single(
+    output: Tensor,
+    input: Tensor,
+    *,
+    output_splits: list[int] | None = None,
+    input_splits: list[int] | None = None,
+    group: Group,
+) -> Tensor:
+    """``input``'s i-th chunk (dim 0) goes to rank i; ``output`` is filled in rank order."""
+    device = comm_device(group)
+    staged_out = _staged(output, device)
+    dist.all_to_all_single(
+        staged_out,
+        _staged(input, device),
+        output_split_sizes=output_splits,
+        input_split_sizes=input_splits,
+        group=group,
+    )
+    return _write_back(output, staged_out)
+
+
+def broadcast(tensor: Tensor, *, src: int, group: Group = None) -> Tensor:
+    """In place: ``tensor`` of group rank ``src`` everywhere."""
+    if size(group) == 1:
+        return tensor
+    staged = _staged(tensor, comm_device(group))
+    dist.broadcast(staged, group_src=src, group=group)
+    return _write_back(tensor, staged)
+
+
+def reduce(tensor: Tensor, *, dst: int, group: Group) -> Tensor:
+    """Sum into group rank ``dst``'s ``tensor`` (other ranks' copies are left undefined)."""
+    if size(group) == 1:
+        return tensor
+    staged = _staged(tensor, comm_device(group))
+    dist.reduce(staged, group_dst=dst, group=group)
+    return _write_back(tensor, staged)
+
+
+def barrier(group: Group = None) -> None:
+    if size(group) > 1:
+        dist.barrier(group=group)
+
+
+_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+
+
+# -- point to point -----------------------------------------------------------------------------
+def isend(tensor: Tensor, *, dst: int, group: Group, tag: int = 0) -> dist.Work:
+    """Non-blocking send to global rank ``dst``; keep ``tensor`` alive until the work is done.
+
+    Tensors must already sit on the group's device (the anchor allocates them there): a staged
+    copy would be freed while the send is still reading it.
+    """
+    _require_on_comm_device(tensor, group)
+    return dist.isend(tensor, dst, group=group, tag=tag)
+
+
+def irecv(tensor: Tensor, *, src: int, group: Group, tag: int = 0) -> dist.Work:
+    """Non-blocking receive from global rank ``src`` into ``tensor`` (on the group's device)."""
+    _require_on_comm_device(tensor, group)
+    return dist.irecv(tensor, src, group=group, tag=tag)
+
+
+def _require_on_comm_device(tensor: Tensor, group: Group) -> None:
+    device = comm_device(group)
+    if tensor.device.type != device.type:
+        raise ValueError(
+            f"a point-to-point tensor on {tensor.device} cannot travel over a group on {device}: "
+            "allocate it on the group's device"
+        )
+
+
+def warm_up_p2p(peers: Iterable[int], *, group: Group) -> None:
+    """One tiny exchange with each peer (global ranks), so NCCL creates every pair communicator
+    now rather than inside a pipeline step. Peers must be symmetric: if b is a's, a is b's."""
+    mine = sorted(set(peers) - {dist.get_rank()})
+    if not mine:
+        return
+    device = comm_device(group)
+    out = torch.zeros(1, device=device)
+    bufs = [torch.empty(1, device=device) for _ in mine]
+    ops = [dist.P2POp(dist.isend, out, p, group=group) for p in mine]
+    ops += [dist.P2POp(dist.irecv, b, p, group=group) for p, b in zip(mine, bufs, strict=True)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+
+
+# -- object exchanges (CPU tensors: the gloo side of the group) --------------------------------
+def all_gather_object(obj: Any, *, group: Group = None) -> list[Any]:
+    """Every rank's ``obj``, in group-rank order."""
+    if size(group) == 1:
+        return [obj]
+    out: list[Any] = [None] * size(group)
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
+def broadcast_object(obj: Any, *, src: int = 0, group: Group = None) -> Any:
+    """Group rank ``src``'s ``obj`` on every rank."""
+    if size(group) == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, group_src=src, group=group)
+    return box[0]
+
+
+def exchange_objects(outgoing: list[Any], *, group: Group) -> list[Any]:
+    """All-to-all of picklable objects: ``outgoing[i]`` goes to group rank i; returns what each
+    rank sent here, in rank order. Two CPU all-to-alls (sizes, then bytes) over gloo."""
+    payloads = [pickle.dumps(o, protocol=pickle.HIGHEST_PROTOCOL) for o in outgoing]
+    send_sizes = torch.tensor([len(p) for p in payloads], dtype=torch.int64)
+    recv_sizes = torch.empty_like(send_sizes)
+    dist.all_to_all_single(recv_sizes, send_sizes, group=group)
+    send = torch.frombuffer(bytearray(b"".join(payloads)), dtype=torch.uint8)
+    recv = torch.empty(int(recv_sizes.sum()), dtype=torch.uint8)
+    dist.all_to_all_single(
+        recv,
+        send,
+        output_split_sizes=recv_sizes.tolist(),
+        input_split_sizes=send_sizes.tolist(),
+        group=group,
+    )
+    return [pickle.loads(c.numpy().tobytes()) for c in torch.split(recv, recv_sizes.tolist())]
