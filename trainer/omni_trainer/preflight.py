@@ -6,7 +6,7 @@ forms, so the cause lands in the pod's termination message and the job's status)
 from __future__ import annotations
 
 from omni_trainer.config import TrainerConfig
-from omni_trainer.data.config import ShardSourceConfig
+from omni_trainer.data.config import SyntheticSourceConfig
 
 _CREDENTIALS = (
     "S3 credentials come from the standard AWS chain (AWS_ACCESS_KEY_ID and "
@@ -16,24 +16,30 @@ _CREDENTIALS = (
 
 
 def source_problems(cfg: TrainerConfig) -> list[str]:
-    """Every shard source that cannot be listed or read, and a checkpoint storage that cannot
-    be listed, as ``spec.trainer.<field> (<location>): <ExceptionType>: <message>``."""
+    """Every data source that cannot be opened as the trainer opens it (shards listed, indexes
+    read, the tokenizer loaded), and a checkpoint storage that cannot be listed, as
+    ``spec.trainer.<field> (<location>): <ExceptionType>: <message>``."""
     from omni_trainer.checkpoint.storage import open_storage
-    from omni_trainer.data.shards import ShardSource
+    from omni_trainer.data.loader import build_source
 
     out: list[str] = []
     for i, src in enumerate(cfg.data.sources):
-        if not isinstance(src, ShardSourceConfig):
-            continue
+        if isinstance(src, SyntheticSourceConfig):
+            continue  # generated: nothing to reach
         try:
-            ShardSource(
+            build_source(
                 src,
                 source_index=i,
+                seed=cfg.seed,
+                vocab_size=cfg.model.llm.vocab_size,
                 geometry=cfg.media_geometry(),
                 seq_length=cfg.data.seq_length,
+                tokenizer=cfg.tokenizer,
+                media=cfg.data.media,
             )
         except Exception as err:
-            out.append(f"spec.trainer.data.sources[{i}].url ({src.url}): {describe(err)}")
+            where = getattr(src, "url", None) or src.name
+            out.append(f"spec.trainer.data.sources[{i}].url ({where}): {describe(err)}")
     if cfg.checkpoint is not None:
         path = cfg.checkpoint.path
         try:
