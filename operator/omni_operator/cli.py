@@ -11,10 +11,22 @@ import yaml
 
 
 def register(app: typer.Typer) -> None:
-    """Add the operator's commands to ``omni``."""
+    """Add the operator's commands to ``omni``, and its validation of whole jobs to the
+    trainer's commands (``omni validate``, ``omni train``)."""
+    from omni_trainer.config import JOB_CHECKS
+
+    if check_job not in JOB_CHECKS:
+        JOB_CHECKS.append(check_job)
     app.command(name="render")(render)
     app.command(name="operator")(operator)
     app.add_typer(sandbox, name="sandbox")
+
+
+def check_job(doc: Any, local_world_size: int | None) -> None:
+    """The operator's validation of a whole job (:func:`omni_operator.spec.parse_job`)."""
+    from omni_operator.spec import parse_job
+
+    parse_job(doc, local_world_size=local_world_size)
 
 
 sandbox = typer.Typer(
@@ -69,7 +81,7 @@ def sandbox_up(
                 f"{', '.join(n.name for n in sb.kubelet.nodes)}\n"
                 f"  registry: {', '.join(config.images)}\n"
                 f"  export KUBECONFIG={sb.kubeconfig_path}\n"
-                "  kubectl apply --validate=false -f examples/tiny-cpu.yaml\n"
+                "  kubectl apply -f examples/tiny-cpu.yaml\n"
                 "  kubectl get otj -w     # pod logs: kubectl logs POD, or "
                 f"{sb.config.workdir}/logs/\n"
                 f"  omni sandbox fault node-lost NODE --dir {workdir}\n"

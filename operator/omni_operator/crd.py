@@ -254,8 +254,8 @@ def _printer_columns() -> list[Schema]:
     return [
         col("Phase", "string", ".status.phase"),
         col("Step", "integer", ".status.step"),
-        col("Tokens/s", "number", ".status.tokensPerSecond"),
-        col("MFU", "number", ".status.mfu", format="float"),
+        col("Tokens/s", "integer", ".status.tokensPerSecond"),
+        col("MFU", "string", ".status.mfuPercent"),
         col("Restarts", "integer", ".status.restarts"),
         col("Nodes", "integer", ".spec.nodes", priority=1),
         col("Age", "date", ".metadata.creationTimestamp"),

@@ -26,13 +26,14 @@ node: those are force-deleted (grace 0) instead.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from omni_operator import recovery
 from omni_operator.placement import PlacedNode, Placement, PlacementError, place
-from omni_operator.render import LABEL_ATTEMPT, render_all
+from omni_operator.render import LABEL_ATTEMPT, LABEL_RANK, render_all
 from omni_operator.spec import OmniTrainingJob
 from omni_operator.status import (
     CheckpointStatus,
@@ -59,6 +60,8 @@ class Progress:
     checkpoint_path: str | None = None
     tokens_per_second: float | None = None
     mfu: float | None = None
+    resumed_from: int | None = None
+    """The checkpoint step the running attempt resumed from (0: from the start)."""
 
 
 @dataclass(frozen=True)
@@ -450,6 +453,9 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
     _ensure_shared_objects(s)
     phases = [(p.get("status") or {}).get("phase") or "Pending" for p in pods]
     if len(pods) >= spec.nodes and all(ph == "Succeeded" for ph in phases):
+        final = final_progress(pods)
+        if final is not None:  # the trainer's last word: its final figures
+            _apply_progress(s, final)
         s.set(completion_time=s.now_s)
         s.condition("PodsRunning", "False", "Completed", "all pods succeeded")
         s.condition("Complete", "True", "Succeeded", f"all {spec.nodes} pods succeeded")
@@ -536,6 +542,51 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
     return s.finish()
 
 
+def final_progress(pods: Sequence[Obj]) -> Progress | None:
+    """The final figures node rank 0's trainer wrote to its termination message on success
+    (``omni_trainer.termination.final_report``): step, tokens/s, MFU, checkpoints."""
+    for pod in pods:
+        if (pod["metadata"].get("labels") or {}).get(LABEL_RANK) != "0":
+            continue
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            term = (cs.get("state") or {}).get("terminated") or {}
+            if term.get("exitCode") != 0 or not term.get("message"):
+                continue
+            try:
+                report = json.loads(term["message"])
+            except ValueError:
+                return None
+            if not isinstance(report, dict):
+                return None
+            return Progress(
+                step=_int(report.get("step")),
+                checkpoint_step=_int(report.get("checkpointStep")),
+                tokens_per_second=_float(report.get("tokensPerSecond")),
+                mfu=_float(report.get("mfu")),
+                resumed_from=_int(report.get("resumedFrom")),
+            )
+    return None
+
+
+def _int(v: Any) -> int | None:
+    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def _float(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def throughput_status(p: Progress) -> dict[str, Any]:
+    """Status fields of the trainer's throughput, formatted as its logs print them: whole
+    tokens/s, MFU as a fraction and as a percent (the printer column)."""
+    out: dict[str, Any] = {}
+    if p.tokens_per_second is not None:
+        out["tokens_per_second"] = round(p.tokens_per_second)
+    if p.mfu is not None:
+        out.update(mfu=round(p.mfu, 6), mfu_percent=f"{p.mfu:.2%}")
+    return out
+
+
 def _ensure_shared_objects(s: _Step) -> None:
     """The ConfigMap and Service outlive attempts; recreate them if someone deleted them."""
     have = {object_key(o) for o in s.obs.owned}
@@ -567,28 +618,54 @@ def _record_progress(s: _Step, pods: list[Obj], phases: list[str]) -> None:
             reason,
             f"{running} of {spec.nodes} running, {pending} pending{detail}",
         )
-    p = s.obs.progress
-    if p is None:
-        return
+    if s.obs.progress is not None:
+        _apply_progress(s, s.obs.progress, all_running=all_running)
+
+
+def _apply_progress(s: _Step, p: Progress, *, all_running: bool = False) -> None:
+    """The trainer's figures -> step (the attempt's first one costs its restart), throughput,
+    checkpoint (an Event per new one), and the checkpoint the attempt really resumed from."""
+    st = s.st
     changes: dict[str, Any] = {}
     if p.step is not None and all_running and st.first_step_time is None:
         changes.update(first_step_time=s.now_s, restart_history=_restart_cost(s))
     if p.step is not None and p.step != st.step:
         changes.update(step=p.step, last_progress_time=s.now_s)
-    if p.tokens_per_second is not None:
-        changes["tokens_per_second"] = p.tokens_per_second
-    if p.mfu is not None:
-        changes["mfu"] = p.mfu
-    if p.checkpoint_step is not None and (
-        st.last_checkpoint is None or p.checkpoint_step > st.last_checkpoint.step
-    ):
-        changes["last_checkpoint"] = CheckpointStatus(
-            step=p.checkpoint_step, path=p.checkpoint_path, time=s.now_s
-        )
+    changes.update(throughput_status(p))
+    known = st.last_checkpoint.step if st.last_checkpoint else 0
+    for step in sorted({x for x in (p.resumed_from, p.checkpoint_step) if x and x > known}):
+        path = p.checkpoint_path if step == p.checkpoint_step else None
+        changes["last_checkpoint"] = CheckpointStatus(step=step, path=path, time=s.now_s)
         changes["restart_budget_left"] = s.spec.restart_policy.budget  # progress refills it
-        s.event("Normal", "Checkpoint", f"checkpoint at step {p.checkpoint_step} complete")
+        s.event("Normal", "Checkpoint", f"checkpoint at step {step} complete")
+    if p.resumed_from is not None:
+        current = changes.get("restart_history", list(st.restart_history))
+        history = _confirm_resume(s, p.resumed_from, current)
+        if history is not None:
+            changes["restart_history"] = history
     if changes:
         s.set(**changes)
+
+
+def _confirm_resume(
+    s: _Step, resumed_from: int, history: list[RestartRecord]
+) -> list[RestartRecord] | None:
+    """``history`` with this attempt's restart record's ``fromStep`` as the trainer reports it
+    (the operator planned the latest checkpoint it had seen; the trainer takes the latest in
+    storage) and a ResumedFrom Event, once; None when there is nothing to confirm."""
+    if not history or history[-1].attempt != s.st.attempt or history[-1].confirmed:
+        return None
+    actual = resumed_from or None
+    planned = history[-1].from_step
+    where = f"checkpoint step {actual}" if actual else "the start (no checkpoint)"
+    note = "" if planned == actual else f" (planned: {planned if planned else 'the start'})"
+    s.event("Normal", "ResumedFrom", f"attempt {s.st.attempt} resumed from {where}{note}")
+    update: dict[str, Any] = {"from_step": actual, "confirmed": True}
+    if history[-1].steps_recomputed is not None:  # reached - planned, now reached - actual
+        reached = history[-1].steps_recomputed + (planned or 0)
+        update["steps_recomputed"] = max(reached - (actual or 0), 0)
+    record = history[-1].model_copy(update=update)
+    return [*history[:-1], record]
 
 
 def _restart_cost(s: _Step) -> list[RestartRecord]:

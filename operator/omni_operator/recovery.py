@@ -163,6 +163,8 @@ class _Exit:
     code: int | None
     reason: str
     finished: dt.datetime | None
+    message: str = ""
+    """The container's termination message (the trainer's fatal error, or its log's tail)."""
 
 
 def _terminated(pod: Obj, placement: Sequence[str]) -> _Exit | None:
@@ -172,16 +174,19 @@ def _terminated(pod: Obj, placement: Sequence[str]) -> _Exit | None:
     code: int | None = None
     reason = status.get("reason") or ""
     finished: dt.datetime | None = None
+    message = ""
     for cs in status.get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated")
         if term and term.get("exitCode", 0) != 0:
             code = int(term["exitCode"])
             reason = term.get("reason") or reason
             finished = parse_time(term.get("finishedAt"))
+            message = (term.get("message") or "").strip()
             break
     if status.get("phase") != "Failed" and code is None:
         return None
-    return _Exit(name, pod_node(pod, placement), pod_rank(pod), code, reason, finished)
+    node, rank = pod_node(pod, placement), pod_rank(pod)
+    return _Exit(name, node, rank, code, reason, finished, message)
 
 
 def _evicted(pod: Obj) -> str | None:
@@ -329,7 +334,8 @@ def classify(
                 return Failure(
                     "user_error",
                     f"pod {e.pod} (node rank {e.rank}) exited with code {e.code}, which "
-                    "restartPolicy.nonRetryableExitCodes lists: not restarted",
+                    "restartPolicy.nonRetryableExitCodes lists: not restarted"
+                    + (f": {e.message}" if e.message else ""),
                     pods=(e.pod,),
                     exit_code=e.code,
                 )
@@ -337,18 +343,19 @@ def classify(
         e = first[0]
         what = f"exit code {e.code}" if e.code is not None else "no exit code"
         detail = f"{what}{f', {e.reason}' if e.reason else ''}"
+        cause = next((f": {x.message}" for x in first + exits if x.message), "")
         if started_steps is False:
             return Failure(
                 "user_error",
                 f"pod {e.pod} (node rank {e.rank}) failed ({detail}) before the first training "
-                "step: a configuration or code error, not restarted",
+                f"step: a configuration or code error, not restarted{cause}",
                 pods=tuple(x.pod for x in first),
                 exit_code=e.code,
             )
         more = f" ({len(exits) - 1} more pods failed after it)" if len(exits) > 1 else ""
         return Failure(
             "pod_failed",
-            f"pod {e.pod} (node rank {e.rank}) on node {e.node} failed ({detail}){more}",
+            f"pod {e.pod} (node rank {e.rank}) on node {e.node} failed ({detail}){more}{cause}",
             nodes=tuple(sorted({x.node for x in first if x.node})),
             pods=tuple(x.pod for x in first),
             exit_code=e.code,

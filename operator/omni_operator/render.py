@@ -234,6 +234,9 @@ def render_pod(job: OmniTrainingJob, node: PlacedNode, *, attempt: int, gang: bo
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
         ],
         "securityContext": _container_security(job),
+        # The trainer writes its fatal error to /dev/termination-log; without it (killed, a
+        # crash before Python), the log's tail: the operator shows either in the job's status.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     pod_spec: Obj = {
         "hostname": name,

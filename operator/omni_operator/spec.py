@@ -12,12 +12,20 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from omni_trainer.config import ManifestError, Metadata, TrainerConfig, format_errors
 from omni_trainer.config_base import Spec
-from omni_trainer.distributed.layout import layout_for
+from omni_trainer.data.lengths import length_problems
+from omni_trainer.distributed.layout import layout_problems as layout_problems_at
 
 GROUP = "omni.megascale.io"
 VERSION = "v1alpha1"
@@ -228,8 +236,11 @@ class OmniTrainingJobSpec(Spec):
         return self.group_size * self.procs_per_node // (par.tensor * par.context)
 
     @model_validator(mode="after")
-    def _check_layout(self) -> OmniTrainingJobSpec:
-        problems = layout_problems(self)
+    def _check_layout(self, info: ValidationInfo) -> OmniTrainingJobSpec:
+        local_world = (info.context or {}).get(LOCAL_WORLD)
+        problems = (
+            layout_problems(self) if local_world is None else local_problems(self, local_world)
+        )
         if problems:
             raise _errors(type(self).__name__, problems)
         return self
@@ -301,6 +312,20 @@ def layout_problems(spec: OmniTrainingJobSpec) -> list[tuple[Loc, str]]:
                 "leave groupSize unset (the operator derives it) or make them agree",
             )
         )
+    if not out:  # the trainer's own checks assume a consistent world size
+        out.extend(_trainer_problems(spec, spec.world_size, "nodes x gpusPerNode"))
+    return out + _cluster_settings_problems(spec)
+
+
+def local_problems(spec: OmniTrainingJobSpec, world_size: int) -> list[tuple[Loc, str]]:
+    """A local run (``omni train --nproc N``) ignores placement: the trainer's layout at N
+    processes, plus the settings checks that hold wherever the job runs."""
+    return _trainer_problems(spec, world_size, "--nproc") + _cluster_settings_problems(spec)
+
+
+def _cluster_settings_problems(spec: OmniTrainingJobSpec) -> list[tuple[Loc, str]]:
+    """Scheduling and environment settings that contradict each other."""
+    out: list[tuple[Loc, str]] = []
     sched = spec.scheduling
     if sched.kueue_queue and sched.volcano_gang:
         out.append(
@@ -325,27 +350,18 @@ def layout_problems(spec: OmniTrainingJobSpec) -> list[tuple[Loc, str]]:
                     f"{name} is set by the operator (rank and rendezvous wiring); remove it",
                 )
             )
-    if not out:  # the trainer's own checks assume a consistent world size
-        out.extend(_trainer_problems(spec))
     return out
 
 
-_PATH_HEAD = re.compile(r"^spec\.([A-Za-z0-9_.]+?)(?: \(|=|: )")
-
-
-def _trainer_problems(spec: OmniTrainingJobSpec) -> list[tuple[Loc, str]]:
-    """The trainer's layout checks at this job's world size (batch sizes, layer split)."""
-    try:
-        layout_for(spec.trainer, spec.world_size)
-    except ManifestError as err:
-        msg = str(err).replace("--nproc", "nodes x gpusPerNode")
-        m = _PATH_HEAD.match(msg)
-        if not m:
-            return [(("trainer", "parallelism"), f"{msg} (world size {spec.world_size})")]
-        *parents, leaf = m.group(1).split(".")
-        msg = leaf + msg[m.end(1) :]  # the path goes into loc; keep the field's name
-        return [((*parents, leaf), f"{msg} (world size {spec.world_size})")]
-    return []
+def _trainer_problems(
+    spec: OmniTrainingJobSpec, world_size: int, source: str
+) -> list[tuple[Loc, str]]:
+    """The trainer's layout checks (heads, layers, batch sizes) at ``world_size`` processes,
+    which ``source`` sets."""
+    world = f" (world size {world_size} = {source})"
+    problems = [(p, msg + world) for p, msg in layout_problems_at(spec.trainer, world_size)]
+    problems += length_problems(spec.trainer.data)[0]
+    return [(("trainer", *path.split(".")), msg) for path, msg in problems]
 
 
 class OmniTrainingJob(Spec):
@@ -387,11 +403,19 @@ def _errors(title: str, problems: list[tuple[Loc, str]]) -> ValidationError:
     )
 
 
-def parse_job(doc: Any) -> OmniTrainingJob:
-    """Validate a whole OmniTrainingJob; :class:`ManifestError` lists every bad field path."""
+LOCAL_WORLD = "local_world_size"
+
+
+def parse_job(doc: Any, *, local_world_size: int | None = None) -> OmniTrainingJob:
+    """Validate a whole OmniTrainingJob; :class:`ManifestError` lists every bad field path.
+
+    The one validation of ``omni validate``, ``omni render``, ``omni train`` and the operator.
+    ``local_world_size``: a local run on that many processes (``omni train --nproc``), whose
+    layout is checked at that size instead of ``nodes x gpusPerNode``.
+    """
     if not isinstance(doc, dict):
         raise ManifestError("the manifest must be a mapping with apiVersion, kind, spec")
     try:
-        return OmniTrainingJob.model_validate(doc)
+        return OmniTrainingJob.model_validate(doc, context={LOCAL_WORLD: local_world_size})
     except ValidationError as err:
         raise ManifestError(format_errors(err)) from None

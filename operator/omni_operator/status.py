@@ -37,7 +37,12 @@ class RestartRecord(Spec):
     message: str = ""
     time: str | None = None
     nodes: list[str] = Field(default_factory=list, description="nodes involved in the failure")
-    from_step: int | None = Field(None, description="checkpoint step the restart resumes from")
+    from_step: int | None = Field(
+        None,
+        description="checkpoint step the restart resumes from: the latest the operator saw, "
+        "then the one the trainer reports it resumed from (confirmed)",
+    )
+    confirmed: bool = Field(False, description="fromStep is what the trainer reported")
     delay_seconds: float = Field(0.0, ge=0, description="backoff before the new pods were created")
     mode: Literal["in-place", "recreate", "spare"] = Field(
         "recreate", description="how the job restarted: pods recreated, or kept"
@@ -77,8 +82,11 @@ class OmniTrainingJobStatus(Spec):
     first_step_time: str | None = Field(
         None, description="when the current attempt's trainer first reported a step"
     )
-    tokens_per_second: float | None = None
-    mfu: float | None = None
+    tokens_per_second: float | None = Field(
+        None, description="the trainer's latest (after Succeeded: final) tokens/s, whole tokens"
+    )
+    mfu: float | None = Field(None, description="model FLOPs utilization, a fraction")
+    mfu_percent: str | None = Field(None, description="mfu as the logs print it, e.g. 41.27%")
     last_checkpoint: CheckpointStatus | None = None
     placement: list[str] = Field(default_factory=list, description="node names by node rank")
     quarantined_nodes: list[str] = Field(default_factory=list)

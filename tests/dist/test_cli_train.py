@@ -110,3 +110,6 @@ def test_plan_tune_recommends_fitting_configurations() -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "vlm-7b on 64 x H100" in proc.stdout
     assert "1. #1 of" in proc.stdout and "GiB" in proc.stdout
+    assert "device: H100" in proc.stdout and "default; the manifest names no GPU" in proc.stdout
+    assert "own: the manifest's layout (tp4 pp2 vpp1 dp8" in proc.stdout  # beside the best
+    assert "switching to #1 gains" in proc.stdout

@@ -32,13 +32,12 @@ import omni_operator.handlers  # noqa: F401  (registers the handlers)
 from omni_operator.crd import crd
 from omni_operator.reconcile import Progress
 from omni_operator.render import LABEL_ATTEMPT, LABEL_JOB
-from omni_operator.sandbox.cluster import SPINE, ZONE, node_object
+from omni_operator.sandbox.cluster import node_object
 from omni_operator.sandbox.emulator import Emulator
 from omni_operator.spec import GROUP, PLURAL, VERSION
 
-from ..conftest import EXAMPLES
+from ..jobs import NS
 
-NS = "ml"
 JOBS = f"{GROUP}/{VERSION}/{PLURAL}"
 
 
@@ -57,25 +56,6 @@ class Clock:
     def iso(self, seconds_ago: float = 0) -> str:
         t = self() - dt.timedelta(seconds=seconds_ago)
         return t.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def job_manifest(name: str = "train", **spec: Any) -> dict[str, Any]:
-    """examples/tiny-cpu.yaml on 2 nodes x 2 GPUs, reorder groups of 2 inside one spine."""
-    doc = yaml.safe_load((EXAMPLES / "tiny-cpu.yaml").read_text())
-    doc["metadata"] = {"name": name, "namespace": NS}
-    doc["spec"].update(
-        nodes=2,
-        gpusPerNode=2,
-        topology={"networkDomainLabels": [ZONE, SPINE], "reorderGroupSize": 2},
-        restartPolicy={"backoffSeconds": {"base": 0, "max": 0}, "nodeLostGraceSeconds": 30},
-    )
-    doc["spec"]["trainer"]["data"]["microBatchSize"] = 2
-    for key, value in spec.items():
-        if isinstance(value, dict) and isinstance(doc["spec"].get(key), dict):
-            doc["spec"][key] = {**doc["spec"][key], **value}
-        else:
-            doc["spec"][key] = value
-    return doc
 
 
 def gpu_node(name: str, spine: str, *, clock: Clock) -> dict[str, Any]:

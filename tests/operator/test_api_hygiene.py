@@ -15,7 +15,8 @@ import pytest
 
 from omni_operator.handlers.kube import Kube
 
-from .conftest import Cluster, job_manifest
+from ..jobs import job_manifest
+from .conftest import Cluster
 
 pytestmark = pytest.mark.asyncio
 

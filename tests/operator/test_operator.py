@@ -12,7 +12,8 @@ from omni_operator.metrics import OperatorMetrics
 from omni_operator.reconcile import Progress
 from omni_operator.render import ANNOTATION_NODE, LABEL_ATTEMPT, LABEL_JOB
 
-from .conftest import NS, Cluster, job_manifest
+from ..jobs import INVALID, invalid_job, job_manifest
+from .conftest import NS, Cluster
 
 pytestmark = pytest.mark.asyncio
 
@@ -296,58 +297,12 @@ async def test_reacts_to_watch_events_not_to_the_resync(cluster: Cluster) -> Non
     assert {p.get("labelSelector") for p in pod_watches} == {LABEL_JOB}
 
 
-INVALID: dict[str, tuple[dict[str, Any], str]] = {
-    # name: (spec overrides, the field the message must name)
-    "nodes": ({"nodes": 0}, "spec.nodes"),
-    "gpus": ({"gpusPerNode": -1}, "spec.gpusPerNode"),
-    "micro": ({"trainer": {"data": {"microBatchSize": 3}}}, "spec.trainer.data.microBatchSize"),
-    "typo": (
-        {"trainer": {"data": {"sources": [{"colour": "red"}]}}},
-        "spec.trainer.data.sources[0].colour",
-    ),
-    "preset": (
-        {"trainer": {"model": {"llm": {"preset": "gpt-9"}}}},
-        "spec.trainer.model.llm.preset",
-    ),
-    "tensor": ({"trainer": {"parallelism": {"tensor": 3}}}, "spec.trainer.parallelism.tensor"),
-    "hang": (
-        {"restartPolicy": {"hangTimeoutSeconds": 10}},
-        "spec.restartPolicy.hangTimeoutSeconds",
-    ),
-    "group": ({"topology": {"reorderGroupSize": 3}}, "spec.topology.reorderGroupSize"),
-    "ckpt": ({"trainer": {"checkpoint": {"intervalSteps": 5}}}, "spec.trainer.checkpoint.path"),
-    "memory": ({"resources": {"memory": "lots"}}, "spec.resources.memory"),
-    "lr": ({"trainer": {"optimizer": {"lr": -1}}}, "spec.trainer.optimizer.lr"),
-    "suspend": ({"suspend": "maybe"}, "spec.suspend"),
-    "mixture": (
-        {"trainer": {"data": {"mixture": [{"atTokens": 0, "weights": {"video": 1}}]}}},
-        "spec.trainer.data.mixture",
-    ),
-    "steps": ({"trainer": {"train": {"steps": 0}}}, "spec.trainer.train.steps"),
-    "exitcodes": (
-        {"restartPolicy": {"nonRetryableExitCodes": [0]}},
-        "spec.restartPolicy.nonRetryableExitCodes[0]",
-    ),
-}
-
-
-def _deep_update(doc: dict[str, Any], changes: dict[str, Any]) -> None:
-    for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(doc.get(key), dict):
-            _deep_update(doc[key], value)
-        elif isinstance(value, list) and value and isinstance(value[0], dict) and doc.get(key):
-            doc[key][0].update(value[0])
-        else:
-            doc[key] = value
-
-
 async def test_invalid_manifests_fail_naming_the_field_and_create_nothing(cluster: Cluster) -> None:
-    """Fifteen kinds of mistakes, applied as the API server would store them (the emulator does
-    no schema validation): each job fails at once with the field in status and an Event."""
+    """Every kind of mistake of tests/invalid_jobs.py (the same manifests `omni validate` and
+    `omni render` reject), applied as the API server would store them (the emulator does no
+    schema validation): each job fails at once with the field in status and an Event."""
     for name, (changes, _) in INVALID.items():
-        doc = job_manifest(name)
-        _deep_update(doc["spec"], changes)
-        await cluster.apply(doc)
+        await cluster.apply(invalid_job(job_manifest(name), changes))
     for name, (_, field) in INVALID.items():
         await cluster.wait(
             f"{name} Failed", lambda n=name: cluster.status(n).get("phase") == "Failed"

@@ -111,7 +111,9 @@ async def test_runs_reports_and_kills_a_pod_with_all_its_processes(env: Env) -> 
     await env.post(f"/api/v1/namespaces/{NS}/pods", _pod("a", "node-1", SLEEPER))
     await env.wait("Running", lambda: _phase(env, "a") == "Running")
     pod = env.pod("a")
-    assert pod["spec"]["nodeName"] == "node-1" and pod["status"]["podIP"].startswith("127.0.2.")
+    assert pod["spec"]["nodeName"] == "node-1" and pod["status"]["podIP"].startswith(
+        f"127.{env.kubelet.net.subnet}.2."
+    )
     await env.wait("both processes", lambda: len(pod_processes(pod["metadata"]["uid"])) == 2)
     await env.wait("the log", lambda: "hello from a" in (env.kubelet.pod_log(NS, "a") or ""))
 
@@ -172,6 +174,47 @@ async def test_node_lost_kills_its_pods_silently_and_marks_it_unknown(env: Env) 
     await env.wait("Ready again", lambda: ready() == "True")
     with pytest.raises(RuntimeError, match="pod 'nope' not found in namespace default"):
         await inject_fault(env.url, "kill-pod", "nope", namespace=NS)
+
+
+def _message(e: Env, name: str) -> str | None:
+    (cs,) = e.pod(name)["status"].get("containerStatuses") or [{}]
+    return ((cs.get("state") or {}).get("terminated") or {}).get("message")
+
+
+async def test_termination_messages_as_a_kubelet_reports_them(env: Env) -> None:
+    """The file (OMNI_TERMINATION_LOG stands for terminationMessagePath) wins; with
+    FallbackToLogsOnError an empty file on failure gives the log's tail; else no message."""
+    writes = (
+        "import os; open(os.environ['OMNI_TERMINATION_LOG'], 'w').write('ValueError: the cause'); "
+        "print('noise', flush=True); raise SystemExit(1)"
+    )
+    prints = "print('\\n'.join(f'line {i}' for i in range(100)), flush=True); raise SystemExit(2)"
+    pods = {"file": writes, "tail": prints, "plain": prints, "ok": "print('done')"}
+    for name, script in pods.items():
+        pod = _pod(name, "node-0", script)
+        if name != "plain":
+            pod["spec"]["containers"][0]["terminationMessagePolicy"] = "FallbackToLogsOnError"
+        await env.post(f"/api/v1/namespaces/{NS}/pods", pod)
+    for name in pods:
+        await env.wait(f"{name} ended", lambda n=name: _phase(env, n) in ("Succeeded", "Failed"))
+    assert _message(env, "file") == "ValueError: the cause"
+    tail = _message(env, "tail")
+    assert tail is not None and tail.splitlines() == [f"line {i}" for i in range(20, 100)]
+    assert _message(env, "plain") is None and _message(env, "ok") is None
+
+
+async def test_a_running_pod_without_processes_is_reported_lost(env: Env) -> None:
+    """After a sandbox restart the API still says Running, but no process exists: reported as
+    a kubelet reports a container whose state it lost (the operator then restarts the job)."""
+    pod = _pod("orphan", "node-1", SLEEPER)
+    pod["spec"]["nodeName"] = "node-1"
+    pod["status"] = {"phase": "Running", "podIP": "127.9.2.1"}  # what the previous run wrote
+    await env.post(f"/api/v1/namespaces/{NS}/pods", pod)
+    await env.wait("Failed", lambda: _phase(env, "orphan") == "Failed")
+    (cs,) = env.pod("orphan")["status"]["containerStatuses"]
+    term = cs["state"]["terminated"]
+    assert term["exitCode"] == 137 and term["reason"] == "ContainerStatusUnknown"
+    assert "previous kubelet" in term["message"] and not env.kubelet.containers
 
 
 async def test_images_outside_the_registry_fail_to_pull_like_a_kubelet(env: Env) -> None:

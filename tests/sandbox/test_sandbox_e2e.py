@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -56,16 +57,49 @@ def _wait(what: str, check: Callable[[], Any], *, timeout: float, logs: Path) ->
     pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}; sandbox log tail:\n{tail}")
 
 
-def _kubectl(tmp_path: Path) -> Callable[..., str]:
-    env = {**os.environ, "KUBECONFIG": str(tmp_path / SANDBOX_DIR / "kubeconfig")}
+class Sandbox:
+    """`omni sandbox up` in ``cwd`` (4 CPU nodes), and the real kubectl against it."""
 
-    def kubectl(*args: str) -> str:
-        out = subprocess.run([str(BIN / "kubectl"), *args], cwd=tmp_path, env=env,
-                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    def __init__(
+        self, cwd: Path, env: dict[str, str] | None = None, *, nodes: int = 4, args: tuple = ()
+    ) -> None:
+        self.cwd, self.log = cwd, cwd / "sandbox.log"
+        self.env = {**(env or os.environ), "KUBECONFIG": str(cwd / SANDBOX_DIR / "kubeconfig")}
+        self.argv = [*OMNI, "sandbox", "up", "--nodes", str(nodes), "--gpus-per-node", "0",
+                     "--resync", "1", "--dir", SANDBOX_DIR, *args]  # fmt: skip
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Sandbox:
+        with self.log.open("w") as log:
+            self.proc = subprocess.Popen(
+                self.argv, cwd=self.cwd, env=self.env, stdout=log, stderr=subprocess.STDOUT
+            )
+        try:
+            self.wait("the sandbox", (self.cwd / SANDBOX_DIR / "sandbox.json").exists, timeout=120)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        assert self.proc is not None
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+    def kubectl(self, *args: str, timeout: float = 120) -> str:
+        out = subprocess.run([str(BIN / "kubectl"), *args], cwd=self.cwd, env=self.env,
+                             capture_output=True, text=True, timeout=timeout)  # fmt: skip
         assert out.returncode == 0, f"kubectl {' '.join(args)}: {out.stderr}"
         return out.stdout
 
-    return kubectl
+    def job(self, name: str) -> dict[str, Any]:
+        return json.loads(self.kubectl("get", "otj", name, "-o", "json"))
+
+    def wait(self, what: str, check: Callable[[], Any], *, timeout: float) -> Any:
+        return _wait(what, check, timeout=timeout, logs=self.log)
 
 
 def test_a_missing_image_fails_the_job_naming_it_within_the_start_timeout(
@@ -80,64 +114,40 @@ def test_a_missing_image_fails_the_job_naming_it_within_the_start_timeout(
     doc["spec"]["image"] = missing
     doc["spec"]["restartPolicy"]["startTimeoutSeconds"] = 60
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    sandbox_log = tmp_path / "sandbox.log"
-    kubectl = _kubectl(tmp_path)
-    with sandbox_log.open("w") as log:
-        sandbox = subprocess.Popen(
-            [*OMNI, "sandbox", "up", "--nodes", "2", "--gpus-per-node", "0", "--resync", "1",
-             "--dir", SANDBOX_DIR, "--image", "ghcr.io/megascale-omni/trainer:0.1.0"],
-            cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    try:
-        _wait("the sandbox", (tmp_path / SANDBOX_DIR / "sandbox.json").exists, timeout=120,
-              logs=sandbox_log)  # fmt: skip
-        kubectl("apply", "--validate=false", "-f", "job.yaml")
+    registry = ("--image", "ghcr.io/megascale-omni/trainer:0.1.0")
+    with Sandbox(tmp_path, nodes=2, args=registry) as sb:
+        kubectl = sb.kubectl
+        kubectl("apply", "-f", "job.yaml")
         start = time.monotonic()
         kubectl("wait", "--for=jsonpath={.status.phase}=Failed", "otj/tiny-cpu",
                 "--timeout=60s")  # fmt: skip
         assert time.monotonic() - start < 60
-        status = json.loads(kubectl("get", "otj", "tiny-cpu", "-o", "json"))["status"]
+        status = sb.job("tiny-cpu")["status"]
         assert f"image {missing} cannot be pulled" in status["message"], status["message"]
         assert "ErrImagePull" in status["message"] or "ImagePullBackOff" in status["message"]
         failed = {c["type"]: c for c in status["conditions"]}["Failed"]
         assert failed["reason"] == "ImagePullFailed" and status["restarts"] == 0
-        assert f"image {missing} is not in the registry" in sandbox_log.read_text()
-        assert "registry: ghcr.io/megascale-omni/trainer:0.1.0" in sandbox_log.read_text()
-    finally:
-        sandbox.terminate()
-        try:
-            sandbox.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            sandbox.kill()
+        assert f"image {missing} is not in the registry" in sb.log.read_text()
+        assert "registry: ghcr.io/megascale-omni/trainer:0.1.0" in sb.log.read_text()
 
 
 def test_node_lost_mid_run_restarts_and_matches_an_uninterrupted_run(tmp_path: Path) -> None:
     _manifest(tmp_path / "job.yaml", step_log="runs/job/steps.jsonl", checkpoint="runs/job/ckpt")
     _manifest(tmp_path / "ref.yaml", step_log="runs/ref/steps.jsonl", checkpoint=None)
-    sandbox_log = tmp_path / "sandbox.log"
-    kubectl = _kubectl(tmp_path)
+    with Sandbox(tmp_path) as sb:
+        kubectl = sb.kubectl
 
-    def job() -> dict[str, Any]:
-        return json.loads(kubectl("get", "otj", "tiny-cpu", "-o", "json"))
+        def job() -> dict[str, Any]:
+            return sb.job("tiny-cpu")
 
-    with sandbox_log.open("w") as log:
-        sandbox = subprocess.Popen(
-            [*OMNI, "sandbox", "up", "--nodes", "4", "--gpus-per-node", "0", "--resync", "1",
-             "--dir", SANDBOX_DIR],
-            cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    try:
-        _wait("the sandbox", (tmp_path / SANDBOX_DIR / "sandbox.json").exists, timeout=120,
-              logs=sandbox_log)  # fmt: skip
         assert "node-3" in kubectl("get", "nodes")
-        kubectl("apply", "--validate=false", "-f", "job.yaml")
+        kubectl("apply", "-f", "job.yaml")
 
         def checkpointed() -> int | None:
             step = ((job().get("status") or {}).get("lastCheckpoint") or {}).get("step")
             return step if step and step >= 10 else None
 
-        _wait("a committed checkpoint in the job's status", checkpointed, timeout=400,
-              logs=sandbox_log)  # fmt: skip
+        sb.wait("a committed checkpoint in the job's status", checkpointed, timeout=400)
         selector = "omni.megascale.io/attempt=0,omni.megascale.io/node-rank=1"
         (rank1,) = json.loads(kubectl("get", "pods", "-l", selector, "-o", "json"))["items"]
         lost = rank1["spec"]["nodeName"]
@@ -146,7 +156,7 @@ def test_node_lost_mid_run_restarts_and_matches_an_uninterrupted_run(tmp_path: P
         assert "fault=lost" in out.stdout
 
         kubectl("wait", "--for=jsonpath={.status.phase}=Succeeded", "otj/tiny-cpu",
-                "--timeout=600s")  # fmt: skip
+                "--timeout=600s", timeout=660)  # fmt: skip
         status = job()["status"]
         assert status["restarts"] == 1 and status["attempt"] == 1
         (restart,) = status["restartHistory"]
@@ -162,21 +172,155 @@ def test_node_lost_mid_run_restarts_and_matches_an_uninterrupted_run(tmp_path: P
         assert {"PodsCreated", "NodeLost", "Checkpoint", "Succeeded"} <= reasons, reasons
         rank0 = "tiny-cpu-a1-n0"
         assert f"training {STEPS} steps" in kubectl("logs", rank0)
-        assert "Succeeded" in kubectl("get", "otj")  # the printer columns show the phase
-    finally:
-        sandbox.terminate()
-        try:
-            sandbox.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            sandbox.kill()
-    assert sandbox.returncode is not None
+        assert status["step"] == STEPS  # the trainer's final figures, not the last scrape's
+        table = kubectl(
+            "get", "otj"
+        ).splitlines()  # printer columns: phase, integer tokens/s, MFU %
+        assert table[0].split() == ["NAME", "PHASE", "STEP", "TOKENS/S", "MFU", "RESTARTS", "AGE"]
+        _, phase, step, tps, mfu, restarts, _ = table[1].split()
+        assert (phase, step, restarts) == ("Succeeded", str(STEPS), "1")
+        assert tps == str(status["tokensPerSecond"]) and tps.isdigit() and mfu.endswith("%")
+        for args in ([], ["-o", "wide"], ["-A"], ["--field-selector", "reason=NodeLost"]):
+            out = kubectl("get", "events", *args)  # tables of Events with real timestamps
+            assert "NodeLost" in out and "<invalid>" not in out, out
+    assert sb.proc is not None and sb.proc.returncode is not None
 
     log_path = tmp_path / "runs/job/steps.jsonl"
     got = read_step_log(log_path)
-    assert {json.loads(line)["attempt"] for line in log_path.read_text().splitlines()} == {0, 1}
+    lines = [json.loads(line) for line in log_path.read_text().splitlines()]
+    assert {x["attempt"] for x in lines} == {0, 1}
+    resumed = min(x["step"] for x in lines if x["attempt"] == 1) - 1  # as the trainer did
+    assert restart["fromStep"] == resumed and restart["confirmed"], (restart, resumed)
 
     subprocess.run([*OMNI, "train", "ref.yaml", "--nproc", "2"], cwd=tmp_path, check=True,
                    capture_output=True, timeout=600)  # fmt: skip
     want = read_step_log(tmp_path / "runs/ref/steps.jsonl")
     assert list(got) == list(want) == list(range(1, STEPS + 1))
+    assert max(abs(got[s] - want[s]) for s in want) <= 1e-6, (got, want)
+
+
+def test_failures_put_their_cause_in_the_status(tmp_path: Path) -> None:
+    """A shards url that matches nothing and an s3:// checkpoint without credentials fail
+    before any training step, a trainer exception after step 1 fails after it: each job's
+    status.message (and Failed condition, and Event) carries the cause, not a log line number."""
+    blocker = tmp_path / "runs" / "blocker"  # a file where the checkpoint directory must go
+    blocker.parent.mkdir(parents=True)
+    blocker.write_text("")
+    jobs: dict[str, tuple[dict[str, Any], str]] = {
+        "badurl": (
+            {"data": {"sources[0]": {"kind": "shards", "name": "web", "modality": "image",
+                                     "url": "data/missing/*.tar"}}},
+            "spec.trainer.data.sources[0].url (data/missing/*.tar): FileNotFoundError: source "
+            "'web': url 'data/missing/*.tar' matches no .tar shards",
+        ),
+        "nocreds": (
+            {"checkpoint": {"path": "s3://omni-ckpt/nocreds", "intervalSteps": 10}},
+            "spec.trainer.checkpoint.path (s3://omni-ckpt/nocreds): NoCredentialsError: Unable "
+            "to locate credentials",
+        ),
+        "crash": (  # the first save (after step 1) cannot create its directory
+            {"checkpoint": {"path": "runs/blocker/ckpt", "intervalSteps": 1}},
+            "RuntimeError: the last checkpoint failed",
+        ),
+    }  # fmt: skip
+    for name, (trainer, _) in jobs.items():
+        path = tmp_path / f"{name}.yaml"
+        _manifest(path, step_log=f"runs/{name}/steps.jsonl", checkpoint=None)
+        doc = yaml.safe_load(path.read_text())
+        doc["metadata"]["name"] = name
+        doc["spec"].update(nodes=1, restartPolicy={"budget": 0})
+        doc["spec"]["trainer"]["train"]["steps"] = 3
+        for key, value in trainer.items():
+            if "sources[0]" in value:
+                doc["spec"]["trainer"][key]["sources"][0] = value["sources[0]"]
+            else:
+                doc["spec"]["trainer"][key] = value
+        path.write_text(yaml.safe_dump(doc))
+    no_aws = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    none = str(tmp_path / "none")
+    no_aws.update(
+        AWS_SHARED_CREDENTIALS_FILE=none, AWS_CONFIG_FILE=none, AWS_EC2_METADATA_DISABLED="true"
+    )
+    with Sandbox(tmp_path, no_aws) as sb:
+        for name in jobs:
+            sb.kubectl("apply", "-f", f"{name}.yaml")
+        for name, (_, cause) in jobs.items():
+            sb.wait(f"{name} Failed", lambda n=name: _phase(sb.job(n)) == "Failed", timeout=300)
+            status = sb.job(name)["status"]
+            assert cause in status["message"], status["message"]
+            failed = {c["type"]: c for c in status["conditions"]}["Failed"]
+            assert cause in failed["message"]
+            selector = f"involvedObject.name={name}"
+            events = json.loads(
+                sb.kubectl("get", "events", "--field-selector", selector, "-o", "json")
+            )
+            assert any(cause in e["message"] for e in events["items"] if e["type"] == "Warning")
+        assert 1 in read_step_log(tmp_path / "runs/crash/steps.jsonl")  # failed after step 1
+        for name in ("badurl", "nocreds"):  # before any training step
+            assert not (tmp_path / f"runs/{name}/steps.jsonl").exists()
+            assert "before the first training step" in sb.job(name)["status"]["message"]
+
+
+def _phase(job: dict[str, Any]) -> str | None:
+    return (job.get("status") or {}).get("phase")
+
+
+def test_ctrl_c_stops_the_sandbox_quietly(tmp_path: Path) -> None:
+    """Every job's reconcile loop returns when kopf asks it to stop: no "Will escalate"."""
+    with Sandbox(tmp_path) as sb:
+        for name in ("a", "b"):
+            path = tmp_path / f"{name}.yaml"
+            _manifest(path, step_log=f"runs/{name}.jsonl", checkpoint=None)
+            doc = yaml.safe_load(path.read_text())
+            doc["metadata"]["name"] = name
+            doc["spec"]["suspend"] = True  # a job without pods: its loop sleeps
+            path.write_text(yaml.safe_dump(doc))
+            sb.kubectl("apply", "-f", path.name)
+        sb.wait("Suspended", lambda: _phase(sb.job("b")) == "Suspended", timeout=60)
+        assert sb.proc is not None
+        sb.proc.send_signal(signal.SIGINT)
+        assert sb.proc.wait(timeout=60) == 0
+    log = sb.log.read_text()
+    assert "Will escalate" not in log and "Traceback" not in log, log
+
+
+def test_a_restarted_sandbox_keeps_the_job_and_it_succeeds_exactly(tmp_path: Path) -> None:
+    """`omni sandbox up` stopped mid-run (API server, kubelet, operator and pods all go) and
+    started again on the same --dir: the job is still there, its pods are reported as lost, the
+    operator restarts it from its checkpoint, and the loss curve is an uninterrupted run's."""
+    steps = 20
+    for name, ckpt in (("job", "runs/job/ckpt"), ("ref", None)):
+        _manifest(tmp_path / f"{name}.yaml", step_log=f"runs/{name}/steps.jsonl", checkpoint=ckpt)
+        doc = yaml.safe_load((tmp_path / f"{name}.yaml").read_text())
+        doc["spec"]["trainer"]["train"]["steps"] = steps
+        if ckpt:
+            doc["spec"]["trainer"]["checkpoint"]["intervalSteps"] = 5
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(doc))
+    with Sandbox(tmp_path) as sb:
+        sb.kubectl("apply", "-f", "job.yaml")
+
+        def checkpointed() -> bool:
+            last = (sb.job("tiny-cpu").get("status") or {}).get("lastCheckpoint") or {}
+            return (last.get("step") or 0) >= 5
+
+        sb.wait("a checkpoint", checkpointed, timeout=400)
+    with Sandbox(tmp_path) as sb:  # the same directory: the stored objects come back
+        assert "tiny-cpu" in sb.kubectl("get", "otj")
+        sb.kubectl("wait", "--for=jsonpath={.status.phase}=Succeeded", "otj/tiny-cpu",
+                   "--timeout=600s", timeout=660)  # fmt: skip
+        status = sb.job("tiny-cpu")["status"]
+        assert status["step"] == steps and status["restarts"] == 1
+        (restart,) = status["restartHistory"]
+        assert "previous kubelet" in restart["message"] and restart["confirmed"]
+        pods = json.loads(sb.kubectl("get", "pods", "-o", "json"))["items"]
+        names = sorted(p["metadata"]["name"] for p in pods)
+        assert names == ["tiny-cpu-a1-n0", "tiny-cpu-a1-n1"], names  # no duplicates
+    lines = [json.loads(x) for x in (tmp_path / "runs/job/steps.jsonl").read_text().splitlines()]
+    resumed = min(x["step"] for x in lines if x["attempt"] == 1) - 1
+    assert restart["fromStep"] == resumed >= 5
+    subprocess.run([*OMNI, "train", "ref.yaml", "--nproc", "2"], cwd=tmp_path, check=True,
+                   capture_output=True, timeout=600)  # fmt: skip
+    got = read_step_log(tmp_path / "runs/job/steps.jsonl")
+    want = read_step_log(tmp_path / "runs/ref/steps.jsonl")
+    assert list(got) == list(want) == list(range(1, steps + 1))
     assert max(abs(got[s] - want[s]) for s in want) <= 1e-6, (got, want)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -28,20 +31,53 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
 ManifestArg = Annotated[Path, typer.Argument(help="OmniTrainingJob YAML")]
 
 
-def _load(path: Path):
+def _load(path: Path, *, whole: bool = False, local_world_size: int | None = None):
     try:
-        return load_manifest(path)
+        return load_manifest(path, whole=whole, local_world_size=local_world_size)
     except ManifestError as err:
         raise _fail(str(err)) from None
 
 
+def _warn(cfg) -> None:
+    """What the manifest lets through but changes the data, said before anything runs."""
+    from omni_trainer.distributed.layout import manifest_warnings
+
+    for line in manifest_warnings(cfg):
+        err_console.print("[bold yellow]warning:[/bold yellow] ", end="")
+        err_console.print(line, markup=False)
+
+
 @app.command()
-def validate(manifest: ManifestArg) -> None:
-    """Check a manifest without training; every problem is listed with its field path."""
-    job = _load(manifest)
+def validate(
+    manifest: ManifestArg,
+    nproc: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="check a local run on this many processes (default: the cluster fields)"
+        ),
+    ] = None,
+    sources: Annotated[
+        bool,
+        typer.Option(
+            "--sources",
+            help="also open every data source and the checkpoint storage, with this "
+            "machine's credentials",
+        ),
+    ] = False,
+) -> None:
+    """Check a whole manifest without starting anything (the operator's checks, cluster fields
+    included); every problem is listed with its field path and the fix."""
+    job = _load(manifest, whole=True, local_world_size=nproc)
     cfg = job.spec.trainer
+    _warn(cfg)
+    if sources:
+        try:
+            _check_sources(cfg)
+        except ManifestError as err:
+            raise _fail(f"{manifest}: {err}") from None
+    where = f"--nproc {nproc}" if nproc else "its cluster fields"
     typer.echo(
-        f"{manifest}: valid OmniTrainingJob {job.metadata.name!r} "
+        f"{manifest}: valid OmniTrainingJob {job.metadata.name!r} on {where} "
         f"(modalities: {', '.join(cfg.model.modalities)}; "
         f"{len(cfg.data.sources)} sources; {cfg.train.steps} steps)"
     )
@@ -75,16 +111,25 @@ def train(
 
     if resume not in ("auto", "none"):
         raise _fail(f"--resume must be 'auto' or 'none', not {resume!r}")
-    job = _load(manifest)
-    if nproc > 1 and not inside_torchrun():
-        forwarded = [
-            *(["--steps", str(steps)] if steps else []),
-            *(["--summary", str(summary)] if summary else []),
-            "--resume",
-            resume,
-        ]
-        raise typer.Exit(launch_torchrun(manifest, nproc=nproc, forwarded=forwarded))
-    try:
+    # Every rank of torchrun re-enters here: the manifest is checked at the world it runs in,
+    # and before torchrun starts at --nproc, so a bad manifest is reported once.
+    world = int(os.environ["WORLD_SIZE"]) if inside_torchrun() else nproc
+    with _fatal_to_termination_log():
+        job = load_manifest(manifest, whole=True, local_world_size=world)
+        if not inside_torchrun():
+            _warn(job.spec.trainer)
+        # Once per machine (a pod, or this launcher), before the process group forms.
+        if os.environ.get("LOCAL_RANK", "0") == "0" and not os.environ.get(SOURCES_CHECKED):
+            _check_sources(job.spec.trainer)
+        if nproc > 1 and not inside_torchrun():
+            forwarded = [
+                *(["--steps", str(steps)] if steps else []),
+                *(["--summary", str(summary)] if summary else []),
+                "--resume",
+                resume,
+            ]
+            os.environ[SOURCES_CHECKED] = "1"  # the local workers need not check again
+            raise typer.Exit(launch_torchrun(manifest, nproc=nproc, forwarded=forwarded))
         result = run_worker(
             job,
             steps=steps,
@@ -92,10 +137,41 @@ def train(
             resume=resume == "auto",
             metrics_port=metrics_port,
         )
-    except ManifestError as err:
-        raise _fail(str(err)) from None
     if result and _is_rank0():
+        from omni_trainer.termination import final_report, report
+
+        report(final_report(result))
         _print_summary(result)
+
+
+SOURCES_CHECKED = "OMNI_SOURCES_CHECKED"
+
+
+def _check_sources(cfg) -> None:
+    """Data sources and checkpoint storage reachable, or one ManifestError naming each cause."""
+    from omni_trainer.preflight import source_problems
+
+    problems = source_problems(cfg)
+    if problems:
+        raise ManifestError("unreachable:\n" + "\n".join(problems))
+
+
+@contextlib.contextmanager
+def _fatal_to_termination_log() -> Iterator[None]:
+    """A fatal error of ``omni train`` also goes to the container's termination message, which
+    the operator puts into the job's status (``omni_trainer.termination``)."""
+    from omni_trainer.termination import fatal_message, report
+
+    try:
+        yield
+    except typer.Exit:  # torchrun's exit status: its workers reported for themselves
+        raise
+    except ManifestError as err:
+        report(str(err))
+        raise _fail(str(err)) from None
+    except Exception as err:
+        report(fatal_message(err))
+        raise
 
 
 @app.command()
@@ -106,9 +182,14 @@ def plan(
     ] = None,
     step: Annotated[int, typer.Option(min=0, help="which training step's batch to plan")] = 0,
     policy: Annotated[str | None, typer.Option(help="compare another insertion policy")] = None,
-    tune: Annotated[
-        bool, typer.Option("--tune", help="search the parallel configuration on H100s")
-    ] = False,
+    tune: Annotated[bool, typer.Option("--tune", help="search the parallel configuration")] = False,
+    device: Annotated[
+        str | None,
+        typer.Option(
+            help="--tune: GPU profile (H100, H200, GH200, A100); default: the GPU product the "
+            "manifest's nodeSelector names, else H100"
+        ),
+    ] = None,
     gpus: Annotated[
         int | None, typer.Option(min=1, help="GPUs for --tune (default --world)")
     ] = None,
@@ -134,6 +215,8 @@ def plan(
             name=job.metadata.name,
             gpus=gpus or world or p.tensor * p.pipeline,
             proxy_gpus=proxy_gpus,
+            device_name=device,
+            cluster=job.spec.model_extra,
         )
         return
     world = world or p.tensor * p.pipeline * p.context
@@ -173,11 +256,12 @@ def export_cmd(
 ) -> None:
     """Write the model as a Hugging Face model (safetensors, config.json, tokenizer files) in
     the family it was imported from (Llama for presets), from a checkpoint of any layout."""
-    from omni_trainer.interop.export import write_hf
+    from omni_trainer.interop.export import check_export, write_hf
     from omni_trainer.interop.runtime import single_process_model
 
     cfg = _load(manifest).spec.trainer
     try:
+        check_export(cfg, out)  # before any weight is allocated
         with single_process_model(cfg, checkpoint=checkpoint) as (model, step):
             result = write_hf(model, cfg, out, step=step)
     except (ValueError, OSError) as err:
@@ -240,17 +324,31 @@ def generate(
     typer.echo(json.dumps(result.as_dict()) if as_json else result.output_text)
 
 
-def _tune(cfg, *, name: str, gpus: int, proxy_gpus: int | None = None) -> None:
-    """Predict the job on ``gpus`` H100s for many configurations; print the best few and a proxy
-    configuration of the best to validate it on a small cluster."""
+def _tune(
+    cfg,
+    *,
+    name: str,
+    gpus: int,
+    proxy_gpus: int | None = None,
+    device_name: str | None = None,
+    cluster: dict | None = None,
+) -> None:
+    """Predict the job on ``gpus`` GPUs for many configurations; print the best few beside the
+    manifest's own layout (ties share a rank), and a proxy configuration of the best to
+    validate it on a small cluster."""
     import time
 
     from rich.progress import Progress
 
-    from omni_trainer.planner.devices import H100
+    from omni_trainer.planner.manifest import device_for, own_layout, tie_ranks
+    from omni_trainer.planner.simulate import predict
     from omni_trainer.planner.tune import propose_proxy, tune
     from omni_trainer.planner.workloads import workload_from_config
 
+    try:
+        device, source = device_for(device_name, cluster)
+    except ValueError as err:
+        raise _fail(str(err)) from None
     started = time.perf_counter()
     workload = workload_from_config(cfg, world_size=gpus, name=name)
     with Progress(console=err_console, transient=True) as bar:
@@ -259,40 +357,65 @@ def _tune(cfg, *, name: str, gpus: int, proxy_gpus: int | None = None) -> None:
         def progress(done: int, total: int, what: str) -> None:
             bar.update(task, completed=done, total=total, description=what[:60])
 
-        best = tune(workload, device=H100, progress=progress)
+        best = tune(workload, device=device, progress=progress)
+        own, why = own_layout(cfg, gpus)
+        mine = None
+        if own is not None:
+            policy = cfg.parallelism.encoder.policy
+            mine = predict(workload, own, policy=policy, device=device)
     if not best:
-        raise _fail(f"no configuration of {name} fits in H100 memory on {gpus} GPUs")
+        raise _fail(f"no configuration of {name} fits in {device.name} memory on {gpus} GPUs")
     searched = time.perf_counter() - started
-    table = Table(title=f"{name} on {gpus} x {H100.name} (predicted; searched in {searched:.1f} s)")
+    console = Console()
+    console.print(f"device: {device.name} ({source})", highlight=False)
+    title = f"{name} on {gpus} x {device.name} (predicted; searched in {searched:.1f} s)"
+    table = Table(title=title)
     for col in ("#", "layout", "policy", "tokens/s", "MFU", "step s", "stage-0 GiB"):
         table.add_column(col)
-    for i, c in enumerate(best, 1):
-        pr = c.prediction
+    ranks = tie_ranks([c.prediction.tokens_per_s for c in best])
+    rows = [(rank, c.prediction) for rank, c in zip(ranks, best, strict=True)]
+    if mine is not None:
+        rows.append(("own", mine))
+    for rank, pr in rows:
+        oom = " (OOM)" if pr.oom else ""
         table.add_row(
-            str(i),
-            c.layout.describe(),
+            rank,
+            pr.layout.describe() + oom,
             pr.policy,
             f"{pr.tokens_per_s:,.0f}",
             f"{pr.mfu:.1%}",
             f"{pr.step_time:.2f}",
             f"{pr.stage0_gib:.1f}",
         )
-    console = Console()
     console.print(table)
-    for i, c in enumerate(best, 1):
-        console.print(f"{i}. {c.reason}", highlight=False)
+    for rank, c in zip(ranks, best, strict=True):
+        console.print(f"{rank}. {c.reason}", highlight=False)
+    top = best[0].prediction
+    if mine is None:
+        console.print(f"own: the manifest's layout is not scored ({why})", highlight=False)
+    elif mine.oom:
+        console.print(
+            f"own: the manifest's layout ({mine.layout.describe()}) does not fit in "
+            f"{device.name} memory; #1 does",
+            highlight=False,
+        )
+    else:
+        console.print(
+            f"own: the manifest's layout ({mine.layout.describe()}, {mine.policy}): "
+            f"{mine.tokens_per_s:,.0f} tokens/s; switching to #1 gains "
+            f"{top.tokens_per_s / mine.tokens_per_s:.2f}x",
+            highlight=False,
+        )
     if workload.note:
         console.print(f"data: {workload.note}", highlight=False)
     try:
-        proxy = propose_proxy(workload, best[0].prediction, device=H100, max_gpus=proxy_gpus)
+        proxy = propose_proxy(workload, top, device=device, max_gpus=proxy_gpus)
     except ValueError as err:
         raise _fail(str(err)) from None
     console.print(proxy.reason, highlight=False)
 
 
 def _is_rank0() -> bool:
-    import os
-
     return os.environ.get("RANK", "0") == "0"
 
 

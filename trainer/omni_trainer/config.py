@@ -7,6 +7,7 @@ cluster settings validated by the operator's CRD schema and ignored by a local r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -208,8 +209,25 @@ def parse_manifest(doc: Any) -> JobManifest:
         raise ManifestError(format_errors(err)) from None
 
 
-def load_manifest(path: str | Path) -> JobManifest:
-    """Read and validate a manifest file; errors name the file and every bad field."""
+JobCheck = Callable[[Any, int | None], None]
+"""Validates a whole manifest document (cluster fields included) for a run on this machine
+with that many processes (None: where the manifest's cluster fields put it); raises
+:class:`ManifestError` listing every problem."""
+
+JOB_CHECKS: list[JobCheck] = []
+"""Whole-manifest checks of other installed parts: the operator adds its own (the one
+validation it applies to every job) when it registers its ``omni`` commands, so that
+``omni validate`` and ``omni train`` reject what the operator would, before anything starts."""
+
+
+def load_manifest(
+    path: str | Path, *, whole: bool = False, local_world_size: int | None = None
+) -> JobManifest:
+    """Read and validate a manifest file; errors name the file and every bad field.
+
+    ``whole``: also run :data:`JOB_CHECKS` (every field of ``spec``, the layout at
+    ``local_world_size`` processes or, when None, at the cluster fields' size).
+    """
     path = Path(path)
     try:
         doc = yaml.safe_load(path.read_text())
@@ -218,6 +236,8 @@ def load_manifest(path: str | Path) -> JobManifest:
     except yaml.YAMLError as err:
         raise ManifestError(f"{path}: not valid YAML: {err}") from None
     try:
+        for check in JOB_CHECKS if whole else ():
+            check(doc, local_world_size)
         return parse_manifest(doc)
     except ManifestError as err:
         raise ManifestError(f"{path}: invalid OmniTrainingJob\n{err}") from None

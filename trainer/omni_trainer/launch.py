@@ -91,6 +91,7 @@ def run_worker(
             resume=resume,
             metrics=metrics,
         )
+        metrics.record_resume(trainer.start_step)
         if trainer.start_step >= trainer.steps:  # killed after its last step: done already
             if rank == 0:
                 print(f"nothing left to train: resumed at step {trainer.start_step} of "
@@ -98,6 +99,8 @@ def run_worker(
             return {}
         summary = asdict(trainer.train())
         summary["job"] = manifest.metadata.name
+        if trainer.checkpointer is not None:  # a collective: every rank asks
+            summary["last_checkpoint_step"] = trainer.checkpointer.latest_step()
         if rank == 0 and summary_path is not None:
             summary_path.parent.mkdir(parents=True, exist_ok=True)
             summary_path.write_text(json.dumps(summary, indent=2) + "\n")

@@ -539,10 +539,11 @@ class Trainer:
         llm_params = torch.tensor(
             [
                 float(
-                    sum(  # each weight once over TP shards and stages
+                    sum(  # each weight once over TP shards and stages (frozen ones too)
                         p.numel()
-                        for p in self.llm_params
-                        if getattr(p, "tensor_model_parallel", False) or self.groups.tp_rank == 0
+                        for p in self.model.llm_parameters()
+                        if (getattr(p, "tensor_model_parallel", False) or self.groups.tp_rank == 0)
+                        and not getattr(p, "shared", False)  # a tied embedding's 2nd copy
                     )
                 )
             ],

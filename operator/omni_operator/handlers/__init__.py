@@ -68,11 +68,16 @@ class Wakeup:
             self.reason = reason
             self._event.set()
 
-    async def wait(self, timeout: float | None) -> str | None:
-        """The reason of the first poke within ``timeout`` seconds (None: timed out)."""
-        try:
-            await asyncio.wait_for(self._event.wait(), timeout)
-        except TimeoutError:
+    async def wait(
+        self, timeout: float | None, *, stop: asyncio.Future[Any] | None = None
+    ) -> str | None:
+        """The reason of the first poke within ``timeout`` seconds (None: timed out, or
+        ``stop`` finished first)."""
+        poked = asyncio.ensure_future(self._event.wait())
+        await asyncio.wait({poked} | ({stop} if stop else set()), timeout=timeout,
+                           return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+        if not poked.done():
+            poked.cancel()
             return None
         self._event.clear()
         return self.reason
@@ -228,18 +233,30 @@ async def _retry_invalid(st: OperatorState, namespace: str, name: str) -> bool:
         return await _on_conflict_retry(once)
 
 
+async def _stopped(stopped: kopf.DaemonStopped) -> None:
+    await stopped.wait()
+
+
 @kopf.daemon(*RESOURCE, cancellation_timeout=1.0)
 async def reconcile_loop(
-    name: str, namespace: str, memo: kopf.Memo, logger: logging.Logger, **_: Any
+    name: str,
+    namespace: str,
+    memo: kopf.Memo,
+    logger: logging.Logger,
+    stopped: kopf.DaemonStopped,
+    **_: Any,
 ) -> None:
     """The job's reconcile loop: detect failures, restart, complete (see the module docstring).
-    A finished job sleeps until an event wakes it (a fixed invalid spec); kopf cancels the
-    loop when the job is deleted."""
+    A finished job sleeps until an event wakes it (a fixed invalid spec); the loop returns as
+    soon as kopf asks it to stop (job deleted, operator exiting), so it is never cancelled."""
     st = state(memo)
     wakeup = st.wakeup((namespace, name))
     timeout: float | None = st.resync_seconds
+    stop = asyncio.ensure_future(_stopped(stopped))
     while True:
-        reason = await wakeup.wait(timeout)
+        reason = await wakeup.wait(timeout, stop=stop)
+        if stop.done():
+            return
         if reason is None:
             reason = "resync" if timeout == st.resync_seconds else "deadline"
         try:

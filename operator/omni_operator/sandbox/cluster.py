@@ -38,6 +38,8 @@ the chart use (tests keep this in step with them)."""
 ZONE = "topology.kubernetes.io/zone"
 SPINE = f"{GROUP}/spine"
 STATE_FILE = "sandbox.json"
+API_STORE = "api-objects.json"
+"""Every API object, persisted on each write (what etcd holds for a real API server)."""
 KUBECONFIG_FILE = "kubeconfig"
 log = logging.getLogger("omni.sandbox")
 
@@ -123,12 +125,20 @@ class Sandbox:
         workdir = config.workdir.resolve()
         workdir.mkdir(parents=True, exist_ok=True)
         config = dataclasses.replace(config, workdir=workdir)
-        async with Emulator() as emu, kmock.Server(emu, port=config.port or None) as server:
+        async with (
+            Emulator(store=workdir / API_STORE) as emu,
+            kmock.Server(emu, port=config.port or None) as server,
+        ):
+            restored = emu.restore()  # a restarted sandbox keeps its jobs and pods
+            if restored:
+                log.warning(f"sandbox: restored {restored} objects from {workdir / API_STORE}")
             definition = crd()
             names = definition["spec"]["names"]
+            (served,) = definition["spec"]["versions"]
             emu.declare(f"{GROUP}/{VERSION}/{PLURAL}", kind=names["kind"], namespaced=True,
                         status=True, short_names=names.get("shortNames", ()),
-                        columns=printer_columns(definition))  # fmt: skip
+                        columns=printer_columns(definition),
+                        schema=served["schema"]["openAPIV3Schema"])  # fmt: skip
             url = str(server.url).rstrip("/")
             nodes = [SimNode(f"node-{i}", i, config.gpus_per_node) for i in range(config.nodes)]
             kubelet = Kubelet(
@@ -190,7 +200,7 @@ class Sandbox:
 
 async def _post(http: aiohttp.ClientSession, url: str, path: str, body: Any) -> None:
     async with http.post(url + path, json=body) as resp:
-        if resp.status >= 400:
+        if resp.status >= 400 and resp.status != 409:  # 409: restored from the last run
             raise RuntimeError(f"sandbox setup: POST {path}: {resp.status} {await resp.text()}")
 
 

@@ -6,22 +6,30 @@ subresource, JSON patches (kopf's finalizers) and resourceVersion preconditions 
 watch replays every object whatever resourceVersion it starts from. :class:`Emulator` takes over
 the writes (create, patch, delete) with those semantics and filters reads. What it still does not
 do, on purpose: garbage collection by ownerReferences (the operator must clean up itself here),
-admission/validation, strategic merge (a strategic patch is applied as a JSON merge patch), PUT.
-Pod logs are served from :attr:`Emulator.pod_logs` (the sandbox's kubelet keeps them in files).
+strategic merge (a strategic patch is applied as a JSON merge patch), PUT. Admission checks what
+a real API server checks on every create: the name (a DNS-1123 subdomain) and, for a resource
+declared with a schema (a CRD's ``openAPIV3Schema``), the object against it, rejected with 422
+and the field paths. Pod logs are served from :attr:`Emulator.pod_logs` (the sandbox's kubelet
+keeps them in files). With a :attr:`Emulator.store`, every write is persisted and restored on
+the next start, as etcd would keep it.
 """
 
 from __future__ import annotations
 
 import copy
 import datetime
+import json
+import re
 import secrets
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import aiohttp.web
 import attrs
 import jsonpatch
+import jsonschema
 import kmock
 from kmock._internal import parsing, rendering
 
@@ -119,6 +127,77 @@ def _split_terms(selector: str) -> list[str]:
     return [*terms, cur]
 
 
+ANY: Obj = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+"""The schema served for built-in kinds (the emulator checks only their names)."""
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def admission_problems(obj: Obj, schema: Obj | None) -> list[tuple[str, str]]:
+    """What a real API server says about an object it rejects: (field, ``Invalid value: ...``)
+    per problem (the name must be a DNS-1123 subdomain; ``schema``: a CRD's, OpenAPI 3.0)."""
+    out = []
+    name = obj["metadata"]["name"]
+    if len(name) > 253 or not _SUBDOMAIN.fullmatch(name):
+        out.append((
+            "metadata.name",
+            f'Invalid value: "{name}": a lowercase RFC 1123 subdomain must consist of lower '
+            "case alphanumeric characters, '-' or '.', and must start and end with an "
+            "alphanumeric character (e.g. 'example.com', regex used for validation is "
+            f"'{_SUBDOMAIN.pattern}')",
+        ))  # fmt: skip
+    if schema is not None:
+        body = {k: v for k, v in obj.items() if k not in ("status", "metadata")}
+        validator = jsonschema.Draft4Validator(_strip_status(schema))  # OpenAPI 3.0's dialect
+        for err in sorted(validator.iter_errors(body), key=lambda e: list(e.absolute_path)):
+            path = ".".join(str(p) for p in err.absolute_path) or "<root>"
+            out.append((path, f"Invalid value: {json.dumps(err.instance)[:80]}: {err.message}"))
+    return out
+
+
+def openapi_v3(schemas: Mapping[Any, tuple[str, bool, Obj]]) -> dict[str, Obj]:
+    """Per ``apis/<group>/<version>`` (``api/v1``), an OpenAPI v3 document of its resources
+    (kind, namespaced, schema): the object schema, and the paths with their operations and the
+    ``fieldValidation`` parameter."""
+    docs: dict[str, Obj] = {}
+    for res, (kind, namespaced, schema) in schemas.items():
+        group, version, plural = res.group, res.version, res.plural
+        gv = f"apis/{group}/{version}" if group else f"api/{version}"
+        prefix = ".".join(reversed(group.split("."))) if group else "io.k8s.api.core"
+        ref = f"{prefix}.{version}.{kind}"
+        one = {"group": group or "", "version": version, "kind": kind}
+        gvk = {"x-kubernetes-group-version-kind": one}  # operations name one, schemas a list
+        body = {
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{ref}"}}}
+        }
+        params = [{"name": n, "in": "query", "schema": {"type": "string"}}
+                  for n in ("dryRun", "fieldManager", "fieldValidation")]  # fmt: skip
+        ops = {verb: {"operationId": f"{verb}{kind}", "parameters": params, "requestBody": body,
+                      "responses": {"200": body}, **gvk}
+               for verb in ("get", "put", "patch", "delete")}  # fmt: skip
+        base = f"/{gv}{'/namespaces/{namespace}' if namespaced else ''}/{plural}"
+        info = {"title": "Kubernetes", "version": "sandbox"}
+        doc = docs.setdefault(
+            gv, {"openapi": "3.0.0", "info": info, "paths": {}, "components": {"schemas": {}}}
+        )
+        doc["paths"][f"{base}/{{name}}"] = ops
+        doc["paths"][base] = {"post": {**ops["get"], "operationId": f"create{kind}"}}
+        doc["components"]["schemas"][ref] = {**schema, "x-kubernetes-group-version-kind": [one]}
+    return docs
+
+
+def _resource_key(res: Any) -> str:
+    """``group/version/plural`` (``v1/pods`` for the core group), as :func:`kmock.resource`
+    reads it back."""
+    return "/".join(str(p) for p in (res.group, res.version, res.plural) if p)
+
+
+def _strip_status(schema: Obj) -> Obj:
+    """The schema without ``status`` and ``metadata`` (written through /status, checked apart)."""
+    props = {k: v for k, v in (schema.get("properties") or {}).items()
+             if k not in ("status", "metadata")}  # fmt: skip
+    return {**schema, "properties": props}
+
+
 def _field(obj: Obj, path: str) -> Any:
     cur: Any = obj
     for part in path.split("."):
@@ -147,10 +226,14 @@ class Emulator(kmock.KubernetesEmulator):
     _status_sub: set[Any] = attrs.field(factory=set, init=False)
     _namespaced: dict[Any, bool] = attrs.field(factory=dict, init=False)
     _columns: dict[Any, list[Column]] = attrs.field(factory=dict, init=False)
+    _schemas: dict[Any, Obj] = attrs.field(factory=dict, init=False)
     before_create: Callable[[Obj], Awaitable[None]] | None = None
     """Awaited before an object is stored: tests delay or interleave creations with it."""
     pod_logs: Callable[[str, str], str | None] | None = None
     """Serves ``pods/<name>/log`` (``kubectl logs``): (namespace, name) -> text or None."""
+    store: Path | None = None
+    """Where every write is persisted (JSON), like etcd: :meth:`restore` reads it back after a
+    restart, so jobs, pods and their status survive the API server."""
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -170,9 +253,11 @@ class Emulator(kmock.KubernetesEmulator):
         status: bool,
         short_names: Any = (),
         columns: list[Column] | None = None,
+        schema: Obj | None = None,
     ) -> None:
         """Serve a resource in discovery (kopf and kubectl find resources there); ``columns``
-        are what ``kubectl get`` prints (a CRD's printer columns)."""
+        are what ``kubectl get`` prints (a CRD's printer columns); ``schema`` (a CRD's
+        ``openAPIV3Schema``) is enforced on every write but status."""
         self.resources[key] = kmock.ResourceInfo(
             kind=kind,
             namespaced=namespaced,
@@ -186,6 +271,31 @@ class Emulator(kmock.KubernetesEmulator):
         self._columns[res] = columns if columns is not None else BUILTIN.get(kind, [])
         if status:
             self._status_sub.add(res)
+        if schema is not None:
+            self._schemas[res] = schema
+
+    def persist(self) -> None:
+        """Write every live object (and the resourceVersion counter) to :attr:`store`."""
+        if self.store is None:
+            return
+        objects = [
+            [_resource_key(res), ns, obj.raw]
+            for (res, ns, _), obj in self._objects.items()
+            if not obj.deleted
+        ]
+        tmp = self.store.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"resourceVersion": self._rv, "objects": objects}))
+        tmp.replace(self.store)
+
+    def restore(self) -> int:
+        """Load what :meth:`persist` wrote (nothing if there is no store yet); how many objects."""
+        if self.store is None or not self.store.exists():
+            return 0
+        state = json.loads(self.store.read_text())
+        for key, ns, raw in state["objects"]:
+            self._objects[kmock.resource(key), ns, raw["metadata"]["name"]] = raw
+        self._rv = max(self._rv, int(state["resourceVersion"]))
+        return len(state["objects"])
 
     def _next_rv(self) -> str:
         self._rv += 1
@@ -202,17 +312,23 @@ class Emulator(kmock.KubernetesEmulator):
     # -- writes ------------------------------------------------------------------------------
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        if request.url.path.startswith("/openapi/v3"):
+            return self._openapi(request.url.path.removeprefix("/openapi/v3").strip("/"))
         if request.subresource == "log" and request.resource == kmock.resource("v1/pods"):
             return await self._log(request)
         if request.resource is None or request.subresource not in (None, "status"):
             return await super()._handle(request)
         if request.action == kmock.action.CREATE and request.name is None:
-            return await self._create(request)
-        if request.action == kmock.action.UPDATE and request.name is not None:
-            return await self._patch(request)
-        if request.action == kmock.action.DELETE and request.name is not None:
-            return await self._delete(request)
-        return await super()._handle(request)
+            write = self._create
+        elif request.action == kmock.action.UPDATE and request.name is not None:
+            write = self._patch
+        elif request.action == kmock.action.DELETE and request.name is not None:
+            write = self._delete
+        else:
+            return await super()._handle(request)
+        response = await write(request)
+        self.persist()
+        return response
 
     async def _publish(self, request: rendering.Request, kind: str, obj: Obj) -> None:
         await self._buses[request.resource].put({"type": kind, "object": copy.deepcopy(obj)})
@@ -233,6 +349,7 @@ class Emulator(kmock.KubernetesEmulator):
             meta.pop("namespace", None)
         if request.resource in self._status_sub and request.resource != kmock.resource("v1/pods"):
             obj.pop("status", None)  # custom resources: status is written through /status only
+        self._admit(request, obj)
         key = (request.resource, meta.get("namespace"), meta["name"])
         if self.before_create is not None:
             await self.before_create(obj)
@@ -250,6 +367,41 @@ class Emulator(kmock.KubernetesEmulator):
                 self._objects[key] = obj
             await self._publish(request, "ADDED", obj)
         return aiohttp.web.json_response(obj, status=201)
+
+    def _openapi(self, group_version: str) -> aiohttp.web.StreamResponse:
+        """OpenAPI v3 of the served resources (a CRD's schema; any object for built-in kinds):
+        kubectl reads that the server validates fields (``fieldValidation``) and leaves
+        validation to admission, so a plain ``kubectl apply`` (no ``--validate=false``) works
+        and its errors come from the server."""
+        docs = openapi_v3({res: (self.resources[res].kind or "", namespaced,
+                                 self._schemas.get(res, ANY))
+                           for res, namespaced in self._namespaced.items()})  # fmt: skip
+        if not group_version:
+            paths = {gv: {"serverRelativeURL": f"/openapi/v3/{gv}"} for gv in docs}
+            return aiohttp.web.json_response({"paths": paths})
+        if group_version not in docs:
+            raise kmock.KubernetesError(status=404, reason="NotFound", message="no such spec")
+        return aiohttp.web.json_response(docs[group_version])
+
+    def _admit(self, request: rendering.Request, obj: Obj) -> None:
+        """Reject (422 Invalid, every problem with its field path) what a real API server
+        rejects: a name that is not a DNS-1123 subdomain, an object its CRD schema rejects."""
+        causes = admission_problems(obj, self._schemas.get(request.resource))
+        if causes:
+            kind = self.resources[request.resource].kind or ""
+            group = request.resource.group
+            name = obj["metadata"]["name"]
+            what = f"{kind}.{group}" if group else kind
+            lines = [f"{field}: {msg}" for field, msg in causes]
+            listed = lines[0] if len(lines) == 1 else "[" + ", ".join(lines) + "]"
+            raise kmock.KubernetesError(
+                status=422,
+                reason="Invalid",
+                message=f'{what} "{name}" is invalid: {listed}',
+                details={"name": name, "group": group or "", "kind": kind,
+                         "causes": [{"reason": "FieldValueInvalid", "message": msg,
+                                     "field": field} for field, msg in causes]},
+            )  # fmt: skip
 
     def _get(self, request: rendering.Request) -> tuple[Any, Obj]:
         key = (request.resource, request.namespace, request.name)
@@ -286,6 +438,7 @@ class Emulator(kmock.KubernetesEmulator):
                     new["status"] = old.get("status")
                 new = {k: v for k, v in new.items() if v is not None}
             if new.get("spec") != old.get("spec"):
+                self._admit(request, new)
                 new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
             new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
             if new == old:  # a no-op patch changes nothing and emits no event (like the server)
@@ -354,7 +507,10 @@ class Emulator(kmock.KubernetesEmulator):
         if "as=Table" not in accept or request.params.get("watch"):
             return None
         return as_table(
-            objs, self._columns.get(request.resource, []), resource_version=str(self._rv)
+            objs,
+            self._columns.get(request.resource, []),
+            resource_version=str(self._rv),
+            include_object=request.params.get("includeObject", "Metadata"),
         )
 
     async def _serve_fetch(self, request: rendering.Request) -> rendering.Payload:

@@ -14,7 +14,8 @@ like the real components do and:
   real kubelet reports it: the container waits in ``ErrImagePull`` at each pull attempt and in
   ``ImagePullBackOff`` between them (the delay doubles up to a cap), the pod stays Pending.
 
-Networking is emulated on the loopback: every pod gets its own address ``127.0.<node>.<n>``
+Networking is emulated on the loopback: every pod gets its own address ``127.<s>.<node>.<n>``
+(``s`` drawn per sandbox, so that two sandboxes on one machine never share a pod address)
 (the trainer's metrics endpoint binds to it through ``OMNI_METRICS_ADDR``, so the operator scrapes
 ``podIP:9464`` as in a cluster), cluster names (``*.svc``) resolve to the loopback where every
 listener is, and a service port (torchrun's rendezvous) maps to a free local port per service
@@ -33,6 +34,7 @@ import contextlib
 import datetime as dt
 import logging
 import os
+import random
 import re
 import signal
 import socket
@@ -47,6 +49,7 @@ import aiohttp
 import psutil
 
 from omni_operator.recovery import node_not_ready_since
+from omni_trainer.termination import ENV as TERMINATION_LOG_ENV
 
 Obj = dict[str, Any]
 FAULT = "sandbox.omni.megascale.io/fault"
@@ -108,14 +111,19 @@ class Network:
     """Loopback addresses for pods; cluster DNS names (``*.svc``) resolve to the loopback, and
     each (service name, port) maps to its own free local port so that jobs never collide."""
 
-    def __init__(self) -> None:
+    def __init__(self, subnet: int | None = None) -> None:
         self._next_host: dict[int, int] = {}
         self._ports: dict[tuple[str, int], int] = {}
+        self.subnet = random.randint(1, 254) if subnet is None else subnet
+        """Second octet of every address of this sandbox (0 is 127.0.0.1's)."""
 
     def pod_ip(self, node_index: int) -> str:
         n = self._next_host.get(node_index, 0) % 254 + 1
         self._next_host[node_index] = n
-        return f"127.0.{node_index + 1}.{n}"
+        return f"{self.host_ip(node_index)[:-1]}{n}"
+
+    def host_ip(self, node_index: int) -> str:
+        return f"127.{self.subnet}.{node_index + 1}.0"
 
     @staticmethod
     def is_cluster_name(host: str) -> bool:
@@ -239,6 +247,11 @@ class Container:
     lost: bool = False
     """Its node was lost: it is killed and nobody reports its end."""
     killing_since: float | None = None
+    termination_log: Path | None = None
+    """The file standing for its ``terminationMessagePath`` (``OMNI_TERMINATION_LOG``)."""
+    message_policy: str = "File"
+    """``terminationMessagePolicy``: ``FallbackToLogsOnError`` reports the log's tail when the
+    file is empty and the container failed."""
 
 
 @dataclass
@@ -332,6 +345,16 @@ class Kubelet:
             return
         if status.get("phase") in ("Succeeded", "Failed"):
             return
+        sim = self._sim(spec.get("nodeName"))
+        if status.get("phase") == "Running" and sim is not None and not sim.lost:
+            # The API says it runs, yet this kubelet has no process for it: they died with the
+            # previous kubelet (a sandbox restart). Report it, as a kubelet reports a container
+            # whose state it lost; the operator restarts the job from its checkpoint.
+            (container,) = spec["containers"]
+            await self._report_exit(pod, container["name"], 137, reason="ContainerStatusUnknown",
+                                    message="the container's processes ended with the sandbox's "
+                                    "previous kubelet")  # fmt: skip
+            return
         node_name = spec.get("nodeName")
         if not node_name:
             await self._schedule(pod, nodes)
@@ -424,6 +447,10 @@ class Kubelet:
             return
         log_path = self.workdir / "logs" / meta["namespace"] / f"{meta['name']}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        termination_log = root / "termination-log"
+        root.mkdir(parents=True, exist_ok=True)
+        termination_log.write_bytes(b"")  # what the runtime mounts at terminationMessagePath
+        env[TERMINATION_LOG_ENV] = str(termination_log)
         with log_path.open("ab") as out:
             proc = subprocess.Popen(
                 argv, cwd=self.cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
@@ -431,12 +458,13 @@ class Kubelet:
             )  # fmt: skip
         self.containers[key] = Container(
             key, meta["uid"], sim.name, container["name"], proc, log_path, _grace(spec),
-            gpus=requested_gpus(pod),
+            gpus=requested_gpus(pod), termination_log=termination_log,
+            message_policy=container.get("terminationMessagePolicy", "File"),
         )  # fmt: skip
         started = {"running": {"startedAt": now_iso()}}
         await self._patch(
             _pod_path(pod, "status"),
-            {"status": {"phase": "Running", "podIP": ip, "hostIP": f"127.0.{sim.index + 1}.0",
+            {"status": {"phase": "Running", "podIP": ip, "hostIP": self.net.host_ip(sim.index),
                         "startTime": now_iso(),
                         "containerStatuses": [{"name": container["name"], "ready": True,
                                                "restartCount": 0, "state": started}]}},
@@ -509,7 +537,8 @@ class Kubelet:
             ns, name = key.split("/", 1)
             pod = {"metadata": {"namespace": ns, "name": name}}
             reason = "Completed" if exit_code == 0 else "Error"
-            await self._report_exit(pod, c.name, exit_code, reason=reason, message=None)
+            message = termination_message(c, exit_code)
+            await self._report_exit(pod, c.name, exit_code, reason=reason, message=message)
             log.info(f"sandbox: {key} exited with code {exit_code}")
 
     async def _report_exit(
@@ -573,6 +602,20 @@ class Kubelet:
         async with self._http.patch(self.api + path, json=body, headers=headers) as resp:
             if resp.status not in (200, 404):  # gone meanwhile: nothing to report to
                 resp.raise_for_status()
+
+
+def termination_message(c: Container, exit_code: int) -> str | None:
+    """What a kubelet reports as ``state.terminated.message``: the termination file (up to 4096
+    bytes), else with ``FallbackToLogsOnError`` and a failure the log's last 80 lines (up to
+    2048 bytes)."""
+    text = ""
+    if c.termination_log is not None and c.termination_log.exists():
+        text = c.termination_log.read_bytes()[:4096].decode(errors="replace").strip()
+    if not text and exit_code != 0 and c.message_policy == "FallbackToLogsOnError":
+        with contextlib.suppress(OSError):
+            tail = c.log_path.read_bytes().splitlines()[-80:]
+            text = b"\n".join(tail)[-2048:].decode(errors="replace").strip()
+    return text or None
 
 
 def _key(pod: Obj) -> str:

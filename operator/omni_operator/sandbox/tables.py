@@ -16,10 +16,16 @@ Column = dict[str, Any]  # name, type, jsonPath or a cell function, priority
 
 
 def age(timestamp: str | None, now: dt.datetime | None = None) -> str:
-    """``2026-12-02T15:00:00Z`` -> ``42s`` / ``5m3s`` / ``3h`` / ``2d`` (kubectl's style)."""
+    """An RFC 3339 time (``2026-12-02T15:00:00Z``, with fractions or an offset, as clients
+    post them) -> ``42s`` / ``5m3s`` / ``3h`` / ``2d`` (kubectl's style)."""
     if not timestamp:
         return "<unknown>"
-    then = dt.datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+    try:
+        then = dt.datetime.fromisoformat(timestamp)
+    except ValueError:
+        return "<invalid>"
+    if then.tzinfo is None:
+        then = then.replace(tzinfo=dt.UTC)
     s = max(0, int(((now or dt.datetime.now(tz=dt.UTC)) - then).total_seconds()))
     if s < 120:
         return f"{s}s"
@@ -114,8 +120,16 @@ def printer_columns(crd: Obj) -> list[Column]:
     return list(version.get("additionalPrinterColumns") or [])
 
 
-def as_table(objs: Sequence[Obj], columns: Sequence[Column], *, resource_version: str) -> Obj:
-    """A ``meta.k8s.io/v1`` Table of ``objs`` (a Name column first)."""
+def as_table(
+    objs: Sequence[Obj],
+    columns: Sequence[Column],
+    *,
+    resource_version: str,
+    include_object: str = "Metadata",
+) -> Obj:
+    """A ``meta.k8s.io/v1`` Table of ``objs`` (a Name column first); each row carries the
+    object as ``includeObject`` asks: ``Metadata`` (the default), ``Object`` (what ``kubectl
+    get --sort-by`` sorts on) or ``None``."""
     defs = [{"name": "Name", "type": "string", "format": "name", "description": "",
              "priority": 0}]  # fmt: skip
     for c in columns:
@@ -134,9 +148,13 @@ def as_table(objs: Sequence[Obj], columns: Sequence[Column], *, resource_version
                 value = age(value)
             cells.append(value)
         meta = {k: v for k, v in obj["metadata"].items() if k != "managedFields"}
-        rows.append({"cells": cells, "object": {"kind": "PartialObjectMetadata",
-                                                "apiVersion": "meta.k8s.io/v1",
-                                                "metadata": meta}})  # fmt: skip
+        row: Obj = {"cells": cells}
+        if include_object == "Object":
+            row["object"] = obj
+        elif include_object != "None":
+            row["object"] = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                             "metadata": meta}  # fmt: skip
+        rows.append(row)
     return {
         "kind": "Table",
         "apiVersion": "meta.k8s.io/v1",

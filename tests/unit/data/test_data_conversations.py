@@ -131,3 +131,23 @@ def test_annotations_media_and_tokenizer_on_s3(dataset, s3_bucket):
     np.testing.assert_array_equal(
         local.sources[0].load_media(a.media[0].ref), remote.sources[0].load_media(b.media[0].ref)
     )
+
+
+def test_media_settings_default_to_the_models_processor_config(tmp_path, dataset):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(dataset["tokenizer"], model)
+    (model / "preprocessor_config.json").write_text(
+        json.dumps({"size": {"shortest_edge": 784, "longest_edge": 14 * 14 * 9}, "fps": 1.0})
+    )
+    cfg = DataConfig.model_validate(
+        _config(dataset["annotations"]).model_dump(by_alias=True) | {"media": {"fps": 3.0}}
+    )
+    src = _stream(cfg, str(model)).sources[0]
+    assert (src.image.min_pixels, src.image.max_pixels) == (784, 14 * 14 * 9)  # the model's
+    assert src.video.fps == 3.0  # the manifest's wins
+    sample = src.get(0)
+    assert sample.spans[0].tokens <= 9
+    plain = _stream(_config(dataset["annotations"]), dataset["tokenizer"]).sources[0]
+    assert plain.image.max_pixels == 14 * 14 * 64

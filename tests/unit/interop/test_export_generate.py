@@ -163,3 +163,11 @@ def test_generate_checks_the_tokenizer_against_the_vocabulary(tmp_path) -> None:
     assert "has 300 tokens but the model's vocabulary holds 128 (model.llm.vocabSize)" in (
         result.output
     )
+
+
+def test_gpt_shaped_preset_is_refused_before_building(tmp_path) -> None:
+    job = write_job(tmp_path / "job.yaml", {"preset": "gpt-175b"})  # 175B: building would OOM
+    result = CliRunner().invoke(app, ["export", str(job), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert "only Llama-shaped LLMs (gatedMlp, RMSNorm, no QKV bias)" in result.output
+    assert not (tmp_path / "out").exists()

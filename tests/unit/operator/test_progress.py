@@ -26,12 +26,15 @@ def test_progress_scraped_from_a_live_trainer_endpoint() -> None:
     try:
         metrics.record_step(step=7, **STEP)
         metrics.record_checkpoint(step=4, seconds=1.0, blocking_seconds=0.1)
+        metrics.record_resume(2)
         source = MetricsProgress(port=port)
         pods = [_pod("1", "10.255.255.1"), _pod("0", "127.0.0.1")]
         got = asyncio.run(source(None, pods))
     finally:
         metrics.close()
-    assert got == Progress(step=7, checkpoint_step=4, tokens_per_second=12345.0, mfu=0.41)
+    assert got == Progress(
+        step=7, checkpoint_step=4, tokens_per_second=12345.0, mfu=0.41, resumed_from=2
+    )
 
 
 def test_no_running_rank0_or_no_answer_is_no_progress() -> None:

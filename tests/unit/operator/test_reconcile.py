@@ -212,6 +212,60 @@ def test_all_pods_succeeded() -> None:
     assert a.status["phase"] == "Succeeded" and _cond(a.status, "Complete")["status"] == "True"
 
 
+def test_success_takes_the_trainers_final_figures() -> None:
+    """Scrapes lag: after Succeeded, status holds rank 0's final report (its termination
+    message), printed as the logs print them, and the last checkpoint gets its Event."""
+    job = _job()
+    status, owned = _start(job)
+    p = Progress(step=145, checkpoint_step=140, tokens_per_second=5135.989290305005, mfu=0.1)
+    status = {**status, **reconcile(_obs(job, status, owned, progress=p)).status}
+    final = '{"step": 150, "tokensPerSecond": 5201.4, "mfu": 0.11126, "checkpointStep": 150}'
+    term = {"terminated": {"exitCode": 0, "finishedAt": T, "message": final}}
+    done = [
+        {**o, "status": {"phase": "Succeeded", "containerStatuses": [{"state": term}]}}
+        if o["kind"] == "Pod"
+        else o
+        for o in owned
+    ]
+    a = reconcile(_obs(job, status, done, progress=None))
+    assert a.status["phase"] == "Succeeded" and a.status["step"] == 150
+    assert a.status["tokensPerSecond"] == 5201 and a.status["mfuPercent"] == "11.13%"
+    assert a.status["lastCheckpoint"]["step"] == 150
+    assert [e.message for e in a.events if e.reason == "Checkpoint"] == [
+        "checkpoint at step 150 complete"
+    ]
+
+
+def test_the_restart_record_takes_the_step_the_trainer_resumed_from() -> None:
+    """The operator restarts from the latest checkpoint it saw (35); the trainer resumed from
+    the latest in storage (45): the record and an Event say 45, once."""
+    job = _job(restartPolicy={"backoffSeconds": {"base": 0, "max": 0}})
+    status, owned = _start(job)
+    seen = reconcile(_obs(job, status, owned, progress=Progress(step=40, checkpoint_step=35)))
+    status = {**status, **seen.status}
+    failed = [
+        {**o, "status": {"phase": "Failed"}} if o["metadata"]["name"] == "tiny-cpu-a0-n1" else o
+        for o in owned
+    ]
+    restart = reconcile(_obs(job, status, failed))
+    status = {**status, **restart.status}
+    assert status["restartHistory"][-1]["fromStep"] == 35
+    shared = [o for o in owned if o["kind"] != "Pod"]
+    attempt1 = reconcile(_obs(job, status, shared))
+    status = {**status, **attempt1.status}
+    running = _live([o for o in attempt1.create if o["kind"] == "Pod"])
+    assert status["attempt"] == 1 and len(running) == 2
+    p = Progress(step=46, resumed_from=45)
+    a = reconcile(_obs(job, status, shared + running, progress=p))
+    record = a.status["restartHistory"][-1]
+    assert record["fromStep"] == 45 and record["confirmed"] and record["attempt"] == 1
+    assert a.status["lastCheckpoint"]["step"] == 45
+    (event,) = [e for e in a.events if e.reason == "ResumedFrom"]
+    assert event.message == "attempt 1 resumed from checkpoint step 45 (planned: 35)"
+    again = reconcile(_obs(job, {**status, **a.status}, shared + running, progress=p))
+    assert "restartHistory" not in again.status and not again.events
+
+
 def test_suspend_then_resume_as_a_new_attempt() -> None:
     job = _job()
     status, owned = _start(job)
@@ -232,7 +286,8 @@ def test_progress_updates_status_and_refills_the_budget() -> None:
     a = reconcile(_obs(job, status, owned, progress=p, tracks_progress=True))
     assert a.status["step"] == 50 and a.status["lastCheckpoint"]["step"] == 40
     assert a.status["restartBudgetLeft"] == 3 and a.status["lastProgressTime"] == T
-    assert a.status["mfu"] == 0.4 and [e.reason for e in a.events] == ["Checkpoint"]
+    assert a.status["mfu"] == 0.4 and a.status["mfuPercent"] == "40.00%"
+    assert [e.reason for e in a.events] == ["Checkpoint"]
 
 
 def test_quarantined_nodes_are_avoided_when_placing() -> None:

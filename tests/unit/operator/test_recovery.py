@@ -50,8 +50,12 @@ def _pod(rank: int, phase: str = "Running", *, node: str | None = None, **status
     }
 
 
-def _exited(rank: int, code: int, *, at: float = 0, reason: str = "Error") -> dict:
+def _exited(
+    rank: int, code: int, *, at: float = 0, reason: str = "Error", message: str | None = None
+) -> dict:
     term = {"exitCode": code, "reason": reason, "finishedAt": _iso(at)}
+    if message is not None:
+        term["message"] = message
     return _pod(
         rank,
         "Failed" if code else "Succeeded",
@@ -172,6 +176,23 @@ def test_crash_before_the_first_step_is_a_user_error_only_when_known() -> None:
     )
     f = _classify([_exited(0, 1), _pod(1)], started_steps=None)
     assert f is not None and f.kind == "pod_failed"
+
+
+def test_the_termination_message_is_the_cause() -> None:
+    """The first failed pod's termination message (its trainer's fatal error) ends every
+    message; a peer's, when the first has none."""
+    cause = "rank 0: FileNotFoundError: source 'web': url '/data/*.tar' matches no .tar shards"
+    f = _classify([_exited(0, 1, message=cause), _pod(1)], started_steps=False)
+    assert (
+        f is not None and f.kind == "user_error" and f.message.endswith(f"not restarted: {cause}")
+    )
+    late = "rank 1: RuntimeError: connection reset by peer"
+    f = _classify([_exited(0, 1, at=1, message=cause), _exited(1, 1, at=9, message=late)])
+    assert f is not None and f.message.endswith(f": {late}")  # the first to fail is rank 1
+    f = _classify([_exited(0, 1, at=1, message=cause), _exited(1, 137, at=9)])
+    assert f is not None and f.message.endswith(f": {cause}")
+    f = _classify([_exited(0, 3, message=cause), _pod(1)], spec=_spec(nonRetryableExitCodes=[3]))
+    assert f is not None and f.message.endswith(f"not restarted: {cause}")
 
 
 def test_missing_or_deleted_pod() -> None:

@@ -96,6 +96,7 @@ def test_pods_are_wired_for_torchrun() -> None:
         (container,) = spec["containers"]
         assert pod["metadata"]["name"] == spec["hostname"] == f"vlm-7b-a2-n{rank}"
         assert spec["subdomain"] == "vlm-7b" and spec["restartPolicy"] == "Never"
+        assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"  # the cause
         cmd = container["command"]
         assert cmd[:4] == ["torchrun", "--nnodes=4", f"--node-rank={rank}", "--nproc-per-node=8"]
         assert f"--master-addr={master}" in cmd and cmd[-2:] == ["train", "/etc/omni/job.yaml"]

@@ -55,7 +55,7 @@ def test_mounts_and_cluster_names_become_local(tmp_path: Path) -> None:
 
 
 def test_each_service_gets_its_own_stable_local_port() -> None:
-    net = Network()
+    net = Network(subnet=0)
     words = [p["spec"]["containers"][0]["command"] for p in _pods()]
     envs = [{e["name"]: e["value"] for e in p["spec"]["containers"][0]["env"] if "value" in e}
             for p in _pods()]  # fmt: skip
@@ -68,7 +68,8 @@ def test_each_service_gets_its_own_stable_local_port() -> None:
     assert str(other) != envs[0]["MASTER_PORT"]
     assert net.port("other-a0-n0.other.ml.svc", 29500) == other
     assert net.pod_ip(0) == "127.0.1.1" and net.pod_ip(0) == "127.0.1.2"
-    assert net.pod_ip(2) == "127.0.3.1"
+    assert net.pod_ip(2) == "127.0.3.1" and net.host_ip(2) == "127.0.3.0"
+    assert Network(subnet=7).pod_ip(1) == "127.7.2.1"  # another sandbox, other addresses
 
 
 def test_age_prints_like_kubectl() -> None:
@@ -82,6 +83,10 @@ def test_age_prints_like_kubectl() -> None:
         "5s", "119s", "2m5s", "5m", "50m", "120m", "3d"
     ]  # fmt: skip
     assert age(None) == "<unknown>"
+    # as clients post times (kopf's Events): fractions and an offset
+    assert age((now - dt.timedelta(seconds=42)).isoformat(), now) == "42s"
+    assert age("2026-12-02T11:58:59.706133+00:00", now) == "60s"
+    assert age("yesterday", now) == "<invalid>"
 
 
 def test_crd_printer_columns_become_a_table() -> None:

@@ -83,6 +83,8 @@ class MetricsSink(Protocol):
         loader_snapshot_seconds: float = 0.0,
     ) -> None: ...
 
+    def record_resume(self, step: int) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -235,6 +237,11 @@ class TrainerMetrics(MetricsEndpoint):
         )
         attempt = restart_attempt_from_env() if restart_attempt is None else restart_attempt
         self.restart_attempt.labels(job).set(attempt)
+        self.resumed_from = gauge(
+            "resumed_from_step",
+            "Checkpoint step this run resumed from (0: from the start); the operator records it "
+            "as the restart's fromStep.",
+        )
         # Series that exist before the first step, so dashboards and alerts see 0, not "no data".
         self.steps.labels(job)
         self.media_bytes.labels(**self._rank_labels)
@@ -329,6 +336,10 @@ class TrainerMetrics(MetricsEndpoint):
             max(0.0, loader_snapshot_seconds)
         )
 
+    def record_resume(self, step: int) -> None:
+        """This run continued from the checkpoint of ``step`` optimizer steps (0: none)."""
+        self.resumed_from.labels(self._job).set(step)
+
 
 class NullTrainerMetrics:
     """For ranks that do not export: same methods as :class:`TrainerMetrics`, no effect."""
@@ -365,6 +376,9 @@ class NullTrainerMetrics:
         age: float = 0.0,
         loader_snapshot_seconds: float = 0.0,
     ) -> None:
+        pass
+
+    def record_resume(self, step: int) -> None:
         pass
 
     def close(self) -> None:

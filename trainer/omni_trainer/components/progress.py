@@ -76,22 +76,26 @@ class ConsoleReporter:
 
 
 class StepLog:
-    """Appends ``{"step", "loss", "tokens_per_s", "mfu", "attempt", "time"}`` per step, flushed
-    at once: a killed job keeps every step it finished."""
+    """Appends ``{"step", "loss", "tokens_per_s", "mfu", "attempt", "run", "time"}`` per step,
+    flushed at once: a killed job keeps every step it finished. ``attempt`` is the operator's
+    restart attempt; ``run`` counts the runs that appended to the file (0, 1, ...), so replayed
+    steps stay apart even when the attempt repeats (a job deleted and applied again)."""
 
     def __init__(self, path: str | Path, *, attempt: int = 0) -> None:
         self.path = Path(path)
         self.attempt = attempt
+        self.run = 0
         self._file = None
 
     def start(self, total_steps: int, description: str) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.run = _next_run(self.path)
         self._file = self.path.open("a", encoding="utf-8")
 
     def update(self, step: int, *, loss: float, tokens_per_s: float, mfu: float) -> None:
         assert self._file is not None, "StepLog.start() was not called"
         record = {"step": step, "loss": loss, "tokens_per_s": tokens_per_s, "mfu": mfu,
-                  "attempt": self.attempt, "time": time.time()}  # fmt: skip
+                  "attempt": self.attempt, "run": self.run, "time": time.time()}  # fmt: skip
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
 
@@ -99,6 +103,17 @@ class StepLog:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _next_run(path: Path) -> int:
+    """One more than the last run that wrote to the step log (0 for a new one)."""
+    if not path.exists():
+        return 0
+    last = -1
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            last = max(last, int(json.loads(line).get("run", 0)))
+    return last + 1
 
 
 def read_step_log(path: str | Path) -> dict[int, float]:

@@ -162,7 +162,9 @@ class ParquetSourceConfig(WebDatasetSourceConfig):
 
 
 class MediaConfig(Spec):
-    """How media files become encoder inputs (HF processor semantics, see ``data/media.py``)."""
+    """How media files become encoder inputs (HF processor semantics, see ``data/media.py``).
+    Fields left out take the model's ``preprocessor_config.json`` values when one sits beside
+    ``spec.trainer.tokenizer`` (a Hugging Face model directory), else these defaults."""
 
     min_pixels: int = Field(default=56 * 56, ge=1)
     """Images are resized (aspect kept, sides multiples of the patch) to at least this area."""

@@ -50,6 +50,22 @@ STATE_VERSION = 1
 Source = SyntheticSource | ShardSource | ConversationSource
 
 
+def with_processor_defaults(media: MediaConfig, tokenizer: str) -> MediaConfig:
+    """``media`` with the fields the manifest leaves out taken from the model's processor
+    config (``preprocessor_config.json`` beside the tokenizer), where there is one."""
+    from omni_trainer.data.tokenizer import processor_defaults
+
+    unset = {
+        k: v for k, v in processor_defaults(tokenizer).items() if k not in media.model_fields_set
+    }
+    if not unset:
+        return media
+    try:
+        return MediaConfig.model_validate(media.model_dump() | unset)
+    except ValueError as err:
+        raise ValueError(f"{tokenizer}/preprocessor_config.json: unusable values: {err}") from None
+
+
 def build_source(
     config: SyntheticSourceConfig
     | ShardSourceConfig
@@ -72,13 +88,14 @@ def build_source(
 
         if tokenizer is None:
             raise ValueError(f"source {config.name!r}: conversations need spec.trainer.tokenizer")
+        media = with_processor_defaults(media or MediaConfig(), tokenizer)
         kinds = {"conversations": ConversationSource, "webdataset": WebDatasetSource,
                  "parquet": ParquetSource}  # fmt: skip
         return kinds[config.kind](
             config,
             source_index=source_index,
             tokenizer=load_tokenizer(tokenizer),
-            media=media or MediaConfig(),
+            media=media,
             geometry=geometry,
             seq_length=seq_length,
             vocab_size=vocab_size,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import tempfile
 from typing import Any
@@ -21,6 +22,7 @@ TOKENIZER_FILES = (
     "special_tokens_map.json",
     "chat_template.jinja",
     "chat_template.json",
+    "preprocessor_config.json",
     "added_tokens.json",
     "vocab.json",
     "merges.txt",
@@ -40,6 +42,34 @@ def _local_copy(url: str) -> str:
             f.write(data)
         os.replace(tmp, os.path.join(dest, name))
     return dest
+
+
+PROCESSOR_KEYS = {
+    "min_pixels": "min_pixels",
+    "max_pixels": "max_pixels",
+    "fps": "fps",
+    "max_frames": "max_frames",
+    "sampling_rate": "sample_rate",
+}
+"""HF ``preprocessor_config.json`` keys -> ``data.media`` fields they default."""
+
+
+def processor_defaults(path: str | None) -> dict[str, Any]:
+    """``data.media`` defaults from the HF processor config beside the tokenizer (a model
+    directory holds both): Qwen2-VL's min/max pixels (also as ``size.shortest_edge`` /
+    ``longest_edge``), video fps and frames, Whisper's sampling rate. Empty without one."""
+    if not path:
+        return {}
+    url = f"{path.rstrip('/')}/preprocessor_config.json"
+    try:
+        raw = json.loads(read_bytes(url))
+    except (FileNotFoundError, ValueError):
+        return {}
+    size = raw.get("size") if isinstance(raw.get("size"), dict) else {}
+    raw = {"min_pixels": size.get("shortest_edge"), "max_pixels": size.get("longest_edge")} | {
+        k: v for k, v in raw.items() if v is not None
+    }
+    return {field: raw[key] for key, field in PROCESSOR_KEYS.items() if raw.get(key) is not None}
 
 
 @functools.lru_cache(maxsize=8)

@@ -125,22 +125,31 @@ class _ShardWriter:
         return [*names, "model.safetensors.index.json"]
 
 
+def check_export(cfg: TrainerConfig, out: Path) -> dict:
+    """The config.json to write, and the checks that need no model: run them before building
+    one (a GPT-shaped preset is refused before its weights are allocated)."""
+    from omni_trainer.interop.source import read_config
+
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"--out {out}: exists and is not empty (choose a new directory)")
+    llm = cfg.model.llm
+    # Parameters are fp32 in this trainer (bf16 is autocast), so that is what is exported.
+    config = read_config(llm.hf) if llm.hf else llama_config(llm, torch.float32)
+    config["dtype"] = "float32"
+    return config
+
+
 def write_hf(
     model, cfg: TrainerConfig, out: Path, *, step: int | None, shard_bytes: int | None = None
 ) -> ExportResult:
     """Write ``model`` (a TP = PP = 1 ``OmniModel``) to ``out`` in its HF family, atomically."""
     from omni_trainer.interop.runtime import hf_files_dir
-    from omni_trainer.interop.source import read_config
     from omni_trainer.models.init import global_llm_names
 
-    if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"--out {out}: exists and is not empty (choose a new directory)")
+    config = check_export(cfg, out)
     llm = cfg.model.llm
     (chunk,) = model.llm_chunks
     params = global_llm_names(chunk)
-    dtype = next(iter(params.values())).dtype
-    config = read_config(llm.hf) if llm.hf else llama_config(llm, dtype)
-    config["dtype"] = str(dtype).removeprefix("torch.")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
