@@ -74,10 +74,12 @@ class Wakeup:
         """The reason of the first poke within ``timeout`` seconds (None: timed out, or
         ``stop`` finished first)."""
         poked = asyncio.ensure_future(self._event.wait())
-        await asyncio.wait({poked} | ({stop} if stop else set()), timeout=timeout,
-                           return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
-        if not poked.done():
-            poked.cancel()
+        try:
+            await asyncio.wait({poked} | ({stop} if stop else set()), timeout=timeout,
+                               return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+        finally:
+            poked.cancel()  # no-op once done; never left pending (timeout, stop, cancellation)
+        if not poked.done() or poked.cancelled():
             return None
         self._event.clear()
         return self.reason
@@ -251,8 +253,23 @@ async def reconcile_loop(
     soon as kopf asks it to stop (job deleted, operator exiting), so it is never cancelled."""
     st = state(memo)
     wakeup = st.wakeup((namespace, name))
-    timeout: float | None = st.resync_seconds
     stop = asyncio.ensure_future(_stopped(stopped))
+    try:
+        await _loop(st, namespace, name, logger, wakeup, stop)
+    finally:
+        stop.cancel()
+
+
+async def _loop(
+    st: OperatorState,
+    namespace: str,
+    name: str,
+    logger: logging.Logger,
+    wakeup: Wakeup,
+    stop: asyncio.Future[None],
+) -> None:
+    """Reconcile on every wake-up (event, deadline, resync) until ``stop`` is done."""
+    timeout: float | None = st.resync_seconds
     while True:
         reason = await wakeup.wait(timeout, stop=stop)
         if stop.done():
