@@ -9,7 +9,7 @@ ARG UBUNTU=ubuntu24.04
 
 # Build stage: TransformerEngine compiles its torch extension against nvcc and cuDNN headers.
 FROM nvidia/cuda:${CUDA_VERSION}-cudnn-devel-${UBUNTU} AS build
-# Ubuntu 24.04's Python 3.12 takes the newest megatron-core (0.17+ needs Python >= 3.12).
+# megatron-core is pinned to the tested 0.16 series (pyproject.toml), on Python 3.12 as on 3.11.
 ARG TORCH_SPEC=torch==2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
 ARG NVTE_CUDA_ARCHS="80;90"
@@ -29,8 +29,10 @@ COPY trainer/ trainer/
 COPY operator/ operator/
 # `trainer` extra: megatron-core, psutil, boto3, prometheus-client; `gpu` extra: TransformerEngine
 # (built against the torch above, hence no build isolation).
+# The smoke import includes the GPU modules: TE, megatron's TE layer spec, the trainer's core.
 RUN pip install --no-build-isolation ".[trainer,gpu]" \
- && python -c "import torch, megatron.core, omni_trainer.cli, omni_trainer.components.metrics"
+ && python -c "import torch, megatron.core, omni_trainer.cli, omni_trainer.components.metrics" \
+ && python -c "import transformer_engine.pytorch, megatron.core.extensions.transformer_engine, omni_trainer.trainer"
 
 # Runtime stage: the same CUDA/cuDNN libraries without the compiler.
 FROM nvidia/cuda:${CUDA_VERSION}-cudnn-runtime-${UBUNTU}

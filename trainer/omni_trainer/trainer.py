@@ -42,7 +42,7 @@ from omni_trainer.mcore.parallel import ProcessGroups, schedule_kwargs, seed_eve
 from omni_trainer.models.batch import DeviceBatch, to_device_batch
 from omni_trainer.models.context_parallel import set_rope_positions, shard_for_context
 from omni_trainer.models.freeze import parameter_modules
-from omni_trainer.models.llm import Recompute, all_reduce_tied_embedding_grads
+from omni_trainer.models.llm import LLMRuntime, Recompute, all_reduce_tied_embedding_grads
 from omni_trainer.models.omni import OmniModel, first_stage_input
 from omni_trainer.multiplex.anchor import EncoderAnchor, EncoderWork, build_works
 from omni_trainer.multiplex.dataflow import PRE, DataflowTable, plan_dataflow
@@ -157,9 +157,11 @@ class Trainer:
             cfg.model,
             max_sequence_length=cfg.data.seq_length,
             seed=cfg.seed,
-            llm_dtype=self.dtype,
-            recompute=Recompute(cfg.train.recompute, cfg.train.recompute_layers),
-            sequence_parallel=cfg.parallelism.sequence_parallel_on,
+            llm_runtime=LLMRuntime(
+                params_dtype=self.dtype,
+                recompute=Recompute(cfg.train.recompute, cfg.train.recompute_layers),
+                sequence_parallel=cfg.parallelism.sequence_parallel_on,
+            ),
         ).to(self.device)
         self.chunks = list(self.model.llm_chunks)
         # Frozen parameters (``freeze``) take no part: no gradient, optimizer state or all-reduce.

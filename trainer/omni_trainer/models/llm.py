@@ -31,7 +31,18 @@ class Recompute:
         return {}
 
 
-NO_RECOMPUTE = Recompute()
+@dataclass(frozen=True)
+class LLMRuntime:
+    """How a run builds the LLM beyond its architecture (``train`` and ``parallelism``): the
+    weights' dtype (so every activation's and the pipeline's: bf16 in ``components.precision``),
+    megatron's activation recompute, and sequence parallelism (``models.sequence_parallel``)."""
+
+    params_dtype: torch.dtype = torch.float32
+    recompute: Recompute = Recompute()
+    sequence_parallel: bool = False
+
+
+FP32 = LLMRuntime()
 
 
 def transformer_engine_usable() -> bool:
@@ -52,17 +63,13 @@ def build_gpt(
     pre_process: bool = True,
     post_process: bool = True,
     vp_stage: int | None = None,
-    params_dtype: torch.dtype = torch.float32,
-    recompute: Recompute = NO_RECOMPUTE,
-    sequence_parallel: bool = False,
+    runtime: LLMRuntime = FP32,
 ):
     """Build one GPTModel chunk for this rank: its TP shard of the layers of its pipeline stage
     (and virtual stage ``vp_stage``), megatron's layer assignment. With context parallelism the
     core attention and RoPE are ``models.context_parallel``'s (adaptive sample sharding).
 
-    ``params_dtype`` is the dtype of the weights and so of every activation, the pipeline's
-    messages included (bf16: see ``components.precision``); ``recompute`` is megatron's
-    activation recompute; ``sequence_parallel`` megatron's SP (``models.sequence_parallel``).
+    ``runtime`` says the weights' dtype, the recompute and whether sequence parallelism runs.
     Dropout is zero: the trainer's equivalence guarantees (a parallel run
     equals a single process) need every rank to compute the same function of the same data.
     """
@@ -74,6 +81,7 @@ def build_gpt(
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     use_te = transformer_engine_usable()
+    params_dtype, sequence_parallel = runtime.params_dtype, runtime.sequence_parallel
     if cfg.sliding_window is not None and max_sequence_length > cfg.sliding_window:
         raise ValueError(
             f"data.seqLength ({max_sequence_length}) exceeds the model's sliding window "
@@ -107,7 +115,7 @@ def build_gpt(
         persist_layer_norm=False,
         gradient_accumulation_fusion=False,
         sequence_parallel=sequence_parallel,
-        **recompute.megatron_kwargs(),
+        **runtime.recompute.megatron_kwargs(),
     )
     if use_te:
         spec = get_gpt_layer_with_transformer_engine_spec()
@@ -226,9 +234,7 @@ def build_gpt_chunks(
     *,
     max_sequence_length: int,
     seed: int,
-    params_dtype: torch.dtype = torch.float32,
-    recompute: Recompute = NO_RECOMPUTE,
-    sequence_parallel: bool = False,
+    runtime: LLMRuntime = FP32,
 ) -> list:
     """All model chunks of this rank (one per virtual stage), initialised layout-independently."""
     from megatron.core import parallel_state as ps
@@ -245,9 +251,7 @@ def build_gpt_chunks(
             pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
             post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
             vp_stage=vp_stage,
-            params_dtype=params_dtype,
-            recompute=recompute,
-            sequence_parallel=sequence_parallel,
+            runtime=runtime,
         )
         init_llm_chunk(
             chunk,

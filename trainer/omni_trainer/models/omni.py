@@ -7,7 +7,7 @@ from torch import nn
 
 from omni_trainer.models.batch import DeviceBatch
 from omni_trainer.models.config import ModelConfig
-from omni_trainer.models.llm import NO_RECOMPUTE, Recompute, build_gpt_chunks
+from omni_trainer.models.llm import FP32, LLMRuntime, build_gpt_chunks
 
 
 def build_encoder(modality: str, cfg) -> nn.Module:
@@ -38,9 +38,7 @@ class OmniModel(nn.Module):
         *,
         max_sequence_length: int,
         seed: int,
-        llm_dtype: torch.dtype = torch.float32,
-        recompute: Recompute = NO_RECOMPUTE,
-        sequence_parallel: bool = False,
+        llm_runtime: LLMRuntime = FP32,
     ) -> None:
         super().__init__()
         from omni_trainer.models.encoders.projector import Projector
@@ -53,9 +51,7 @@ class OmniModel(nn.Module):
                 cfg.llm,
                 max_sequence_length=max_sequence_length,
                 seed=seed,
-                params_dtype=llm_dtype,
-                recompute=recompute,
-                sequence_parallel=sequence_parallel,
+                runtime=llm_runtime,
             )
         )
         torch.manual_seed(name_seed(seed, "encoders"))
