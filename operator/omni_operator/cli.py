@@ -22,11 +22,11 @@ def register(app: typer.Typer) -> None:
     app.add_typer(sandbox, name="sandbox")
 
 
-def check_job(doc: Any, local_world_size: int | None) -> None:
+def check_job(doc: Any, local_world_size: int | None, defer_hf: bool) -> None:
     """The operator's validation of a whole job (:func:`omni_operator.spec.parse_job`)."""
     from omni_operator.spec import parse_job
 
-    parse_job(doc, local_world_size=local_world_size)
+    parse_job(doc, local_world_size=local_world_size, defer_hf=defer_hf)
 
 
 sandbox = typer.Typer(

@@ -26,6 +26,7 @@ from omni_trainer.config import ManifestError, Metadata, TrainerConfig, format_e
 from omni_trainer.config_base import Spec
 from omni_trainer.data.lengths import length_problems
 from omni_trainer.distributed.layout import layout_problems as layout_problems_at
+from omni_trainer.models.config import DEFER_HF
 
 GROUP = "omni.megascale.io"
 VERSION = "v1alpha1"
@@ -406,16 +407,20 @@ def _errors(title: str, problems: list[tuple[Loc, str]]) -> ValidationError:
 LOCAL_WORLD = "local_world_size"
 
 
-def parse_job(doc: Any, *, local_world_size: int | None = None) -> OmniTrainingJob:
+def parse_job(
+    doc: Any, *, local_world_size: int | None = None, defer_hf: bool = True
+) -> OmniTrainingJob:
     """Validate a whole OmniTrainingJob; :class:`ManifestError` lists every bad field path.
 
     The one validation of ``omni validate``, ``omni render``, ``omni train`` and the operator.
     ``local_world_size``: a local run on that many processes (``omni train --nproc``), whose
-    layout is checked at that size instead of ``nodes x gpusPerNode``.
+    layout is checked at that size instead of ``nodes x gpusPerNode``. ``defer_hf``: leave
+    ``model.llm.hf`` unread (the operator's case: the model lives on the pods' storage).
     """
     if not isinstance(doc, dict):
         raise ManifestError("the manifest must be a mapping with apiVersion, kind, spec")
     try:
-        return OmniTrainingJob.model_validate(doc, context={LOCAL_WORLD: local_world_size})
+        context = {LOCAL_WORLD: local_world_size, DEFER_HF: defer_hf}
+        return OmniTrainingJob.model_validate(doc, context=context)
     except ValidationError as err:
         raise ManifestError(format_errors(err)) from None

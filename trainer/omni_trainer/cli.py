@@ -31,9 +31,13 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
 ManifestArg = Annotated[Path, typer.Argument(help="OmniTrainingJob YAML")]
 
 
-def _load(path: Path, *, whole: bool = False, local_world_size: int | None = None):
+def _load(
+    path: Path, *, whole: bool = False, local_world_size: int | None = None, defer_hf: bool = False
+):
     try:
-        return load_manifest(path, whole=whole, local_world_size=local_world_size)
+        return load_manifest(
+            path, whole=whole, local_world_size=local_world_size, defer_hf=defer_hf
+        )
     except ManifestError as err:
         raise _fail(str(err)) from None
 
@@ -67,9 +71,17 @@ def validate(
 ) -> None:
     """Check a whole manifest without starting anything (the operator's checks, cluster fields
     included); every problem is listed with its field path and the fix."""
-    job = _load(manifest, whole=True, local_world_size=nproc)
+    # Without --sources nothing is opened, the HF model either (as the operator cannot).
+    job = _load(manifest, whole=True, local_world_size=nproc, defer_hf=not sources)
     cfg = job.spec.trainer
     _warn(cfg)
+    if not cfg.model.llm.resolved:
+        err_console.print("[bold yellow]note:[/bold yellow] ", end="")
+        err_console.print(
+            f"spec.trainer.model.llm.hf ({cfg.model.llm.hf}) was not read: the checks that need "
+            "its dimensions run with --sources, and in every pod before training",
+            markup=False,
+        )
     if sources:
         try:
             _check_sources(cfg)

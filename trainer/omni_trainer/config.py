@@ -18,7 +18,7 @@ from omni_trainer.checkpoint.config import CheckpointConfig
 from omni_trainer.config_base import Spec
 from omni_trainer.data.config import DataConfig
 from omni_trainer.distributed.config import ParallelismConfig
-from omni_trainer.models.config import ModelConfig
+from omni_trainer.models.config import DEFER_HF, ModelConfig
 
 if TYPE_CHECKING:  # numpy: the operator imports this module and has no numpy
     from omni_trainer.data.sample import MediaGeometry
@@ -200,19 +200,22 @@ def _is_union_tag(part: object) -> bool:
 _SOURCE_KINDS = {"synthetic", "shards", "conversations", "webdataset", "parquet"}
 
 
-def parse_manifest(doc: Any) -> JobManifest:
+def parse_manifest(doc: Any, *, defer_hf: bool = False) -> JobManifest:
+    """Validate a manifest for the trainer; ``defer_hf``: do not read ``model.llm.hf``
+    (:data:`omni_trainer.models.config.DEFER_HF`)."""
     if not isinstance(doc, dict):
         raise ManifestError("the manifest must be a YAML mapping with apiVersion, kind, spec")
     try:
-        return JobManifest.model_validate(doc)
+        return JobManifest.model_validate(doc, context={DEFER_HF: defer_hf})
     except ValidationError as err:
         raise ManifestError(format_errors(err)) from None
 
 
-JobCheck = Callable[[Any, int | None], None]
+JobCheck = Callable[[Any, int | None, bool], None]
 """Validates a whole manifest document (cluster fields included) for a run on this machine
-with that many processes (None: where the manifest's cluster fields put it); raises
-:class:`ManifestError` listing every problem."""
+with that many processes (None: where the manifest's cluster fields put it), reading
+``model.llm.hf`` unless the flag defers it; raises :class:`ManifestError` listing every
+problem."""
 
 JOB_CHECKS: list[JobCheck] = []
 """Whole-manifest checks of other installed parts: the operator adds its own (the one
@@ -221,12 +224,17 @@ validation it applies to every job) when it registers its ``omni`` commands, so 
 
 
 def load_manifest(
-    path: str | Path, *, whole: bool = False, local_world_size: int | None = None
+    path: str | Path,
+    *,
+    whole: bool = False,
+    local_world_size: int | None = None,
+    defer_hf: bool = False,
 ) -> JobManifest:
     """Read and validate a manifest file; errors name the file and every bad field.
 
     ``whole``: also run :data:`JOB_CHECKS` (every field of ``spec``, the layout at
     ``local_world_size`` processes or, when None, at the cluster fields' size).
+    ``defer_hf``: do not read ``model.llm.hf`` (as the operator cannot).
     """
     path = Path(path)
     try:
@@ -237,7 +245,7 @@ def load_manifest(
         raise ManifestError(f"{path}: not valid YAML: {err}") from None
     try:
         for check in JOB_CHECKS if whole else ():
-            check(doc, local_world_size)
-        return parse_manifest(doc)
+            check(doc, local_world_size, defer_hf)
+        return parse_manifest(doc, defer_hf=defer_hf)
     except ManifestError as err:
         raise ManifestError(f"{path}: invalid OmniTrainingJob\n{err}") from None

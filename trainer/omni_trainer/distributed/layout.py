@@ -54,10 +54,12 @@ def dims_problems(cfg: TrainerConfig, dims: ParallelDims) -> list[Problem]:
 def _model_problems(cfg: TrainerConfig, dims: ParallelDims) -> list[Problem]:
     """Heads split over tensor-parallel ranks, layers over pipeline stages."""
     llm, out = cfg.model.llm, []
-    for field, value in (
-        ("numAttentionHeads", llm.num_attention_heads),
-        ("numQueryGroups", llm.num_query_groups),
-    ):
+    llm_heads = (
+        (("numAttentionHeads", llm.num_attention_heads), ("numQueryGroups", llm.num_query_groups))
+        if llm.resolved
+        else ()  # model.llm.hf not read here (models.config.DEFER_HF): checked where it runs
+    )
+    for field, value in llm_heads:
         if value % dims.tp:
             out.append(
                 (
@@ -79,7 +81,7 @@ def _model_problems(cfg: TrainerConfig, dims: ParallelDims) -> list[Problem]:
                 )
             )
     layers, stages = llm.num_layers, dims.pp * dims.vpp
-    if layers % stages:
+    if llm.resolved and layers % stages:
         out.append(
             (
                 "model.llm.numLayers",

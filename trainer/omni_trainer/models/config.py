@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, model_validator
 
 from omni_trainer.components.flops import transformer_flops
 from omni_trainer.config_base import Spec
@@ -79,6 +79,12 @@ class RopeScaling(Spec):
     original_max_position_embeddings: float = Field(8192, gt=0)
 
 
+DEFER_HF = "defer_hf"
+"""Validation context key: when true, ``model.llm.hf`` is not read. The operator and ``omni
+render`` cannot reach the pods' storage (a PVC path, or S3 with the job's own credentials), so
+the LLM's dimensions stay unknown there and the checks that need them run where the job runs:
+``omni train`` in every pod before training, and ``omni validate --sources``."""
+
 # Read from config.json when ``hf`` is given; setting one beside it is an error.
 _HF_FIELDS = (
     *_LLM_SHAPE_FIELDS,
@@ -121,8 +127,11 @@ class LLMConfig(Spec):
     freeze: bool = Field(False, description="train none of the LLM's weights")
 
     @model_validator(mode="after")
-    def _fill_from_preset(self) -> LLMConfig:
+    def _fill_from_preset(self, info: ValidationInfo) -> LLMConfig:
         if self.hf is not None:
+            self._refuse_fields_beside_hf()
+            if (info.context or {}).get(DEFER_HF):
+                return self  # dimensions unknown here: see DEFER_HF
             self._fill_from_hf()
         base = _LLM_PRESETS.get(self.preset or "", {})
         for name in _LLM_SHAPE_FIELDS:
@@ -147,26 +156,38 @@ class LLMConfig(Spec):
             )
         return self
 
-    def _fill_from_hf(self) -> None:
-        from omni_trainer.interop.hf_config import llm_fields
-        from omni_trainer.interop.source import HFModelError, read_config
-
+    def _refuse_fields_beside_hf(self) -> None:
         explicit = sorted(self.model_fields_set & {"preset", *_HF_FIELDS})
         if explicit:
             raise ValueError(
                 f"{', '.join(_camel(n) for n in explicit)} cannot be set beside 'hf': the "
                 f"architecture comes from {self.hf}/config.json (remove them, or drop 'hf')"
             )
+
+    def _fill_from_hf(self) -> None:
+        from omni_trainer.interop.hf_config import llm_fields
+        from omni_trainer.interop.source import HFModelError, read_config
+
         try:
             fields = llm_fields(read_config(self.hf), self.hf)
         except KeyError as err:
             raise ValueError(f"hf: {self.hf}/config.json lacks {err}") from None
         except (HFModelError, OSError, ValueError) as err:
             raise ValueError(f"hf: {err}") from None
+        except Exception as err:  # storage: botocore's credential and endpoint errors
+            raise ValueError(
+                f"hf: {self.hf}: cannot read config.json ({type(err).__name__}: {err}); "
+                "check the path and the storage credentials"
+            ) from None
         for name, value in fields.items():
             if name == "rope_scaling" and value is not None:
                 value = RopeScaling.model_validate(value)
             object.__setattr__(self, name, value)
+
+    @property
+    def resolved(self) -> bool:
+        """Whether the dimensions are known (false only for ``hf`` under :data:`DEFER_HF`)."""
+        return self.num_layers is not None
 
     @property
     def head_dim(self) -> int:
