@@ -59,9 +59,9 @@ def _wait(what: str, check: Callable[[], Any], *, timeout: float, logs: Path) ->
 def _kubectl(tmp_path: Path) -> Callable[..., str]:
     env = {**os.environ, "KUBECONFIG": str(tmp_path / SANDBOX_DIR / "kubeconfig")}
 
-    def kubectl(*args: str) -> str:
+    def kubectl(*args: str, timeout: float = 120) -> str:
         out = subprocess.run([str(BIN / "kubectl"), *args], cwd=tmp_path, env=env,
-                             capture_output=True, text=True, timeout=120)  # fmt: skip
+                             capture_output=True, text=True, timeout=timeout)  # fmt: skip
         assert out.returncode == 0, f"kubectl {' '.join(args)}: {out.stderr}"
         return out.stdout
 
@@ -111,7 +111,12 @@ def test_a_missing_image_fails_the_job_naming_it_within_the_start_timeout(
             sandbox.kill()
 
 
-def test_node_lost_mid_run_restarts_and_matches_an_uninterrupted_run(tmp_path: Path) -> None:
+def test_graceful_delete_then_node_lost_resume_and_match_an_uninterrupted_run(
+    tmp_path: Path,
+) -> None:
+    """A pod deleted with its grace period: every trainer stops after the same step, writes an
+    emergency checkpoint, and the restart resumes from it (no step recomputed). Later a node
+    is lost: the job restarts from its last checkpoint on other nodes."""
     _manifest(tmp_path / "job.yaml", step_log="runs/job/steps.jsonl", checkpoint="runs/job/ckpt")
     _manifest(tmp_path / "ref.yaml", step_log="runs/ref/steps.jsonl", checkpoint=None)
     sandbox_log = tmp_path / "sandbox.log"
@@ -138,7 +143,18 @@ def test_node_lost_mid_run_restarts_and_matches_an_uninterrupted_run(tmp_path: P
 
         _wait("a committed checkpoint in the job's status", checkpointed, timeout=400,
               logs=sandbox_log)  # fmt: skip
-        selector = "omni.megascale.io/attempt=0,omni.megascale.io/node-rank=1"
+        kubectl("delete", "pod", "tiny-cpu-a0-n1", "--wait=false")  # the pod's grace
+        _wait("attempt 1", lambda: (job().get("status") or {}).get("attempt") == 1, timeout=200,
+              logs=sandbox_log)  # fmt: skip
+        first = job()["status"]["restartHistory"][0]
+        assert first["reason"] in ("PodDeleted", "GracefulStop"), first
+
+        def checkpointed_again() -> int | None:
+            step = ((job().get("status") or {}).get("lastCheckpoint") or {}).get("step")
+            return step if step and step >= 20 else None
+
+        _wait("a checkpoint of attempt 1", checkpointed_again, timeout=400, logs=sandbox_log)
+        selector = "omni.megascale.io/attempt=1,omni.megascale.io/node-rank=1"
         (rank1,) = json.loads(kubectl("get", "pods", "-l", selector, "-o", "json"))["items"]
         lost = rank1["spec"]["nodeName"]
         out = subprocess.run([*OMNI, "sandbox", "fault", "node-lost", lost, "--dir", SANDBOX_DIR],
@@ -146,12 +162,14 @@ def test_node_lost_mid_run_restarts_and_matches_an_uninterrupted_run(tmp_path: P
         assert "fault=lost" in out.stdout
 
         kubectl("wait", "--for=jsonpath={.status.phase}=Succeeded", "otj/tiny-cpu",
-                "--timeout=600s")  # fmt: skip
+                "--timeout=600s", timeout=660)  # fmt: skip
         status = job()["status"]
-        assert status["restarts"] == 1 and status["attempt"] == 1
-        (restart,) = status["restartHistory"]
+        assert status["restarts"] == 2 and status["attempt"] == 2
+        graceful, restart = status["restartHistory"]
+        assert graceful["lostSeconds"] is not None and graceful["mode"] == "recreate"
         assert restart["reason"] == "NodeLost" and restart["nodes"] == [lost]
-        assert restart["fromStep"] >= 10  # resumed from a checkpoint, not from scratch
+        assert restart["fromStep"] >= 20  # resumed from a checkpoint, not from scratch
+        assert restart["lostSeconds"] > 0 and restart["stepsRecomputed"] >= 0
         assert lost not in status["placement"]
         nodes = kubectl("get", "nodes")
         assert any(line.split()[:2] == [lost, "NotReady"] for line in nodes.splitlines())
@@ -160,7 +178,7 @@ def test_node_lost_mid_run_restarts_and_matches_an_uninterrupted_run(tmp_path: P
                                     "involvedObject.name=tiny-cpu", "-o", "json"))  # fmt: skip
         reasons = {e["reason"] for e in events["items"]}
         assert {"PodsCreated", "NodeLost", "Checkpoint", "Succeeded"} <= reasons, reasons
-        rank0 = "tiny-cpu-a1-n0"
+        rank0 = "tiny-cpu-a2-n0"
         assert f"training {STEPS} steps" in kubectl("logs", rank0)
         assert "Succeeded" in kubectl("get", "otj")  # the printer columns show the phase
     finally:
@@ -173,7 +191,11 @@ def test_node_lost_mid_run_restarts_and_matches_an_uninterrupted_run(tmp_path: P
 
     log_path = tmp_path / "runs/job/steps.jsonl"
     got = read_step_log(log_path)
-    assert {json.loads(line)["attempt"] for line in log_path.read_text().splitlines()} == {0, 1}
+    records = [json.loads(line) for line in log_path.read_text().splitlines()]
+    assert {r["attempt"] for r in records} == {0, 1, 2}
+    last_of_0 = max(r["step"] for r in records if r["attempt"] == 0)
+    first_of_1 = min(r["step"] for r in records if r["attempt"] == 1)
+    assert first_of_1 == last_of_0 + 1  # the graceful stop's checkpoint: no step recomputed
 
     subprocess.run([*OMNI, "train", "ref.yaml", "--nproc", "2"], cwd=tmp_path, check=True,
                    capture_output=True, timeout=600)  # fmt: skip

@@ -123,7 +123,8 @@ class Sandbox:
         workdir = config.workdir.resolve()
         workdir.mkdir(parents=True, exist_ok=True)
         config = dataclasses.replace(config, workdir=workdir)
-        async with Emulator() as emu, kmock.Server(emu, port=config.port or None) as server:
+        emulator = Emulator(graceful_pods=True)  # its kubelet completes pod deletions
+        async with emulator as emu, kmock.Server(emu, port=config.port or None) as server:
             definition = crd()
             names = definition["spec"]["names"]
             emu.declare(f"{GROUP}/{VERSION}/{PLURAL}", kind=names["kind"], namespaced=True,
