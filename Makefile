@@ -46,11 +46,29 @@ bench-multiplex: setup
 crds: setup
 	$(BIN)/python -m omni_operator.crd crds
 
+.PHONY: bench-data
+# Data time per step with vs without prefetch (llava-tiny, real files), decoded images/s per core.
+bench-data: setup
+	$(BIN)/python bench/data.py $(BENCH_ARGS)
+
 .PHONY: bench-balance
 
 # Grouped Karmarkar-Karp reordering vs greedy and no reordering (PAPER.md technique 7).
 bench-balance: setup
 	$(BIN)/python bench/balance.py
+
+.PHONY: bench-freeze
+
+# LLaVA stage 1 (projector only: LLM and encoders frozen) vs full training, steps side by side.
+bench-freeze: setup
+	$(BIN)/python bench/freeze.py $(BENCH_ARGS)
+
+.PHONY: bench-interop
+
+# Hugging Face import (per rank, tp1 and tp2) and export: time and peak host memory of a 1.2B
+# random Llama in bf16 (BENCH_ARGS=--size small for a quick run).
+bench-interop: setup
+	$(BIN)/python bench/interop.py $(BENCH_ARGS)
 
 .PHONY: bench-checkpoint
 

@@ -25,6 +25,8 @@ def full_grads(trainer) -> dict[str, torch.Tensor]:
     grads: dict[str, torch.Tensor] = {}
     for chunk in trainer.chunks:
         for name, p in global_llm_names(chunk).items():
+            if getattr(p, "shared", False) or p.grad is None:  # tied copy, or frozen
+                continue
             g = p.grad.detach().clone()
             if getattr(p, "tensor_model_parallel", False) and tp > 1:
                 shards = [torch.empty_like(g) for _ in range(tp)]
@@ -34,6 +36,10 @@ def full_grads(trainer) -> dict[str, torch.Tensor]:
                 g = torch.cat(
                     [pieces[j % tp][j // tp] for j in range(tp * stride)], dim=p.partition_dim
                 )
+            if name in ("embedding.word_embeddings.weight", "output_layer.weight"):
+                vocab = trainer.cfg.model.llm.vocab_size  # TP pads it: padding learns nothing
+                assert not g[vocab:].any(), f"{name}: padded vocabulary rows got gradients"
+                g = g[:vocab]
             grads[f"llm.{name}"] = g
     if groups.tp_rank != 0 or groups.dp_rank != 0:
         grads = {}
@@ -47,7 +53,8 @@ def full_grads(trainer) -> dict[str, torch.Tensor]:
     elif dist.get_rank() != 0:
         encoder_params = []
     for name, p in encoder_params:
-        grads[name] = p.grad.detach().clone()
+        if p.grad is not None:  # None: frozen
+            grads[name] = p.grad.detach().clone()
     return grads
 
 

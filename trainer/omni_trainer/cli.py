@@ -159,6 +159,87 @@ def plan(
         )
 
 
+@app.command("export")
+def export_cmd(
+    manifest: ManifestArg,
+    out: Annotated[Path, typer.Option(help="new directory for the Hugging Face model")],
+    checkpoint: Annotated[
+        str | None,
+        typer.Option(
+            help="a checkpoint root or one step-NNNNNNNN directory (default: the latest "
+            "complete checkpoint under checkpoint.path, else the model as initialised)"
+        ),
+    ] = None,
+) -> None:
+    """Write the model as a Hugging Face model (safetensors, config.json, tokenizer files) in
+    the family it was imported from (Llama for presets), from a checkpoint of any layout."""
+    from omni_trainer.interop.export import write_hf
+    from omni_trainer.interop.runtime import single_process_model
+
+    cfg = _load(manifest).spec.trainer
+    try:
+        with single_process_model(cfg, checkpoint=checkpoint) as (model, step):
+            result = write_hf(model, cfg, out, step=step)
+    except (ValueError, OSError) as err:
+        raise _fail(str(err)) from None
+    source = f"checkpoint step {step}" if step is not None else "initial weights"
+    typer.echo(
+        f"exported {source}: {result.tensors} tensors, {result.bytes / 2**20:,.1f} MiB -> {out} "
+        f"({', '.join(result.files)})"
+    )
+    if result.skipped:
+        err_console.print(
+            f"note: the {', '.join(result.skipped)} encoder(s) are this project's own "
+            "architectures, which no Hugging Face family holds: only the LLM was exported",
+            markup=False,
+        )
+
+
+@app.command()
+def generate(
+    manifest: ManifestArg,
+    prompt: Annotated[str, typer.Option(help="one user turn (or the raw text with --raw)")],
+    checkpoint: Annotated[
+        str | None, typer.Option(help="as for export (default: latest, else initial)")
+    ] = None,
+    image: Annotated[list[Path] | None, typer.Option(help="an image for <image>")] = None,
+    audio: Annotated[list[Path] | None, typer.Option(help="audio for <audio>")] = None,
+    max_new_tokens: Annotated[int, typer.Option(min=1)] = 64,
+    raw: Annotated[bool, typer.Option("--raw", help="no chat template")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+) -> None:
+    """Greedy decoding with the job's model in one process."""
+    import json
+
+    from omni_trainer.interop.generate import Generation, eos_ids, greedy, prompt_ids
+    from omni_trainer.interop.runtime import hf_files_dir, single_process_model
+    from omni_trainer.interop.tokenizer import load_checked_tokenizer
+
+    cfg = _load(manifest).spec.trainer
+    if image or audio:
+        raise _fail(
+            "--image/--audio need a model whose encoders and processor come from Hugging Face "
+            "(model.hf / model.encoders.*.hf), which this version cannot import yet"
+        )
+    try:
+        tok = load_checked_tokenizer(cfg)
+        ids = prompt_ids(tok, prompt, raw=raw)
+        gen_file = hf_files_dir(cfg.tokenizer) / "generation_config.json"
+        gen_cfg = json.loads(gen_file.read_text()) if gen_file.is_file() else None
+        with single_process_model(cfg, checkpoint=checkpoint) as (model, _):
+            out, logprobs = greedy(
+                model.llm_chunks[0],
+                ids,
+                max_new_tokens=max_new_tokens,
+                stop=eos_ids(tok, gen_cfg),
+                vocab_size=cfg.model.llm.vocab_size,
+            )
+    except (ValueError, OSError) as err:
+        raise _fail(str(err)) from None
+    result = Generation(ids, out, tok.decode(out, skip_special_tokens=True), logprobs)
+    typer.echo(json.dumps(result.as_dict()) if as_json else result.output_text)
+
+
 def _tune(cfg, *, name: str, gpus: int, proxy_gpus: int | None = None) -> None:
     """Predict the job on ``gpus`` H100s for many configurations; print the best few and a proxy
     configuration of the best to validate it on a small cluster."""
@@ -230,6 +311,7 @@ def _print_summary(s: dict) -> None:
         ),
         ("layout", f"{s['layout']['name']} (world {s['world_size']})"),
         ("samples", ", ".join(f"{k} {v}" for k, v in s["samples_per_modality"].items())),
+        ("skipped", ", ".join(f"{k} {v}" for k, v in s.get("skipped_samples", {}).items()) or "0"),
         ("wall time", f"{s['wall_time_s']:.1f} s ({s['mean_step_time_s'] * 1e3:.0f} ms/step)"),
     ]
     for k, v in rows:
@@ -251,6 +333,13 @@ def _register_plugins() -> None:
         register(app)
 
 
+def _add_data_commands() -> None:
+    from omni_trainer.data_cli import data_app
+
+    app.add_typer(data_app, name="data")
+
+
+_add_data_commands()
 _register_plugins()
 
 if __name__ == "__main__":

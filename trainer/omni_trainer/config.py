@@ -8,7 +8,7 @@ cluster settings validated by the operator's CRD schema and ignored by a local r
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, model_validator
@@ -26,6 +26,11 @@ API_VERSION = "omni.megascale.io/v1alpha1"
 KIND = "OmniTrainingJob"
 
 
+LRModule = Literal[
+    "llm", "encoders.image", "encoders.audio", "projectors.image", "projectors.audio"
+]
+
+
 class OptimizerConfig(Spec):
     name: Literal["adamw"] = "adamw"
     lr: float = Field(3e-4, gt=0)
@@ -35,6 +40,10 @@ class OptimizerConfig(Spec):
     beta2: float = Field(0.95, ge=0, lt=1)
     eps: float = Field(1e-8, gt=0)
     clip_grad: float = Field(1.0, ge=0, description="max global grad norm; 0 disables clipping")
+    lr_multipliers: dict[LRModule, Annotated[float, Field(gt=0)]] = Field(
+        default_factory=dict,
+        description="per module, a factor on the LR of every step (e.g. a 0.1x vision tower)",
+    )
 
     @model_validator(mode="after")
     def _min_below_peak(self) -> OptimizerConfig:
@@ -69,6 +78,12 @@ class TrainConfig(Spec):
 
 class TrainerConfig(Spec):
     seed: int = 1234
+    tokenizer: str | None = Field(
+        None,
+        description="Hugging Face tokenizer files (a directory or s3:// prefix with "
+        "tokenizer.json and a chat_template); conversation sources are rendered with it; "
+        "default: the tokenizer saved beside model.llm.hf",
+    )
     model: ModelConfig
     data: DataConfig
     parallelism: ParallelismConfig = ParallelismConfig()
@@ -86,12 +101,21 @@ class TrainerConfig(Spec):
             patch_size=image.patch_size if image else 14,
             audio_subsampling=audio.subsampling if audio else 4,
             n_mels=audio.n_mels if audio else 80,
+            encoders=tuple(m for m in ("image", "audio") if getattr(self.model.encoders, m)),
         )
 
     @model_validator(mode="after")
     def _data_fits_model(self) -> TrainerConfig:
+        if self.tokenizer is None and self.model.llm.hf is not None:  # the model's own
+            object.__setattr__(self, "tokenizer", self.model.llm.hf)
         consumable = set(self.model.modalities)
         for i, source in enumerate(self.data.sources):
+            if source.kind in ("conversations", "webdataset", "parquet") and not self.tokenizer:
+                raise ValueError(
+                    f"data.sources[{i}] ({source.name!r}) holds conversations, which are "
+                    "rendered with a chat template: set spec.trainer.tokenizer to a directory "
+                    "(or s3:// prefix) of Hugging Face tokenizer files"
+                )
             if source.modality not in consumable:
                 raise ValueError(
                     f"data.sources[{i}] ({source.name!r}) has modality {source.modality!r} "
@@ -146,7 +170,10 @@ def format_errors(err: ValidationError) -> str:
 
 def _is_union_tag(part: object) -> bool:
     # pydantic puts the chosen member of a tagged union into the location ("synthetic").
-    return isinstance(part, str) and part in {"synthetic", "shards"}
+    return isinstance(part, str) and part in _SOURCE_KINDS
+
+
+_SOURCE_KINDS = {"synthetic", "shards", "conversations", "webdataset", "parquet"}
 
 
 def parse_manifest(doc: Any) -> JobManifest:

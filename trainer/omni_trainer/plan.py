@@ -36,6 +36,7 @@ def plan_step(
             geometry=cfg.media_geometry(),
             shard=s,
             num_shards=num_shards,
+            tokenizer=cfg.tokenizer,
         )
         for s in hosted_shards(num_shards, 0, dims.dp)
     ]

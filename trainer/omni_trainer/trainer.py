@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from dataclasses import dataclass, field
@@ -11,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from omni_trainer.checkpoint.checkpointer import Checkpointer, SaveResult
+from omni_trainer.checkpoint.config import CheckpointConfig
 from omni_trainer.checkpoint.state import ModelState
 from omni_trainer.components.dataplane import DataPlane
 from omni_trainer.components.encoder_zero import EncoderZero
@@ -30,8 +32,11 @@ from omni_trainer.components.timing import PhaseTimer
 from omni_trainer.config import TrainerConfig
 from omni_trainer.data.packing import MicroBatch, PackedSequence, collate, split_micro_batches
 from omni_trainer.distributed.layout import check_layout
+from omni_trainer.interop.runtime import find_checkpoint
 from omni_trainer.mcore.parallel import ProcessGroups, schedule_kwargs, seed_everything
 from omni_trainer.models.context_parallel import set_rope_positions, shard_for_context
+from omni_trainer.models.freeze import parameter_modules
+from omni_trainer.models.llm import all_reduce_tied_embedding_grads
 from omni_trainer.models.omni import DeviceBatch, OmniModel, first_stage_input, to_device_batch
 from omni_trainer.multiplex.anchor import EncoderAnchor, EncoderWork, build_works
 from omni_trainer.multiplex.dataflow import PRE, DataflowTable, plan_dataflow
@@ -103,6 +108,8 @@ class RunSummary:
     """Reordering of sequences between data-parallel ranks: group size, method, traffic."""
     breakdown: list[dict[str, object]] = field(default_factory=list)
     """Per rank: mean seconds per step in each phase, and the peak encoder activation bytes."""
+    skipped_samples: dict[str, int] = field(default_factory=dict)
+    """Samples the loaders skipped, by reason (missing, corrupt, too_long...), all replicas."""
 
 
 def autocast_context(cfg: TrainerConfig, device: torch.device):
@@ -148,8 +155,9 @@ class Trainer:
             cfg.model, max_sequence_length=cfg.data.seq_length, seed=cfg.seed
         ).to(self.device)
         self.chunks = list(self.model.llm_chunks)
-        self.llm_params = self.model.llm_parameters()
-        self.encoder_params = self.model.encoder_parameters()
+        # Frozen parameters (``freeze``) take no part: no gradient, optimizer state or all-reduce.
+        self.llm_params = [p for p in self.model.llm_parameters() if p.requires_grad]
+        self.encoder_params = [p for p in self.model.encoder_parameters() if p.requires_grad]
         # Gradients always exist (zeros when a modality is absent from a batch), as in megatron's
         # DDP buffers: every rank all-reduces the same tensors, and the optimizer treats a
         # parameter the same whether its modality showed up on this rank, another, or nowhere.
@@ -162,7 +170,11 @@ class Trainer:
             else None
         )
         owned = self.encoder_zero.owned if self.encoder_zero else self.encoder_params
-        self.optimizer = build_optimizer([*self.llm_params, *owned], cfg.optimizer)
+        self.optimizer = build_optimizer(
+            [*self.llm_params, *owned],
+            cfg.optimizer,
+            modules=parameter_modules(self.model),
+        )
         self.timer = PhaseTimer(synchronize=True)
         self.anchor = EncoderAnchor(
             encoders=self.model.encoders,
@@ -175,12 +187,19 @@ class Trainer:
         self.forward_backward = get_forward_backward_func()
         self.chunks[0].config.finalize_model_grads_func = self._finalize_grads
         self._schedule_kwargs = schedule_kwargs(self.chunks[0].config, self.timer)
-        self.data = DataPlane(cfg, dp_rank=groups.dp_rank, dp_size=dims.dp, group=groups.reorder)
+        self.data = DataPlane(
+            cfg,
+            dp_rank=groups.dp_rank,
+            dp_size=dims.dp,
+            group=groups.reorder,
+            read_ahead=dims.pp == 1,  # then this rank encodes all the media it draws
+        )
         self.reorder_bytes: list[int] = []
+        self._skipped_exported: dict[str, int] = {}
         self.checkpointer = (
             Checkpointer(cfg.checkpoint, layout=dims.as_dict()) if cfg.checkpoint else None
         )
-        self.start_step = self._resume() if resume else 0
+        self.start_step = self._resume() if resume else self._init_from()
         self.stop = stop or NullStop()
         self.stopped_at: int | None = None
         """The step a SIGTERM stopped the run at (None: it was not stopped)."""
@@ -199,9 +218,18 @@ class Trainer:
             return 0
         found = self.checkpointer.load_latest(ModelState.from_trainer(self))
         if found is None:
-            return 0
+            return self._init_from()
         self.data.load_state_dict(found.loader_state)
         return found.step
+
+    def _init_from(self) -> int:
+        """``checkpoint.initFrom``: a fresh run starts from another checkpoint's weights only."""
+        source = self.cfg.checkpoint.init_from if self.cfg.checkpoint else None
+        if source is not None:
+            root, step = find_checkpoint(source)
+            weights = dataclasses.replace(ModelState.from_trainer(self), optimizer=None)
+            Checkpointer(CheckpointConfig(path=root), cache_plans=False).load(step, weights)
+        return 0
 
     def _save(self, step: int) -> None:
         """Asynchronous checkpoint after ``step`` completed steps; the loop waits for the host
@@ -254,6 +282,7 @@ class Trainer:
                     break
         finally:
             self.reporter.close()
+            self.data.close()
             if self.checkpointer:
                 last = self.checkpointer.close()
                 if last is not None and not last.committed:
@@ -285,7 +314,7 @@ class Trainer:
                 self.reorder_bytes.append(self.data.last_stats.bytes_moved)
         lr = lr_at(step, opt=self.cfg.optimizer, sched=self.cfg.lr_schedule, total_steps=self.steps)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group["lr_multiplier"]
         self.optimizer.zero_grad(set_to_none=False)  # at the start: grads stay inspectable
         loss = self.forward_backward_step(local)
         with self.timer.span("sync"):
@@ -391,6 +420,12 @@ class Trainer:
             encoder_mbs=encoder_mbs,
         )
         mine = media_encoded_on(table, self.groups.anchor.stage)
+        self.data.media.prefetch(  # decoded in parallel by the workers while this thread waits
+            item.ref
+            for m, mb in enumerate(micro)
+            for item in mb.media
+            if item.modality in mine.get(m, ())
+        )
         self._batches = [
             to_device_batch(mb, self.device, load=self.data.media.load, media=mine.get(m, ()))
             for m, mb in enumerate(micro)
@@ -450,6 +485,7 @@ class Trainer:
         self.anchor.end_step()
         with self.timer.span("sync"):
             all_reduce_grads(self.llm_params, self.groups.dp_cp)  # CP ranks hold partial sums
+            all_reduce_tied_embedding_grads(self.chunks)
             if self.encoder_zero:
                 self.encoder_zero.reduce_gradients()
             else:
@@ -472,6 +508,12 @@ class Trainer:
             encoder_activation_peak_bytes=r.encoder_activation_peak_bytes,
             media_bytes_read=r.media_bytes_read,
         )
+        if self.groups.tp_rank == self.groups.cp_rank == self.groups.anchor.stage == 0:
+            skipped = self.data.counters["skipped_samples"]
+            self.metrics.record_skipped(
+                {k: v - self._skipped_exported.get(k, 0) for k, v in skipped.items()}
+            )
+            self._skipped_exported = skipped
 
     def _global_counters(self) -> dict[str, dict[str, int]]:
         """Samples and tokens per modality over all data-parallel replicas."""
@@ -480,7 +522,7 @@ class Trainer:
         dist.all_gather_object(everyone, mine, group=self.groups.dp)
         total: dict[str, dict[str, int]] = {}
         for counters in everyone:
-            for key in ("samples_per_modality", "tokens_per_modality"):
+            for key in ("samples_per_modality", "tokens_per_modality", "skipped_samples"):
                 bucket = total.setdefault(key, {})
                 for m, v in counters.get(key, {}).items():
                     bucket[m] = bucket.get(m, 0) + v
@@ -552,6 +594,7 @@ class Trainer:
             step_time_curve=[r.seconds for r in results],
             parameters={"llm": int(llm_params.item()), "encoders": enc_params},
             breakdown=breakdown,
+            skipped_samples=dict(sorted(counters["skipped_samples"].items())),
             data_reorder={
                 "group_size": self.cfg.data.reorder.group_size,
                 "method": self.cfg.data.reorder.method,

@@ -107,9 +107,9 @@ def test_unknown_fields_kinds_and_duplicates_are_rejected() -> None:
     loc, _ = error_of(raw)
     assert loc == "sources.0.synthetic.lenghtScale"
     raw = base()
-    raw["sources"][0]["kind"] = "webdataset"
+    raw["sources"][0]["kind"] = "tfrecord"
     loc, msg = error_of(raw)
-    assert loc == "sources.0" and "synthetic" in msg and "shards" in msg
+    assert loc == "sources.0" and "synthetic" in msg and "shards" in msg and "parquet" in msg
     raw = base()
     raw["sources"][1]["name"] = "img"
     loc, msg = error_of(raw)

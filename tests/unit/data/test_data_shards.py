@@ -168,8 +168,9 @@ def test_oversized_media_is_skipped_and_long_text_chunked(
             seg.sample_id for _ in range(6) for seq in stream.next_batch() for seg in seq.segments
         ]
     assert stream.counters["skipped"]["img"] > 0
+    assert stream.counters["skipped_samples"] == {"too_long": stream.counters["skipped"]["img"]}
     assert "skipping" in caplog.text and "seqLength is 64" in caplog.text
-    assert reader.get(int(np.argmax(sizes))) is None
+    assert reader.get(int(np.argmax(sizes))).reason == "too_long"
     assert any("#1" in i for i in ids), "long text must arrive as chunks"
     assert not any("image" in i and "#" in i for i in ids)
 

@@ -100,7 +100,13 @@ def test_conversions(openapi: dict[str, Any]) -> None:
     }
     assert resources["rdma"]["nullable"] is True and resources["rdma"]["type"] == "object"
     sources = spec["trainer"]["properties"]["data"]["properties"]["sources"]["items"]
-    assert sources["properties"]["kind"]["enum"] == ["synthetic", "shards"]  # merged union
+    assert sources["properties"]["kind"]["enum"] == [
+        "synthetic",
+        "shards",
+        "conversations",
+        "webdataset",
+        "parquet",
+    ]  # merged union
     assert sources["required"] == ["kind", "modality", "name"]  # common to both kinds
     env = spec["nccl"]["properties"]["env"]
     assert env["additionalProperties"] == {"type": "string"}

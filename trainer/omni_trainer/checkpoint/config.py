@@ -21,6 +21,12 @@ class CheckpointConfig(Spec):
         alias="async",
         description="write/upload in the background; the loop only waits for the host copy",
     )
+    init_from: str | None = Field(
+        None,
+        description="a checkpoint (root or step-NNNNNNNN directory) whose model weights a fresh "
+        "run starts from; optimizer and loader state are not taken (e.g. LLaVA's stage 2 "
+        "starting from stage 1); a run resuming its own checkpoint ignores it",
+    )
     staging_dir: str | None = Field(
         None,
         description="node-local scratch where S3 checkpoints are written before upload and "

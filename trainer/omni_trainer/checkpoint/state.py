@@ -45,7 +45,8 @@ class ModelState:
     Attributes:
         llm: global LLM name (``global_llm_names``) -> this rank's (TP-sharded) parameter.
         replicated: name -> parameter replicated on every rank (encoders, projectors).
-        optimizer: the torch optimizer over (some of) these parameters.
+        optimizer: the torch optimizer over (some of) these parameters; None loads weights
+            only (export, generation, ``checkpoint.initFrom``).
         rank: global rank (``ShardedTensor`` placements name it).
         tp_rank, tp_size, dp_rank: this rank's LLM position.
         owned: names in ``replicated`` whose optimizer state lives on this rank (ZeRO-2), or
@@ -54,7 +55,7 @@ class ModelState:
 
     llm: Mapping[str, nn.Parameter]
     replicated: Mapping[str, nn.Parameter]
-    optimizer: torch.optim.Optimizer
+    optimizer: torch.optim.Optimizer | None
     rank: int = 0
     tp_rank: int = 0
     tp_size: int = 1
@@ -222,6 +223,8 @@ def load_targets(
             raise KeyError(f"checkpoint has no {key}")
         targets[key] = _value(state, torch.empty(p.shape, dtype=p.dtype), p, is_llm)
         params.append((p, key))
+        if state.optimizer is None:
+            continue  # weights only
         if not is_llm and state.owned is not None and name not in state.owned:
             continue  # ZeRO-2: another rank holds this parameter's optimizer state
         prefix = f"{OPTIM}{name}."

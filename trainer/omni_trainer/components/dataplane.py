@@ -12,7 +12,9 @@ pixels: the rank that encodes a medium reads it itself (``DataPlane.media``).
 from __future__ import annotations
 
 import pickle
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +25,7 @@ from omni_trainer.balance.reorder import ItemMeta, ReorderPlan, plan_reorder
 from omni_trainer.config import TrainerConfig
 from omni_trainer.data.loader import MediaReader, MultimodalStream, hosted_shards
 from omni_trainer.data.packing import PackedSequence
+from omni_trainer.data.sample import MediaRef
 from omni_trainer.models.config import ModelConfig
 
 
@@ -52,8 +55,8 @@ def sequence_cost(model: ModelConfig) -> Callable[[PackedSequence], float]:
         total = 0.0
         for seg in seq.segments:
             total += llm(seg.length)
-            if seg.media_tokens:
-                total += encoders[seg.modality](seg.media_tokens)
+            for modality, n in seg.media_lengths():
+                total += encoders[modality](n)
         return total
 
     return cost
@@ -66,7 +69,10 @@ def sequence_bytes(seq: PackedSequence) -> int:
 
 def media_bytes(seq: PackedSequence) -> int:
     """Bytes of the media arrays the sequence refers to."""
-    return sum(s.media.nbytes for s in seq.samples if s.media is not None)
+    return sum(
+        (s.media.nbytes if s.media is not None else 0) + sum(sp.ref.nbytes for sp in s.spans)
+        for s in seq.samples
+    )
 
 
 class DataPlane:
@@ -79,6 +85,7 @@ class DataPlane:
         dp_rank: int,
         dp_size: int,
         group: dist.ProcessGroup | None,
+        read_ahead: bool = False,
     ) -> None:
         data = cfg.data
         num_shards = data.shards_for(dp_size)
@@ -90,22 +97,34 @@ class DataPlane:
                 geometry=cfg.media_geometry(),
                 shard=s,
                 num_shards=num_shards,
+                tokenizer=cfg.tokenizer,
             )
             for s in hosted_shards(num_shards, dp_rank, dp_size)
         ]
-        self.media = MediaReader(self.streams[0].sources)
+        self.media = MediaReader(self.streams[0].sources, workers=data.prefetch.workers)
         """Loads the media this rank encodes, whichever rank's loader drew it."""
         self.group = group
         self.group_size = dist.get_world_size(group) if group is not None else 1
         self.group_rank = dist.get_rank(group) if group is not None else 0
         self.method = data.reorder.method
+        stays = self.group_size == 1 or self.method == "none"
+        self.depth = (
+            dict(data.prefetch.depth) if read_ahead and stays and data.prefetch.workers else {}
+        )
+        """Steps read ahead per modality: only where this rank encodes all it draws."""
+        self._drawer = ThreadPoolExecutor(1, "omni-draw") if any(self.depth.values()) else None
+        """Draws future steps (reads headers, renders conversations) off the training thread;
+        the only user of the streams while a draw is pending."""
+        self._ahead: deque[Future[tuple[list[dict], list[PackedSequence]]]] = deque()
+        """Future steps: (every stream's state before the draw, the local batch)."""
         self.cost = sequence_cost(cfg.model)
         self.last_stats: ReorderStats | None = None
 
     def next_local_batch(self) -> list[PackedSequence]:
         """This rank's ``globalBatchSize / dp`` sequences of the next step, reordered."""
-        local = [seq for stream in self.streams for seq in stream.next_batch()]
+        local = self._ahead.popleft().result()[1] if self._ahead else self._draw()
         if self.group_size == 1 or self.method == "none":
+            self._read_ahead()
             return local
         metas = [(self.cost(seq), sequence_bytes(seq), media_bytes(seq)) for seq in local]
         gathered: list = [None] * self.group_size
@@ -134,6 +153,37 @@ class DataPlane:
             max_over_mean_after=plan.max_over_mean,
         )
         return self._exchange(local, plan)
+
+    def _draw(self) -> list[PackedSequence]:
+        return [seq for stream in self.streams for seq in stream.next_batch()]
+
+    def _read_ahead(self) -> None:
+        """Keep the deepest read-ahead drawn in the background; each drawn step's media are
+        submitted to the decoders within their modality's depth. The streams' states before the
+        first early draw stay what a checkpoint saves."""
+        if self._drawer is None:
+            return
+        while len(self._ahead) < max(self.depth.values()):
+            self._ahead.append(self._drawer.submit(self._draw_ahead, len(self._ahead) + 1))
+        for k, pending in enumerate(self._ahead, start=1):
+            if pending.done():  # moved closer: modalities of smaller depth become due
+                self._prefetch(pending.result()[1], k)
+
+    def _draw_ahead(self, k: int) -> tuple[list[dict], list[PackedSequence]]:
+        states = [stream.state_dict() for stream in self.streams]
+        batch = self._draw()
+        self._prefetch(batch, k)
+        return states, batch
+
+    def _prefetch(self, batch: list[PackedSequence], k: int) -> None:
+        """Submit the media of a batch ``k`` steps ahead whose modality reads that far."""
+        self.media.prefetch(
+            ref
+            for seq in batch
+            for sample in seq.samples
+            for modality, ref in _refs(sample)
+            if k <= self.depth.get(modality, 0)
+        )
 
     def _exchange(self, local: list[PackedSequence], plan: ReorderPlan) -> list[PackedSequence]:
         """One all-to-all of pickled sequences; every rank ends with ``plan.assignments[me]``."""
@@ -166,8 +216,9 @@ class DataPlane:
         """This rank's loaders' counters, summed, and the media this rank loaded (global figures
         need a sum over ranks)."""
         total: dict = dict(self.media.counters)
-        for stream in self.streams:
-            for key, value in stream.counters.items():
+        for i, stream in enumerate(self.streams):  # as of the step boundary (no read-ahead)
+            counters = self._ahead[0].result()[0][i]["counters"] if self._ahead else stream.counters
+            for key, value in counters.items():
                 if isinstance(value, dict):
                     bucket = total.setdefault(key, {})
                     for k, v in value.items():
@@ -177,11 +228,33 @@ class DataPlane:
         return total
 
     def state_dict(self) -> dict:
-        return {"shards": {str(s.shard): s.state_dict() for s in self.streams}}
+        """Every hosted stream's state at the step boundary (before any read-ahead draw)."""
+        if self._ahead:
+            states = self._ahead[0].result()[0]
+        else:
+            states = [s.state_dict() for s in self.streams]
+        return {"shards": {str(s.shard): st for s, st in zip(self.streams, states, strict=True)}}
 
     def load_state_dict(self, state: dict) -> None:
+        for pending in self._ahead:  # the streams are this thread's again
+            pending.result()
+        self._ahead.clear()
+        if self.media.prefetcher is not None:
+            self.media.prefetcher.clear()
         for stream in self.streams:
             stream.load_state_dict(state["shards"][str(stream.shard)])
+
+    def close(self) -> None:
+        """Stop the drawing and decoding workers."""
+        if self._drawer is not None:
+            self._drawer.shutdown(wait=True, cancel_futures=True)
+        self.media.close()
+
+
+def _refs(sample) -> list[tuple[str, MediaRef]]:
+    """(modality, reference) of every media item of a sample."""
+    head = [(sample.modality, sample.media)] if sample.media is not None else []
+    return head + [(sp.modality, sp.ref) for sp in sample.spans]
 
 
 def _sent_indices(plan: ReorderPlan, src: int, dst: int) -> tuple[int, ...]:

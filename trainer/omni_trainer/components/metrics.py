@@ -71,6 +71,8 @@ class MetricsSink(Protocol):
         media_bytes_read: int,
     ) -> None: ...
 
+    def record_skipped(self, counts: Mapping[str, int]) -> None: ...
+
     def record_checkpoint(
         self,
         *,
@@ -200,6 +202,12 @@ class TrainerMetrics(MetricsEndpoint):
             rank_l,
             registry=r,
         )
+        self.samples_skipped = Counter(
+            PREFIX + "samples_skipped",
+            "Samples this rank's loaders skipped (missing, corrupt, too_long...), by reason.",
+            (*rank_l, "reason"),
+            registry=r,
+        )
         self.checkpoint_seconds = Histogram(
             PREFIX + "checkpoint_duration_seconds",
             "Time from checkpoint start to its commit marker (background upload included).",
@@ -283,6 +291,12 @@ class TrainerMetrics(MetricsEndpoint):
         self.activation_peak.labels(**self._rank_labels).set(encoder_activation_peak_bytes)
         self.media_bytes.labels(**self._rank_labels).inc(max(0, media_bytes_read))
 
+    def record_skipped(self, counts: Mapping[str, int]) -> None:
+        """Add samples skipped since the last call, by reason."""
+        for reason, n in counts.items():
+            if n > 0:
+                self.samples_skipped.labels(**self._rank_labels, reason=reason).inc(n)
+
     def record_checkpoint(
         self,
         *,
@@ -337,6 +351,9 @@ class NullTrainerMetrics:
         encoder_activation_peak_bytes: int,
         media_bytes_read: int,
     ) -> None:
+        pass
+
+    def record_skipped(self, counts: Mapping[str, int]) -> None:
         pass
 
     def record_checkpoint(

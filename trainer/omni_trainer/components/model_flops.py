@@ -30,8 +30,8 @@ def _segments(sequences) -> tuple[list[int], dict[str, list[int]]]:
     for seq in sequences:
         for seg in seq.segments:
             seg_lengths.append(seg.length)
-            if seg.media_tokens:
-                media_lengths[seg.modality].append(seg.media_tokens)
+            for modality, n in seg.media_lengths():
+                media_lengths[modality].append(n)
     return seg_lengths, media_lengths
 
 

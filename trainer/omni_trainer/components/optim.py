@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist
@@ -12,16 +13,25 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from omni_trainer.config import LRScheduleConfig, OptimizerConfig
 
 
-def build_optimizer(params: list[nn.Parameter], cfg: OptimizerConfig) -> torch.optim.Optimizer:
-    """AdamW with no weight decay on biases and norms (1-D parameters)."""
-    decay, no_decay = [], []
+def build_optimizer(
+    params: list[nn.Parameter], cfg: OptimizerConfig, *, modules: Mapping[int, str] | None = None
+) -> torch.optim.Optimizer:
+    """AdamW with no weight decay on biases and norms (1-D parameters), and one group per LR
+    multiplier (``optimizer.lrMultipliers``, by the module name ``modules`` gives each id(p));
+    each group's ``lr_multiplier`` scales the LR the trainer sets every step."""
+    groups: dict[tuple[float, bool], list[nn.Parameter]] = {}
     for p in params:
         if p.requires_grad:
-            (decay if p.ndim >= 2 else no_decay).append(p)
+            scale = cfg.lr_multipliers.get((modules or {}).get(id(p), ""), 1.0)
+            groups.setdefault((scale, p.ndim >= 2), []).append(p)
     return torch.optim.AdamW(
         [
-            {"params": decay, "weight_decay": cfg.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
+            {
+                "params": ps,
+                "weight_decay": cfg.weight_decay if decay else 0.0,
+                "lr_multiplier": scale,
+            }
+            for (scale, decay), ps in sorted(groups.items(), key=lambda kv: (kv[0][0], -kv[0][1]))
         ],
         lr=cfg.lr,
         betas=(cfg.beta1, cfg.beta2),
@@ -75,6 +85,8 @@ def clip_grad_norm(
     """
     llm_sq = torch.zeros(1, dtype=torch.float64)
     for p in llm_params:
+        if getattr(p, "shared", False):  # the last stage's copy of a tied embedding
+            continue
         if p.grad is not None and (getattr(p, "tensor_model_parallel", False) or tp_rank == 0):
             llm_sq += p.grad.detach().double().pow(2).sum().cpu()
     if dist.get_world_size(model_parallel_group) > 1:

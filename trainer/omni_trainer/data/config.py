@@ -112,7 +112,102 @@ class ShardSourceConfig(Spec):
     """Token share of this source inside its modality, relative to its siblings."""
 
 
-SourceConfig = Annotated[SyntheticSourceConfig | ShardSourceConfig, Field(discriminator="kind")]
+class ConversationSourceConfig(Spec):
+    """LLaVA-style JSON / JSONL (``id``, ``image`` (one or a list), ``audio``, ``video``,
+    ``conversations: [{from, value}]``) or OpenAI-style ``messages``, with media files beside it.
+    Rendered through ``spec.trainer.tokenizer``'s chat template; loss on assistant turns only."""
+
+    kind: Literal["conversations"]
+    name: str = Field(min_length=1)
+    url: str = Field(min_length=1)
+    """The annotation file (.json array or .jsonl), local or ``s3://bucket/key``."""
+    media_root: str | None = None
+    """Directory or ``s3://`` prefix media paths are relative to; default: the file's folder."""
+    modality: Modality
+    """The mixture share this source's tokens count toward."""
+    weight: float = Field(default=1.0, gt=0)
+    """Token share of this source inside its modality, relative to its siblings."""
+    system_prompt: str | None = None
+    """A system message put first in conversations that have none."""
+
+
+class WebDatasetSourceConfig(Spec):
+    """Standard WebDataset tars: ``key.jpg|jpeg|png|webp``, ``key.wav|flac|mp3``, ``key.mp4``
+    with ``key.txt`` (a caption) or ``key.json`` (``caption``/``text``, or ``conversations``/
+    ``messages``). A caption becomes a conversation: ``prompt`` as the user turn, the caption as
+    the assistant's reply (the loss)."""
+
+    kind: Literal["webdataset"]
+    name: str = Field(min_length=1)
+    url: str = Field(min_length=1)
+    """A directory or glob of ``.tar`` files, or an ``s3://bucket/prefix``."""
+    modality: Modality
+    """The mixture share this source's tokens count toward."""
+    weight: float = Field(default=1.0, gt=0)
+    """Token share of this source inside its modality, relative to its siblings."""
+    prompt: str = "Describe this."
+    """User turn of captioned samples (media placeholders are added in front if missing)."""
+    system_prompt: str | None = None
+    """A system message put first in conversations that have none."""
+
+
+class ParquetSourceConfig(WebDatasetSourceConfig):
+    """Hugging Face datasets' parquet exports: ``image``/``images`` and ``audio`` columns of
+    ``{bytes, path}`` (or raw bytes), and ``conversations``/``messages`` or ``caption``/``text``
+    columns; captions become conversations through ``prompt`` as for WebDataset."""
+
+    kind: Literal["parquet"]  # type: ignore[assignment]
+    url: str = Field(min_length=1)
+    """A directory or glob of ``.parquet`` files, or an ``s3://bucket/prefix``."""
+
+
+class MediaConfig(Spec):
+    """How media files become encoder inputs (HF processor semantics, see ``data/media.py``)."""
+
+    min_pixels: int = Field(default=56 * 56, ge=1)
+    """Images are resized (aspect kept, sides multiples of the patch) to at least this area."""
+    max_pixels: int = Field(default=14 * 14 * 1024, ge=1)
+    """... and at most this area (pixels per image; it bounds the image's LLM positions)."""
+    fps: float = Field(default=2.0, gt=0)
+    """Video frames sampled per second."""
+    max_frames: int = Field(default=64, ge=2)
+    """Most frames sampled from one video."""
+    video_total_pixels: int | None = Field(default=None, ge=1)
+    """Pixel budget over all frames of a video; frames shrink to fit it."""
+    sample_rate: int = Field(default=16000, ge=1000)
+    """Audio is resampled to this rate before the log-mel features."""
+
+    @field_validator("max_pixels")
+    @classmethod
+    def _max_above_min(cls, v: int, info: ValidationInfo) -> int:
+        lo = info.data.get("min_pixels")
+        if lo is not None and v < lo:
+            raise ValueError(f"maxPixels ({v}) must be >= minPixels ({lo})")
+        return v
+
+
+class PrefetchConfig(Spec):
+    """Media reading and decoding off the training thread."""
+
+    workers: int = Field(default=2, ge=0)
+    """Decoding threads per rank; 0 decodes on the training thread."""
+    depth: dict[Modality, Annotated[int, Field(ge=0, le=8)]] = Field(
+        default_factory=lambda: {"image": 1, "audio": 1, "video": 1}
+    )
+    """Steps read ahead per modality (0: decode that modality only in its own step). Read-ahead
+    needs the next steps' media to be predictable on this rank: pipeline parallelism 1 and no
+    reordering between ranks; otherwise each step's media are decoded in parallel when the step
+    starts."""
+
+
+SourceConfig = Annotated[
+    SyntheticSourceConfig
+    | ShardSourceConfig
+    | ConversationSourceConfig
+    | WebDatasetSourceConfig
+    | ParquetSourceConfig,
+    Field(discriminator="kind"),
+]
 
 
 class MixturePoint(Spec):
@@ -161,6 +256,10 @@ class DataConfig(Spec):
     global batch identical across data-parallel sizes that divide it (e.g. to compare layouts)."""
     reorder: ReorderConfig = Field(default_factory=lambda: ReorderConfig())
     """Grouped reordering of sequences between data-parallel ranks (PAPER.md technique 7)."""
+    media: MediaConfig = Field(default_factory=lambda: MediaConfig())
+    """Image, audio and video preprocessing of file-based sources."""
+    prefetch: PrefetchConfig = Field(default_factory=lambda: PrefetchConfig())
+    """Worker threads and read-ahead depths for media decoding."""
 
     def shards_for(self, dp_size: int) -> int:
         """Loader shards of a run with ``dp_size`` data-parallel ranks."""
@@ -190,7 +289,7 @@ class DataConfig(Spec):
 
     @field_validator("sources")
     @classmethod
-    def _unique_names(cls, v: list[SyntheticSourceConfig | ShardSourceConfig]) -> list:
+    def _unique_names(cls, v: list) -> list:
         names = [s.name for s in v]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:

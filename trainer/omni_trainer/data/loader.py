@@ -11,18 +11,34 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
-from omni_trainer.data.config import DataConfig, ShardSourceConfig, SyntheticSourceConfig
+from omni_trainer.data.config import (
+    ConversationSourceConfig,
+    DataConfig,
+    MediaConfig,
+    ShardSourceConfig,
+    SyntheticSourceConfig,
+    WebDatasetSourceConfig,
+)
+from omni_trainer.data.conversations import ConversationSource
 from omni_trainer.data.mixture import DeficitMixer, MixtureSchedule
 from omni_trainer.data.packing import (
     PackedSequence,
     Packer,
 )
-from omni_trainer.data.sample import MediaGeometry, MediaRef, Sample, chunk_of, split_text
+from omni_trainer.data.prefetch import MediaPrefetcher
+from omni_trainer.data.sample import (
+    MediaGeometry,
+    MediaRef,
+    Sample,
+    Skipped,
+    chunk_of,
+    split_text,
+)
 from omni_trainer.data.shards import ShardSource
 from omni_trainer.data.synthetic import SyntheticSource
 
@@ -31,16 +47,43 @@ log = logging.getLogger(__name__)
 STATE_VERSION = 1
 
 
+Source = SyntheticSource | ShardSource | ConversationSource
+
+
 def build_source(
-    config: SyntheticSourceConfig | ShardSourceConfig,
+    config: SyntheticSourceConfig
+    | ShardSourceConfig
+    | ConversationSourceConfig
+    | WebDatasetSourceConfig,
     *,
     source_index: int,
     seed: int,
     vocab_size: int,
     geometry: MediaGeometry,
     seq_length: int,
-) -> SyntheticSource | ShardSource:
-    """The reader for one configured source."""
+    tokenizer: str | None = None,
+    media: MediaConfig | None = None,
+) -> Source:
+    """The reader for one configured source (``tokenizer``: conversation sources' path)."""
+    if isinstance(config, ConversationSourceConfig | WebDatasetSourceConfig):
+        from omni_trainer.data.parquet import ParquetSource
+        from omni_trainer.data.tokenizer import load_tokenizer
+        from omni_trainer.data.webdataset import WebDatasetSource
+
+        if tokenizer is None:
+            raise ValueError(f"source {config.name!r}: conversations need spec.trainer.tokenizer")
+        kinds = {"conversations": ConversationSource, "webdataset": WebDatasetSource,
+                 "parquet": ParquetSource}  # fmt: skip
+        return kinds[config.kind](
+            config,
+            source_index=source_index,
+            tokenizer=load_tokenizer(tokenizer),
+            media=media or MediaConfig(),
+            geometry=geometry,
+            seq_length=seq_length,
+            vocab_size=vocab_size,
+            encoders=geometry.encoders,
+        )
     if isinstance(config, SyntheticSourceConfig):
         return SyntheticSource(
             config,
@@ -57,22 +100,52 @@ class MediaReader:
     """Loads media references through this rank's sources (decentralized reads: whichever rank
     drew a sample, the one that encodes its media reads it) and counts what it loaded."""
 
-    def __init__(self, sources: Sequence[SyntheticSource | ShardSource]) -> None:
+    def __init__(self, sources: Sequence[Source], *, workers: int = 0) -> None:
         self.sources = sources
         self.bytes_read = 0
         """Bytes of the media arrays this reader loaded (float32, as encoded)."""
         self.items_read = 0
+        self.undecodable = 0
+        """Items whose header read but whose content did not decode (encoded as zeros)."""
+        self.prefetcher = MediaPrefetcher(self._decode, workers=workers) if workers else None
+        """Decodes submitted references in worker threads (None: on the calling thread)."""
+
+    def prefetch(self, refs: Iterable[MediaRef]) -> None:
+        """Start decoding ``refs`` in the workers (no-op without workers)."""
+        if self.prefetcher is not None:
+            self.prefetcher.submit(refs)
 
     def load(self, ref: MediaRef) -> np.ndarray:
-        """The array ``ref`` refers to."""
-        array = self.sources[ref.source].load_media(ref)
+        """The array ``ref`` refers to (prefetched if it was submitted)."""
+        done = self.prefetcher.take(ref) if self.prefetcher is not None else None
+        array, failed = done if done is not None else self._decode(ref)
+        self.undecodable += failed
         self.bytes_read += array.nbytes
         self.items_read += 1
         return array
 
+    def _decode(self, ref: MediaRef) -> tuple[np.ndarray, bool]:
+        """(array, failed). A file that passed its header check when drawn but does not decode
+        now is replaced by zeros of its shape (logged, counted): every rank already planned the
+        step around it, so training goes on instead of stopping the job."""
+        try:
+            return self.sources[ref.source].load_media(ref), False
+        except Exception as err:
+            log.error("media %s of source %d undecodable, zeros used: %s", ref, ref.source, err)
+            return np.zeros(ref.shape, dtype=np.float32), True
+
+    def close(self) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.close()
+
     @property
     def counters(self) -> dict[str, int]:
-        return {"media_bytes_read": self.bytes_read, "media_items_read": self.items_read}
+        return {
+            "media_bytes_read": self.bytes_read,
+            "media_items_read": self.items_read,
+            "media_undecodable": self.undecodable,
+            "media_prefetched": self.prefetcher.hits if self.prefetcher is not None else 0,
+        }
 
 
 def hosted_shards(num_shards: int, dp_rank: int, dp_size: int) -> list[int]:
@@ -103,6 +176,7 @@ class MultimodalStream:
         geometry: MediaGeometry,
         shard: int = 0,
         num_shards: int = 1,
+        tokenizer: str | None = None,
     ) -> None:
         if not 0 <= shard < num_shards or config.global_batch_size % num_shards:
             raise ValueError(
@@ -123,6 +197,8 @@ class MultimodalStream:
                 vocab_size=vocab_size,
                 geometry=geometry,
                 seq_length=config.seq_length,
+                tokenizer=tokenizer,
+                media=config.media,
             )
             for i, c in enumerate(config.sources)
         ]
@@ -138,6 +214,9 @@ class MultimodalStream:
         self.tokens_per_modality: dict[str, int] = {}
         self.samples_per_modality: dict[str, int] = {}
         self.skipped: dict[str, int] = {}
+        """Skipped samples per source name."""
+        self.skipped_reasons: dict[str, int] = {}
+        """Skipped samples per reason (``missing``, ``corrupt``, ``too_long``...)."""
         self.padding_tokens = 0
 
     # -- drawing --------------------------------------------------------------------------------
@@ -152,8 +231,10 @@ class MultimodalStream:
             index = self.cursors[i] * self.num_shards + self.shard
             self.cursors[i] += 1
             sample = src.get(index)
-            if sample is None:
+            if isinstance(sample, Skipped):
                 self.skipped[src.name] = self.skipped.get(src.name, 0) + 1
+                why = sample.reason
+                self.skipped_reasons[why] = self.skipped_reasons.get(why, 0) + 1
                 self._skip_run[i] += 1
                 if src.num_samples is not None and self._skip_run[i] >= src.num_samples:
                     raise RuntimeError(
@@ -190,6 +271,7 @@ class MultimodalStream:
             "tokens_per_modality": dict(self.tokens_per_modality),
             "samples_per_modality": dict(self.samples_per_modality),
             "skipped": dict(self.skipped),
+            "skipped_samples": dict(self.skipped_reasons),
             "padding_tokens": self.padding_tokens,
             "drawn_tokens_per_modality": dict(self.mixer.tokens),
         }
@@ -235,12 +317,13 @@ class MultimodalStream:
         self.tokens_per_modality = dict(c["tokens_per_modality"])
         self.samples_per_modality = dict(c["samples_per_modality"])
         self.skipped = dict(c["skipped"])
+        self.skipped_reasons = dict(c.get("skipped_samples", {}))  # absent before reasons
         self.padding_tokens = int(c["padding_tokens"])
 
     def _regenerate(self, key: list[int]) -> Sample:
         source, index, chunk = (int(x) for x in key)
         sample = self.sources[source].get(index)
-        if sample is None:
+        if isinstance(sample, Skipped):
             raise ValueError(f"loader state names sample {key}, which its source now skips")
         return chunk_of(sample, chunk, self.seq_length)
 

@@ -25,6 +25,13 @@ class Segment:
     offset: int
     length: int
     media_tokens: int
+    items: tuple[tuple[Modality, int], ...] = ()
+    """(modality, positions) of the media inside the text (``Sample.spans``), in order."""
+
+    def media_lengths(self) -> list[tuple[Modality, int]]:
+        """Every media item of the segment as (modality, positions), in ``collate``'s order."""
+        head = [(self.modality, self.media_tokens)] if self.media_tokens else []
+        return head + list(self.items)
 
 
 @dataclass(frozen=True)
@@ -66,7 +73,10 @@ class Packer:
             if best < 0:
                 break
             s = self.buffer.pop(best)
-            segments.append(Segment(s.sample_id, s.modality, offset, s.num_tokens, s.media_tokens))
+            items = tuple((sp.modality, sp.tokens) for sp in s.spans)
+            segments.append(
+                Segment(s.sample_id, s.modality, offset, s.num_tokens, s.media_tokens, items)
+            )
             samples.append(s)
             offset += s.num_tokens
             if offset == self.seq_length:
@@ -104,7 +114,8 @@ class MicroBatch:
     labels: np.ndarray
     """[b, s] int64: ``tokens[:, i + 1]`` (0 in the last column)."""
     loss_mask: np.ndarray
-    """[b, s] float32: 1 iff position i+1 is a text token of the same segment as i."""
+    """[b, s] float32: 1 iff position i+1 is a text target (every text token, or the sample's
+    ``targets``: assistant turns) of the same segment as i."""
     segment_ids: np.ndarray
     """[b, s] int32 segment index within the row, -1 on padding; attention stays inside."""
     position_ids: np.ndarray
@@ -135,10 +146,13 @@ def collate(sequences: Sequence[PackedSequence], seq_length: int) -> MicroBatch:
             segment_ids[row, o : o + n] = j
             position_ids[row, o : o + n] = np.arange(n)
             tokens[row, o + m : o + n] = s.text
-            is_text[row, o + m : o + n] = True
+            is_text[row, o + m : o + n] = True if s.targets is None else s.targets
             sample_ids.append(seg.sample_id)
             if s.media is not None:
                 media.append(MediaItem(seg.modality, row, o, m, s.media, seg.sample_id))
+            for sp in s.spans:
+                at = o + m + sp.offset
+                media.append(MediaItem(sp.modality, row, at, sp.tokens, sp.ref, seg.sample_id))
     labels = np.zeros_like(tokens)
     labels[:, :-1] = tokens[:, 1:]
     loss_mask = np.zeros((b, seq_length), dtype=np.float32)

@@ -29,6 +29,10 @@ class MediaRef:
     """Sample index inside that source."""
     shape: tuple[int, ...]
     """Shape once loaded: image [C,H,W], audio [frames, n_mels], video [T,C,H,W]; float32."""
+    item: int = 0
+    """Which media item of the sample (conversations may hold several)."""
+    frame: int = -1
+    """-1: the whole item; k >= 0: the k-th sampled frame of a video item (encoded as an image)."""
 
     @property
     def nbytes(self) -> int:
@@ -47,6 +51,8 @@ class MediaGeometry:
     n_mels: int = 80
     """Mel bins per audio frame."""
     image_channels: int = 3
+    encoders: tuple[str, ...] = ("image", "audio")
+    """Modalities the model has an encoder for (media of others cannot be used)."""
 
     def __post_init__(self) -> None:
         for name in ("patch_size", "audio_subsampling", "n_mels", "image_channels"):
@@ -65,6 +71,28 @@ class MediaGeometry:
         if modality == "audio":
             return media.shape[0] // self.audio_subsampling
         raise ValueError(f"modality {modality!r} carries no media")
+
+
+@dataclass(frozen=True)
+class MediaSpan:
+    """A media item inside a sample's text (interleaved conversations): ``text`` holds 0 at its
+    ``tokens`` positions from ``offset``; the encoder's output replaces them."""
+
+    modality: Modality
+    offset: int
+    tokens: int
+    ref: MediaRef
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """What a source returns for a sample it cannot use; the loader counts it by ``reason``
+    (``missing``, ``corrupt``, ``too_long``, ...) and draws the next one. Deterministic: the
+    same sample is skipped for the same reason after a resume."""
+
+    sample_id: str
+    reason: str
+    detail: str = ""
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,6 +114,10 @@ class Sample:
     media_tokens: int = 0
     chunk: int = -1
     """-1 for a whole sample, k >= 0 for chunk k of an over-long text sample."""
+    spans: tuple[MediaSpan, ...] = ()
+    """Media inside ``text`` (conversations), in order; ``media`` is the one before the text."""
+    targets: np.ndarray | None = None
+    """bool per ``text`` position: the token is a loss target (None: every text token is)."""
 
     @property
     def num_tokens(self) -> int:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from omni_trainer.data.config import Modality, ShardSourceConfig, SyntheticSourceConfig
-from omni_trainer.data.sample import MEDIA_DTYPE, MediaGeometry, MediaRef, Sample
+from omni_trainer.data.sample import MEDIA_DTYPE, MediaGeometry, MediaRef, Sample, Skipped
 from omni_trainer.data.synthetic import SyntheticSource
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,13 @@ def _tar_bytes(
 
 
 def _scan(data: bytes) -> list[dict]:
-    """Group a tar's members by sample key: [{key, start, end, members: {suffix: [off, size]}}]."""
+    """Our samples (json + text.npy members) of a tar, see :func:`scan_members`."""
+    return [e for e in scan_members(data) if "json" in e["members"] and "text.npy" in e["members"]]
+
+
+def scan_members(data: bytes) -> list[dict]:
+    """Group a tar's members by sample key: [{key, start, end, members: {suffix: [off, size]}}]
+    (WebDataset's convention: the key is the file name up to its first dot)."""
     entries: list[dict] = []
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
         for m in tar.getmembers():
@@ -103,9 +109,9 @@ def _scan(data: bytes) -> list[dict]:
             key, _, suffix = m.name.rpartition("/")[2].partition(".")
             if not entries or entries[-1]["key"] != key:
                 entries.append({"key": key, "start": m.offset, "members": {}})
-            entries[-1]["members"][suffix] = [m.offset_data, m.size]
+            entries[-1]["members"][suffix.lower()] = [m.offset_data, m.size]
             entries[-1]["end"] = m.offset_data + m.size
-    return [e for e in entries if "json" in e["members"] and "text.npy" in e["members"]]
+    return entries
 
 
 def write_shards(
@@ -217,9 +223,9 @@ class ShardSource:
         shard = bisect.bisect_right(self._bounds, i)
         return shard, i - (self._bounds[shard - 1] if shard else 0)
 
-    def get(self, index: int) -> Sample | None:
-        """Sample ``index`` with its media as a reference (only the media header is read); None
-        (with a warning) when it cannot be used."""
+    def get(self, index: int) -> Sample | Skipped:
+        """Sample ``index`` with its media as a reference (only the media header is read);
+        :class:`Skipped` (with a warning) when it cannot be used."""
         entry = self._entries[index % len(self._entries)]
         wanted = {suffix: entry.members[suffix] for suffix in ("json", "text.npy")}
         if "media.npy" in entry.members:
@@ -242,7 +248,7 @@ class ShardSource:
         n_media = self.geometry.media_tokens(self.modality, media)
         if n_media < 1 or n_media >= self.seq_length:
             return self._skip(
-                sid, f"media takes {n_media} positions, seqLength is {self.seq_length}"
+                sid, f"media takes {n_media} positions, seqLength is {self.seq_length}", "too_long"
             )
         return Sample(
             key=(self.source_index, index),
@@ -278,9 +284,9 @@ class ShardSource:
             shape, _, dtype = np.lib.format.read_array_header_2_0(f)
         return tuple(int(n) for n in shape), dtype
 
-    def _skip(self, sample_id: str, why: str) -> None:
+    def _skip(self, sample_id: str, why: str, reason: str = "malformed") -> Skipped:
         log.warning("source %s: skipping %s: %s", self.name, sample_id, why)
-        return None
+        return Skipped(sample_id, reason, why)
 
     def _fit_shape(
         self, header: tuple[tuple[int, ...], np.dtype]

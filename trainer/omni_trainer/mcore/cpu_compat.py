@@ -6,6 +6,8 @@ paths never depend on this module. Measured needs (shared/ENVIRONMENT.md):
 
 - ``torch.cuda.current_device()`` places rotary buffers and p2p shape tensors: answer the CPU.
 - ``torch.cuda.synchronize()`` after p2p ops: nothing to wait for on the CPU.
+- ``LanguageModule.setup_embeddings_and_output_layer`` moves a tied embedding to CUDA before
+  all-reducing it between the first and last pipeline stage: there, ``Tensor.cuda`` stays put.
 - ``schedules.py`` allocates its token counter with ``torch.zeros(..., device="cuda")``: the
   module sees a ``torch`` whose ``zeros`` maps that device to the CPU (only inside schedules.py).
 
@@ -49,5 +51,22 @@ def apply_cpu_compat() -> bool:
         torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment]
         torch.cuda.synchronize = lambda device=None: None  # type: ignore[assignment]
         schedules.torch = _CpuTorch()
+        _keep_tied_embeddings_on_cpu()
         _APPLIED = True
     return True
+
+
+def _keep_tied_embeddings_on_cpu() -> None:
+    from megatron.core.models.common.language_module.language_module import LanguageModule
+
+    setup = LanguageModule.setup_embeddings_and_output_layer
+
+    def setup_on_cpu(self) -> None:
+        cuda = torch.Tensor.cuda
+        torch.Tensor.cuda = lambda t, *args, **kwargs: t  # type: ignore[method-assign]
+        try:
+            setup(self)
+        finally:
+            torch.Tensor.cuda = cuda  # type: ignore[method-assign]
+
+    LanguageModule.setup_embeddings_and_output_layer = setup_on_cpu

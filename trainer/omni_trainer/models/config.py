@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 
 from omni_trainer.components.flops import transformer_flops
 from omni_trainer.config_base import Spec
+from omni_trainer.interop.hf_config import SUPPORTED_LLMS
 from omni_trainer.models.encoders.config import AudioEncoderConfig, VisionEncoderConfig
 
 LLMPreset = Literal["tiny", "llama-7b", "llama-13b", "gpt-175b"]
@@ -68,9 +69,37 @@ _LLM_SHAPE_FIELDS = (
 )
 
 
-class LLMConfig(Spec):
-    """The LLM backbone (megatron-core GPTModel). A preset fills every shape field left unset."""
+class RopeScaling(Spec):
+    """RoPE frequency scaling as Hugging Face configs write it (``linear`` or Llama 3's)."""
 
+    type: Literal["linear", "llama3"]
+    factor: float = Field(..., gt=0)
+    low_freq_factor: float = Field(1.0, gt=0)
+    high_freq_factor: float = Field(4.0, gt=0)
+    original_max_position_embeddings: float = Field(8192, gt=0)
+
+
+# Read from config.json when ``hf`` is given; setting one beside it is an error.
+_HF_FIELDS = (
+    *_LLM_SHAPE_FIELDS,
+    "norm_epsilon",
+    "rotary_base",
+    "rope_scaling",
+    "qkv_bias",
+    "tie_embeddings",
+    "sliding_window",
+)
+
+
+class LLMConfig(Spec):
+    """The LLM backbone (megatron-core GPTModel). A preset fills every shape field left unset;
+    ``hf`` reads them all from a Hugging Face model's config.json and imports its weights."""
+
+    hf: str | None = Field(
+        None,
+        description="a Hugging Face model (local directory or s3:// prefix) whose architecture "
+        f"and weights the LLM takes (supported: {', '.join(SUPPORTED_LLMS)})",
+    )
     preset: LLMPreset | None = None
     num_layers: int | None = Field(None, ge=1)
     hidden_size: int | None = Field(None, ge=8)
@@ -80,10 +109,21 @@ class LLMConfig(Spec):
     vocab_size: int | None = Field(None, ge=16)
     gated_mlp: bool | None = Field(None, description="SwiGLU MLP (LLaMA) instead of GELU (GPT)")
     normalization: Literal["RMSNorm", "LayerNorm"] | None = None
+    norm_epsilon: float = Field(1e-5, gt=0)
+    rotary_base: float = Field(10000.0, gt=0, description="RoPE theta")
+    rope_scaling: RopeScaling | None = None
+    qkv_bias: bool = Field(False, description="biases on Q, K, V (Qwen2)")
+    tie_embeddings: bool = Field(False, description="the output layer reuses the embedding")
+    sliding_window: int | None = Field(
+        None, ge=1, description="attention window (Mistral); data.seqLength must not exceed it"
+    )
     init_method_std: float = Field(0.02, gt=0)
+    freeze: bool = Field(False, description="train none of the LLM's weights")
 
     @model_validator(mode="after")
     def _fill_from_preset(self) -> LLMConfig:
+        if self.hf is not None:
+            self._fill_from_hf()
         base = _LLM_PRESETS.get(self.preset or "", {})
         for name in _LLM_SHAPE_FIELDS:
             if getattr(self, name) is None:
@@ -106,6 +146,27 @@ class LLMConfig(Spec):
                 f"numQueryGroups ({self.num_query_groups})"
             )
         return self
+
+    def _fill_from_hf(self) -> None:
+        from omni_trainer.interop.hf_config import llm_fields
+        from omni_trainer.interop.source import HFModelError, read_config
+
+        explicit = sorted(self.model_fields_set & {"preset", *_HF_FIELDS})
+        if explicit:
+            raise ValueError(
+                f"{', '.join(_camel(n) for n in explicit)} cannot be set beside 'hf': the "
+                f"architecture comes from {self.hf}/config.json (remove them, or drop 'hf')"
+            )
+        try:
+            fields = llm_fields(read_config(self.hf), self.hf)
+        except KeyError as err:
+            raise ValueError(f"hf: {self.hf}/config.json lacks {err}") from None
+        except (HFModelError, OSError, ValueError) as err:
+            raise ValueError(f"hf: {err}") from None
+        for name, value in fields.items():
+            if name == "rope_scaling" and value is not None:
+                value = RopeScaling.model_validate(value)
+            object.__setattr__(self, name, value)
 
     @property
     def head_dim(self) -> int:
@@ -133,9 +194,23 @@ class EncodersConfig(Spec):
     audio: AudioEncoderConfig | None = None
 
 
+class ProjectorConfig(Spec):
+    """The MLP from one encoder's width to the LLM's."""
+
+    freeze: bool = Field(False, description="train none of the projector's weights")
+
+
+class ProjectorsConfig(Spec):
+    """One projector per encoder (LLaVA's two-stage recipe trains them alone first)."""
+
+    image: ProjectorConfig = ProjectorConfig()
+    audio: ProjectorConfig = ProjectorConfig()
+
+
 class ModelConfig(Spec):
     llm: LLMConfig
     encoders: EncodersConfig = EncodersConfig()
+    projectors: ProjectorsConfig = ProjectorsConfig()
 
     @property
     def modalities(self) -> tuple[str, ...]:

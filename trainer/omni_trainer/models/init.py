@@ -62,10 +62,13 @@ def init_llm_chunk(
 ) -> None:
     """Redraw every matrix of a GPTModel chunk from its global name (vectors keep their
     deterministic constants: norms 1, biases 0)."""
+    tied = getattr(chunk, "share_embeddings_and_output_weights", False)
     for name, param in global_llm_names(chunk).items():
         if param.ndim < 2:
             continue
         scale = std / math.sqrt(2 * num_layers) if name.endswith(_RESIDUAL_OUTPUTS) else std
+        if tied and name == "output_layer.weight":  # the last stage's copy of the embedding
+            name = "embedding.word_embeddings.weight"
         gen = torch.Generator().manual_seed(name_seed(seed, name))
         full = torch.randn(full_shape(param, tp_size), generator=gen) * scale
         param.copy_(shard_of(full, param, tp_rank=tp_rank, tp_size=tp_size))

@@ -42,6 +42,11 @@ def build_gpt(
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     use_te = transformer_engine_usable()
+    if cfg.sliding_window is not None and max_sequence_length > cfg.sliding_window:
+        raise ValueError(
+            f"data.seqLength ({max_sequence_length}) exceeds the model's sliding window "
+            f"({cfg.sliding_window}), which this trainer does not implement; lower seqLength"
+        )
     config = TransformerConfig(
         num_layers=cfg.num_layers,
         hidden_size=cfg.hidden_size,
@@ -52,6 +57,8 @@ def build_gpt(
         gated_linear_unit=cfg.gated_mlp,
         activation_func=F.silu if cfg.gated_mlp else F.gelu,
         add_bias_linear=not cfg.gated_mlp,
+        add_qkv_bias=cfg.qkv_bias,
+        layernorm_epsilon=cfg.norm_epsilon,
         hidden_dropout=0.0,
         attention_dropout=0.0,
         init_method_std=cfg.init_method_std,
@@ -78,19 +85,83 @@ def build_gpt(
     model = GPTModel(
         config=config,
         transformer_layer_spec=spec,
-        vocab_size=cfg.vocab_size,
+        vocab_size=padded_vocab_size(cfg.vocab_size, config.tensor_model_parallel_size),
         max_sequence_length=max_sequence_length,
         pre_process=pre_process,
         post_process=post_process,
-        share_embeddings_and_output_weights=False,
+        share_embeddings_and_output_weights=cfg.tie_embeddings,
         position_embedding_type="rope",
+        rotary_base=cfg.rotary_base,
         vp_stage=vp_stage,
     )
+    _scale_rope(model, cfg)
+    if post_process:
+        _mask_padded_logits(model, cfg.vocab_size)
     if context_parallel:
         from omni_trainer.models.context_parallel import use_positional_rope
 
         use_positional_rope(model)
     return model
+
+
+def all_reduce_tied_embedding_grads(chunks: list) -> None:
+    """With tied embeddings and several pipeline stages, the first stage's embedding and the last
+    stage's output layer are two copies of one weight: sum their gradients over megatron's
+    embedding group so both copies take the step a single process would."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    if ps.get_pipeline_model_parallel_world_size() == 1:
+        return
+    for chunk in chunks:
+        if chunk.share_embeddings_and_output_weights and (chunk.pre_process or chunk.post_process):
+            weight = chunk.shared_embedding_or_output_weight()
+            if weight.grad is not None:  # None: the LLM is frozen
+                dist.all_reduce(weight.grad, group=ps.get_embedding_group())
+
+
+def padded_vocab_size(vocab_size: int, tp: int) -> int:
+    """The vocabulary rounded up to a multiple of TP (megatron's vocab-parallel layers need it);
+    the padded logits are masked out, so the loss is the unpadded model's at every TP size."""
+    return -(-vocab_size // tp) * tp
+
+
+def _mask_padded_logits(model, vocab_size: int) -> None:
+    """Give the padding rows of the output layer a logit of -inf-ish: no probability, no
+    gradient, so a TP size that pads trains exactly like one that does not."""
+    from megatron.core import parallel_state as ps
+
+    local = model.output_layer.output_size_per_partition
+    start = ps.get_tensor_model_parallel_rank() * local if ps.model_parallel_is_initialized() else 0
+    if start + local <= vocab_size:
+        return
+    keep = (torch.arange(start, start + local) < vocab_size).float()
+
+    def mask(_module, _inputs, output):
+        logits, bias = output
+        pad = (1.0 - keep.to(logits.device, logits.dtype)) * torch.finfo(logits.dtype).min
+        return logits * keep.to(logits.device, logits.dtype) + pad, bias
+
+    model.output_layer.register_forward_hook(mask)
+
+
+def _scale_rope(model, cfg: LLMConfig) -> None:
+    """RoPE frequency scaling as HF computes it (megatron's built-in Llama 3 scaling has fixed
+    constants); megatron computes cos/sin lazily, so replacing ``inv_freq`` here is enough."""
+    scaling = cfg.rope_scaling
+    rotary = getattr(model, "rotary_pos_emb", None)
+    if scaling is None or rotary is None:
+        return
+    if scaling.type == "linear":
+        rotary.inv_freq = rotary.inv_freq / scaling.factor
+    else:
+        rotary.inv_freq = rotary._apply_scaling(
+            rotary.inv_freq,
+            factor=scaling.factor,
+            low_freq_factor=scaling.low_freq_factor,
+            high_freq_factor=scaling.high_freq_factor,
+            original_max_position_embeddings=scaling.original_max_position_embeddings,
+        )
 
 
 def _context_parallel_size() -> int:
@@ -127,6 +198,15 @@ def build_gpt_chunks(cfg: LLMConfig, *, max_sequence_length: int, seed: int) -> 
             tp_rank=ps.get_tensor_model_parallel_rank(),
             tp_size=ps.get_tensor_model_parallel_world_size(),
         )
+        if cfg.hf is not None:
+            from omni_trainer.interop.llm import load_llm_chunk
+
+            load_llm_chunk(
+                chunk,
+                cfg,
+                tp_rank=ps.get_tensor_model_parallel_rank(),
+                tp_size=ps.get_tensor_model_parallel_world_size(),
+            )
         chunks.append(chunk)
     return chunks
 

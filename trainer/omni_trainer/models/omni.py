@@ -73,6 +73,7 @@ class OmniModel(nn.Module):
     def __init__(self, cfg: ModelConfig, *, max_sequence_length: int, seed: int) -> None:
         super().__init__()
         from omni_trainer.models.encoders.projector import Projector
+        from omni_trainer.models.freeze import apply_freeze
         from omni_trainer.models.init import name_seed
 
         self.cfg = cfg
@@ -88,6 +89,7 @@ class OmniModel(nn.Module):
                 continue
             self.encoders[modality] = build_encoder(modality, enc_cfg)
             self.projectors[modality] = Projector(enc_cfg.hidden_size, cfg.llm.hidden_size)
+        apply_freeze(self, cfg)
 
     def llm_parameters(self) -> list[nn.Parameter]:
         return list(self.llm_chunks.parameters())

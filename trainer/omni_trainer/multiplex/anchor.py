@@ -19,6 +19,7 @@ NCCL by order.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -27,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from omni_trainer.components.timing import ActivationMeter, PhaseTimer
+from omni_trainer.models.freeze import is_frozen
 from omni_trainer.multiplex.dataflow import POST, PRE, DataflowTable, EncoderMicroBatch
 from omni_trainer.multiplex.lssp import LSSPPlan, TokenRange, plan_lssp
 from omni_trainer.multiplex.ulysses import encode_sequence_parallel
@@ -147,14 +149,19 @@ class EncoderAnchor:
         me = self.groups.tp_rank
         outputs: dict[tuple[int, int], torch.Tensor] = {}
         short = work.plan.short[me]
+        # A frozen encoder keeps no graph: no activations held, no backward through it.
+        grad_mode = torch.no_grad() if is_frozen(encoder) else contextlib.nullcontext()
         if short:
-            encoded = projector(encoder([work.arrays[i] for i in short]))
+            with grad_mode:
+                features = encoder([work.arrays[i] for i in short])
+            encoded = projector(features)
             for i, out in zip(
                 short, encoded.split([work.plan.lengths[i] for i in short]), strict=True
             ):
                 outputs[(i, 0)] = out
         for i in work.plan.long:
-            shard = encode_sequence_parallel(encoder, work.arrays[i], self.groups.sp_group)
+            with grad_mode:
+                shard = encode_sequence_parallel(encoder, work.arrays[i], self.groups.sp_group)
             outputs[(i, work.plan.placement[i][me].start)] = projector(shard)
         return outputs
 
@@ -292,6 +299,9 @@ def _encoder_backward(held: list, grads: list[torch.Tensor]) -> None:
     """Encoder backward of one micro-batch's outputs held by this rank."""
     # Short samples share one graph; each long one has its own, with collectives inside, so
     # they run one by one in the same order on every rank of the group.
+    # Outputs of a frozen encoder + projector have no graph: their gradients end here.
+    kept = [(h, g) for h, g in zip(held, grads, strict=True) if h[2].requires_grad]
+    held, grads = [h for h, _ in kept], [g for _, g in kept]
     short = [(o, g) for (_, _, o, is_long), g in zip(held, grads, strict=True) if not is_long]
     if short:
         torch.autograd.backward([o for o, _ in short], [g for _, g in short])

@@ -36,8 +36,8 @@ def encoder_micro_batches(
         per_modality: dict[str, list[int]] = {}
         for seq in seqs:
             for seg in seq.segments:
-                if seg.media_tokens:
-                    per_modality.setdefault(seg.modality, []).append(seg.media_tokens)
+                for modality, n in seg.media_lengths():
+                    per_modality.setdefault(modality, []).append(n)
         for modality, items in sorted(per_modality.items()):
             e = len(mbs)
             lengths[e] = items

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Literal
 
-from pydantic import PositiveInt, model_validator
+from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
 from omni_trainer.components.flops import attention_flops
 from omni_trainer.config_base import Spec
@@ -115,6 +115,10 @@ class VisionEncoderConfig(Spec):
     """Square patch side in pixels; image sides must be multiples of it."""
     in_channels: PositiveInt = 3
     """Image channels."""
+    freeze: bool = False
+    """Train none of the encoder's weights: no gradients, optimizer state or backward."""
+    freeze_layers: list[NonNegativeInt] | None = Field(None, min_length=2, max_length=2)
+    """``[start, stop]``: freeze blocks start..stop-1 (and the patch embedding when start is 0)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -124,6 +128,13 @@ class VisionEncoderConfig(Spec):
     @model_validator(mode="after")
     def _check_shape(self) -> VisionEncoderConfig:
         _check_heads(self.hidden_size, self.num_heads)
+        if self.freeze_layers is not None:
+            start, stop = self.freeze_layers
+            if not start < stop <= self.num_layers:
+                raise ValueError(
+                    f"freezeLayers [{start}, {stop}) must satisfy start < stop <= numLayers "
+                    f"({self.num_layers})"
+                )
         if self.hidden_size % 4:
             raise ValueError(
                 f"hidden_size ({self.hidden_size}) must be a multiple of 4 "
@@ -178,6 +189,8 @@ class AudioEncoderConfig(Spec):
     """Time reduction before the blocks (two stride-2 convs); input frames must be a multiple."""
     conv_kernel_size: PositiveInt = 15
     """Depthwise convolution width in frames (odd, so 'same' padding is symmetric)."""
+    freeze: bool = False
+    """Train none of the encoder's weights: no gradients, optimizer state or backward."""
 
     @model_validator(mode="before")
     @classmethod

@@ -1,0 +1,76 @@
+"""``omni generate``: greedy decoding with the job's model in one process (CPU or one GPU)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from omni_trainer.interop.source import HFModelError
+
+
+@dataclass
+class Generation:
+    prompt_ids: list[int]
+    output_ids: list[int]
+    output_text: str
+    logprobs: list[float]
+    """log-probability of each output token under the model (greedy: the largest)."""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def prompt_ids(tokenizer, prompt: str, *, raw: bool) -> list[int]:
+    """One user turn through the chat template with the generation prompt, or (``raw``) the
+    prompt's own tokens."""
+    if raw:
+        return list(tokenizer(prompt).input_ids)
+    if not tokenizer.chat_template:
+        raise HFModelError(
+            "the tokenizer has no chat template: pass --raw to feed the prompt as is"
+        )
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+    )
+    return list(tokenizer(text, add_special_tokens=False).input_ids)
+
+
+def eos_ids(tokenizer, generation_config: dict | None) -> set[int]:
+    """Tokens that end generation: the tokenizer's EOS and generation_config.json's."""
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    configured = (generation_config or {}).get("eos_token_id")
+    if configured is not None:
+        ids.update(configured if isinstance(configured, list) else [configured])
+    return ids
+
+
+@torch.no_grad()
+def greedy(
+    chunk, ids: list[int], *, max_new_tokens: int, stop: set[int], vocab_size: int
+) -> tuple[list[int], list[float]]:
+    """Append the most likely token until a stop token or ``max_new_tokens`` (no KV cache: every
+    step runs the whole prefix, which is what one GPTModel forward offers)."""
+    from omni_trainer.models.omni import segment_attention_mask
+
+    device = next(chunk.parameters()).device
+    seq = list(ids)
+    out: list[int] = []
+    logprobs: list[float] = []
+    for _ in range(max_new_tokens):
+        tokens = torch.tensor([seq], device=device)
+        logits = chunk(
+            input_ids=tokens,
+            position_ids=torch.arange(len(seq), device=device)[None],
+            attention_mask=segment_attention_mask(torch.zeros_like(tokens)),
+        )
+        last = logits[0, -1, :vocab_size].float().log_softmax(-1)
+        token = int(last.argmax())
+        out.append(token)
+        logprobs.append(float(last[token]))
+        seq.append(token)
+        if token in stop:
+            break
+    return out, logprobs
