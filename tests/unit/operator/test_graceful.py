@@ -17,6 +17,7 @@ from omni_trainer.components.graceful_stop import EXIT_STOPPED as TRAINER_EXIT_S
 
 from ...conftest import EXAMPLES
 from .nodes import node
+from .test_start import live
 
 NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
 T = "2026-12-01T12:00:00Z"
@@ -60,21 +61,12 @@ def test_exit_143_is_a_stop_on_request_not_a_crash() -> None:
     assert crashed is not None and crashed.kind == "pod_failed"
 
 
-def _live(objs: list[dict], **status: Any) -> list[dict]:
-    return [
-        {**o, "metadata": {**o["metadata"], "uid": "x"}, "status": status}
-        if o["kind"] == "Pod"
-        else o
-        for o in objs
-    ]
-
-
 def test_a_graceful_restart_waits_for_the_old_pods_to_stop() -> None:
     """A pod deleted with grace: the others are deleted too (with their grace), and the next
     attempt starts only once the old pods are gone (they write the emergency checkpoint)."""
     job = _job(backoffSeconds={"base": 0, "max": 0})
     a = reconcile(Observed(job=job, status=parse_status({}), owned=[], nodes=NODES, now=NOW))
-    owned = _live(a.create, phase="Running")
+    owned = live(a.create, phase="Running")
     status = {**a.status, "phase": "Running"}
     going = [
         {**o, "metadata": {**o["metadata"], "deletionTimestamp": T}}
