@@ -144,6 +144,11 @@ def rank_env(job: OmniTrainingJob, node: PlacedNode, *, attempt: int) -> dict[st
         "OMNI_RESUME": "auto",
         "OMNI_METRICS_PORT": str(METRICS_PORT),
         "OMNI_STOP_GRACE_SECONDS": str(spec.restart_policy.stop_grace_seconds),
+        # SIGTERM reaches the workers through torchrun, which SIGKILLs them after this long
+        # (an environment variable: older torchrun versions lack --shutdown-timeout).
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(
+            spec.restart_policy.stop_grace_seconds + STOP_MARGIN_SECONDS // 2
+        ),
         "MASTER_ADDR": _master_addr(job, attempt),
         "MASTER_PORT": str(RDZV_PORT),
     }
@@ -182,8 +187,6 @@ def torchrun_command(job: OmniTrainingJob, node: PlacedNode, *, attempt: int) ->
         f"--master-addr={_master_addr(job, attempt)}",
         f"--master-port={RDZV_PORT}",
         "--max-restarts=0",
-        # SIGTERM reaches the workers through torchrun, which SIGKILLs them after this long.
-        f"--shutdown-timeout={spec.restart_policy.stop_grace_seconds + STOP_MARGIN_SECONDS // 2}",
         "-m",
         "omni_trainer.cli",
         "train",

@@ -37,7 +37,7 @@ def test_pods_get_the_stop_grace_and_torchrun_forwards_it() -> None:
     (c,) = pod["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["OMNI_STOP_GRACE_SECONDS"] == "200"
-    assert "--shutdown-timeout=205" in c["command"]
+    assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "205"
     assert pod["spec"]["terminationGracePeriodSeconds"] == 210
     assert EXIT_STOPPED == TRAINER_EXIT_STOPPED  # one contract, both sides
 
