@@ -38,6 +38,8 @@ class PlacedNode:
     """Pipeline stages whose ranks run on this node."""
     reorder_group: int
     domain: Domain
+    allocatable: Mapping[str, str] = field(default_factory=dict)
+    """The Node's ``status.allocatable`` (default CPU/memory requests are derived from it)."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,10 @@ def place(
     usable: dict[Domain, list[str]] = {}
     skipped: dict[str, str] = {}
     domain_of: dict[str, Domain] = {}
+    nodes = list(nodes)
+    allocatable = {
+        n["metadata"]["name"]: dict((n.get("status") or {}).get("allocatable") or {}) for n in nodes
+    }
     for node in sorted(nodes, key=lambda n: _natural(n["metadata"]["name"])):
         name = node["metadata"]["name"]
         node_labels = node["metadata"].get("labels") or {}
@@ -139,6 +145,7 @@ def place(
                     stages=_stages_of(rank, N, pp),
                     reorder_group=gid,
                     domain=d,
+                    allocatable=allocatable.get(name, {}),
                 )
             )
     return Placement(nodes=tuple(placed), domain_labels=labels, skipped=skipped)

@@ -310,6 +310,20 @@ class _Step:
             p for p in self.pods() if p["metadata"].get("labels", {}).get(LABEL_ATTEMPT) == mine
         ]
 
+    def stopping_pods(self) -> list[str]:
+        """Pods of earlier attempts still running their grace period on a live node."""
+        mine = {id(p) for p in self.attempt_pods()}
+        going = []
+        for pod in self.pods():
+            node = recovery.pod_node(pod, ())
+            live = node in self.nodes and not recovery.node_not_ready_since(
+                self.nodes[node], self.now
+            )
+            phase = (pod.get("status") or {}).get("phase")
+            if id(pod) not in mine and live and phase not in TERMINAL:
+                going.append(pod["metadata"]["name"])
+        return sorted(going)
+
     def delete_pods(self, pods: Sequence[Obj]) -> None:
         """Delete pods; those on lost (or missing) nodes are forced, including the ones already
         stuck Terminating there."""
@@ -361,6 +375,13 @@ def reconcile(obs: Observed) -> Actions:
             if s.now < due:
                 s.actions.requeue_after = (due - s.now).total_seconds()
                 return s.finish()
+        if last.reason in recovery.GRACEFUL_REASONS and (going := s.stopping_pods()):
+            # Their trainers are writing an emergency checkpoint: the next attempt resumes from
+            # it (and would fence it off if it started first). Their grace bounds the wait.
+            why = f"waiting for {', '.join(going)} to stop (emergency checkpoint)"
+            s.condition("PodsRunning", "False", "Stopping", why)
+            s.actions.requeue_after = 1.0
+            return s.finish()
 
     pods = s.attempt_pods()
     if not pods or s.st.phase not in ("Starting", "Running"):

@@ -41,6 +41,7 @@ FailureKind = Literal[
     "user_error",
     "image_pull_failed",
     "start_timeout",
+    "stopped",
 ]
 
 REASONS: Mapping[FailureKind, str] = {
@@ -52,8 +53,16 @@ REASONS: Mapping[FailureKind, str] = {
     "user_error": "UserError",
     "image_pull_failed": "ImagePullFailed",
     "start_timeout": "StartTimeout",
+    "stopped": "GracefulStop",
 }
 """CamelCase reasons for status, conditions and Events (Kubernetes convention)."""
+
+EXIT_STOPPED = 143
+"""The trainer's exit after a graceful stop on SIGTERM (omni_trainer.components.graceful_stop),
+also what a container killed by SIGTERM reports: stopped on request, not a crash."""
+GRACEFUL_REASONS = frozenset({"PodDeleted", "PodEvicted", "GracefulStop"})
+"""Failures of an attempt that was asked to stop with a grace period: its trainers write an
+emergency checkpoint, so the next attempt waits for the old pods to be gone."""
 
 _DISRUPTIONS = {
     "EvictionByEvictionAPI",
@@ -339,6 +348,16 @@ def classify(
                     pods=(e.pod,),
                     exit_code=e.code,
                 )
+        if all(e.code == EXIT_STOPPED for e in exits):
+            names = tuple(e.pod for e in exits)
+            return Failure(
+                "stopped",
+                f"pod{'s' if len(names) > 1 else ''} {', '.join(names)} stopped on SIGTERM "
+                f"(exit code {EXIT_STOPPED}): the trainers stopped together, after an emergency "
+                "checkpoint if the grace allowed",
+                pods=names,
+                exit_code=EXIT_STOPPED,
+            )
         first = _first_failures(exits)
         e = first[0]
         what = f"exit code {e.code}" if e.code is not None else "no exit code"
@@ -597,9 +616,10 @@ def decide_restart(
         nodes=list(failure.nodes),
         from_step=latest_checkpoint_step,
         delay_seconds=delay,
+        # A graceful stop may write a newer checkpoint than the operator knows of: unknown.
         steps_recomputed=(
             max(reached_step - (latest_checkpoint_step or 0), 0)
-            if reached_step is not None
+            if reached_step is not None and failure.reason not in GRACEFUL_REASONS
             else None
         ),
     )

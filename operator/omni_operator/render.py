@@ -13,6 +13,7 @@ manifest mounted at :data:`CONFIG_PATH`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import yaml
@@ -31,6 +32,8 @@ LABEL_RANK = f"{GROUP}/node-rank"
 LABEL_ATTEMPT = f"{GROUP}/attempt"
 ANNOTATION_NODE = f"{GROUP}/placed-node"
 TRAINER_UID = 1000
+STOP_MARGIN_SECONDS = 10
+"""Pod grace beyond the trainer's stop grace: torchrun's shutdown and the container's exit."""
 
 
 def pod_name(job_name: str, *, attempt: int, rank: int) -> str:
@@ -140,6 +143,12 @@ def rank_env(job: OmniTrainingJob, node: PlacedNode, *, attempt: int) -> dict[st
         "OMNI_RESTART_ATTEMPT": str(attempt),
         "OMNI_RESUME": "auto",
         "OMNI_METRICS_PORT": str(METRICS_PORT),
+        "OMNI_STOP_GRACE_SECONDS": str(spec.restart_policy.stop_grace_seconds),
+        # SIGTERM reaches the workers through torchrun, which SIGKILLs them after this long
+        # (an environment variable: older torchrun versions lack --shutdown-timeout).
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(
+            spec.restart_policy.stop_grace_seconds + STOP_MARGIN_SECONDS // 2
+        ),
         "MASTER_ADDR": _master_addr(job, attempt),
         "MASTER_PORT": str(RDZV_PORT),
     }
@@ -210,6 +219,8 @@ def render_pod(job: OmniTrainingJob, node: PlacedNode, *, attempt: int, gang: bo
         requests["cpu"] = str(res.cpu)
     if res.memory is not None:
         requests["memory"] = limits["memory"] = str(res.memory)
+    for key, value in default_requests(node.allocatable).items():
+        requests.setdefault(key, value)  # never BestEffort: the first evicted under pressure
 
     env = [{"name": k, "value": v} for k, v in rank_env(job, node, attempt=attempt).items()]
     env += [{"name": k, "value": v} for k, v in nccl_env(job).items()]
@@ -239,11 +250,12 @@ def render_pod(job: OmniTrainingJob, node: PlacedNode, *, attempt: int, gang: bo
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     pod_spec: Obj = {
+        "automountServiceAccountToken": False,  # the trainer never calls the API server
         "hostname": name,
         "subdomain": job.metadata.name,
         "restartPolicy": "Never",
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": 60,
+        "terminationGracePeriodSeconds": termination_grace_seconds(job),
         "affinity": {
             "nodeAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": {
@@ -276,6 +288,52 @@ def render_pod(job: OmniTrainingJob, node: PlacedNode, *, attempt: int, gang: bo
     if sched.priority_class_name:
         pod_spec["priorityClassName"] = sched.priority_class_name
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+
+def termination_grace_seconds(job: OmniTrainingJob) -> int:
+    """From SIGTERM to SIGKILL: the trainer's stop grace plus torchrun's and the container's
+    exit (every deletion but a forced one, on a lost node, gives the trainer this long)."""
+    return job.spec.restart_policy.stop_grace_seconds + STOP_MARGIN_SECONDS
+
+
+REQUEST_FRACTION = 0.9
+"""Default CPU/memory requests: this share of the node's allocatable (one pod per node; the
+rest stays for daemons such as device plugins and log shippers)."""
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
+_DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
+
+
+def quantity(value: str) -> float | None:
+    """A Kubernetes quantity (``96``, ``500m``, ``1Ti``, ``64G``) as a number, or None."""
+    text = str(value).strip()
+    for suffixes in (_BINARY, _DECIMAL):
+        for suffix, factor in suffixes.items():
+            if text.endswith(suffix):
+                text, scale = text[: -len(suffix)], factor
+                break
+        else:
+            continue
+        break
+    else:
+        scale = 1
+        if text.endswith("m"):
+            text, scale = text[:-1], 1e-3
+    try:
+        return float(text) * scale
+    except ValueError:
+        return None
+
+
+def default_requests(allocatable: Mapping[str, str]) -> dict[str, str]:
+    """CPU and memory requests from a node's allocatable (:data:`REQUEST_FRACTION` of it)."""
+    out = {}
+    cpu = quantity(allocatable.get("cpu", ""))
+    if cpu:
+        out["cpu"] = f"{int(cpu * 1000 * REQUEST_FRACTION)}m"
+    memory = quantity(allocatable.get("memory", ""))
+    if memory:
+        out["memory"] = f"{int(memory * REQUEST_FRACTION) // 2**20}Mi"
+    return out
 
 
 def _tolerations(job: OmniTrainingJob) -> list[Obj]:

@@ -175,6 +175,12 @@ class RestartPolicyConfig(Spec):
     node_lost_grace_seconds: int = Field(
         60, ge=5, description="a node NotReady/unreachable this long counts as lost"
     )
+    stop_grace_seconds: int = Field(
+        120,
+        ge=5,
+        description="how long a trainer has after SIGTERM (pod deleted: preemption, drain, "
+        "suspend, a planned restart) to finish its step and write an emergency checkpoint",
+    )
     start_timeout_seconds: int = Field(
         900,
         ge=10,

@@ -48,6 +48,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "serviceAccount": {"create": False},
         "metrics": {"service": {"enabled": False}},
         "dashboards": {"enabled": False},
+        "networkPolicy": {"enabled": False},
     },
 }
 

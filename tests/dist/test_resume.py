@@ -46,8 +46,13 @@ def run(cmd: list[str]) -> None:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
 
 
-def kill_a_worker_after(popen: subprocess.Popen, committed: Path, timeout: float = 300) -> None:
-    """SIGKILL one torchrun worker as soon as ``committed`` exists."""
+def kill_a_worker_after(
+    popen: subprocess.Popen,
+    committed: Path,
+    timeout: float = 300,
+    sig: signal.Signals = signal.SIGKILL,
+) -> None:
+    """Signal one torchrun worker (SIGKILL: a crash) as soon as ``committed`` exists."""
     deadline = time.monotonic() + timeout
     while not committed.exists():
         assert popen.poll() is None, "the run ended before its checkpoint"
@@ -61,15 +66,21 @@ def kill_a_worker_after(popen: subprocess.Popen, committed: Path, timeout: float
         and "torch.distributed.run" in " ".join(p.parent().cmdline())
     ]
     assert len(workers) == 2, workers
-    workers[-1].send_signal(signal.SIGKILL)
+    workers[-1].send_signal(sig)
 
 
-def test_killed_run_resumes_exactly(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def ref(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The uninterrupted run's summary (one process), shared by the interrupted runs here."""
+    tmp_path = tmp_path_factory.mktemp("reference")
     reference = tmp_path / "reference.json"
     run(
         [*omni_train(manifest(tmp_path, "ref", tmp_path / "ckpt-ref")), "--summary", str(reference)]
     )
-    ref = json.loads(reference.read_text())
+    return json.loads(reference.read_text())
+
+
+def test_killed_run_resumes_exactly(tmp_path: Path, ref: dict) -> None:
 
     ckpt = tmp_path / "ckpt"
     job = manifest(tmp_path, "job", ckpt)
@@ -109,3 +120,33 @@ def test_resume_without_checkpoint_starts_fresh(tmp_path: Path) -> None:
     job = manifest(tmp_path, "fresh", tmp_path / "empty")
     run(omni_train(job, "--resume", "auto", "--summary", str(out), steps=2))
     assert json.loads(out.read_text())["first_step"] == 0
+
+
+def test_sigterm_stops_every_rank_with_an_emergency_checkpoint(tmp_path: Path, ref: dict) -> None:
+    """SIGTERM to ONE worker (the other is not signalled): both stop after the same step, the
+    checkpoint of that step is written although it is not due, the run exits with the graceful
+    stop's code, and the resumed run recomputes no step and matches an uninterrupted run."""
+    from omni_trainer.checkpoint.storage import FilesystemStorage
+    from omni_trainer.components.graceful_stop import EXIT_STOPPED
+
+    ckpt = tmp_path / "ckpt"
+    job = manifest(tmp_path, "job", ckpt)
+    stopped_summary = tmp_path / "stopped.json"
+    stopped = subprocess.Popen(
+        [*omni_train(job, "--nproc", "2", "--summary", str(stopped_summary))],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    kill_a_worker_after(stopped, ckpt / "step-00000004" / "COMMITTED", sig=signal.SIGTERM)
+    out, _ = stopped.communicate(timeout=120)
+    assert stopped.returncode != 0 and f"exitcode  : {EXIT_STOPPED}" in out, out[-3000:]
+    assert "on SIGTERM" in out, out[-3000:]
+    done = json.loads(stopped_summary.read_text())["steps"]
+    assert 4 <= done < STEPS
+    assert FilesystemStorage(ckpt).latest_complete() == done  # nothing to recompute
+
+    resumed = tmp_path / "resumed.json"
+    run([*omni_train(job, "--nproc", "2", "--resume", "auto"), "--summary", str(resumed)])
+    got = json.loads(resumed.read_text())
+    assert got["first_step"] == done
+    assert got["loss_curve"] == pytest.approx(ref["loss_curve"][done:], abs=1e-6)
+    assert got["batch_fingerprints"] == ref["batch_fingerprints"][done:]

@@ -81,7 +81,8 @@ SLEEPER = (
 
 @pytest_asyncio.fixture
 async def env(tmp_path: Path) -> AsyncIterator[Env]:
-    async with Emulator() as emu, kmock.Server(emu) as server, aiohttp.ClientSession() as http:
+    emulator = Emulator(graceful_pods=True)
+    async with emulator as emu, kmock.Server(emu) as server, aiohttp.ClientSession() as http:
         url = str(server.url).rstrip("/")
         nodes = [SimNode("node-0", 0, 1), SimNode("node-1", 1, 1)]
         kubelet = Kubelet(api=url, nodes=nodes, workdir=tmp_path, cwd=tmp_path, tick_s=0.05)
@@ -132,7 +133,8 @@ async def test_exit_codes_and_gpu_accounting(env: Env) -> None:
     assert _exit_code(env, "bad") == 3
 
     await env.post(f"/api/v1/namespaces/{NS}/pods", _pod("big", "node-0", SLEEPER, gpus=2))
-    await asyncio.sleep(0.5)  # node-0 has 1 GPU: never scheduled
+    await env.wait("Unschedulable", lambda: env.pod("big").get("status", {}).get("conditions"))
+    await asyncio.sleep(0.3)  # node-0 has 1 GPU: never scheduled
     cond = env.pod("big")["status"]["conditions"][0]
     assert "nodeName" not in env.pod("big")["spec"]
     assert (
@@ -248,3 +250,38 @@ async def test_images_outside_the_registry_fail_to_pull_like_a_kubelet(env: Env)
     await env.wait("good Running", lambda: _phase(env, "good") == "Running")
     await env.delete(f"/api/v1/namespaces/{NS}/pods/bad")
     await env.wait("pull forgotten", lambda: not env.kubelet._pulls)
+
+
+# SIGTERM: finish the "step", write a file, exit 143 (what the trainer's graceful stop does).
+GRACEFUL = (
+    "import pathlib, signal, sys, time; "
+    "signal.signal(signal.SIGTERM, lambda *a: (time.sleep(1.0), "
+    "pathlib.Path('saved').write_text('ok'), sys.exit(143))); "
+    "print('up', flush=True); time.sleep(120)"
+)
+
+
+async def test_a_deleted_pod_gets_its_grace_then_the_kubelet_removes_it(env: Env) -> None:
+    """Deletion marks the pod; its process gets SIGTERM and finishes within the grace (the
+    pod object stays meanwhile, as on a cluster); then the kubelet completes the deletion.
+    A forced deletion (grace 0) removes a pod at once."""
+    pod = _pod("g", "node-0", GRACEFUL)
+    pod["spec"]["terminationGracePeriodSeconds"] = 30
+    await env.post(f"/api/v1/namespaces/{NS}/pods", pod)
+    await env.wait("up", lambda: "up" in (env.kubelet.pod_log(NS, "g") or ""))
+    await env.delete(f"/api/v1/namespaces/{NS}/pods/g")
+    meta = env.pod("g")["metadata"]
+    assert meta["deletionTimestamp"] and meta["deletionGracePeriodSeconds"] == 30
+    await asyncio.sleep(0.3)
+    assert env.emu.stored("v1/pods", NS, "g") is not None  # still stopping
+    await env.wait("removed", lambda: env.emu.stored("v1/pods", NS, "g") is None, timeout=10)
+    assert (env.kubelet.cwd / "saved").read_text() == "ok"
+
+    await env.post(f"/api/v1/namespaces/{NS}/pods", _pod("f", "node-1", SLEEPER))
+    await env.wait("Running", lambda: _phase(env, "f") == "Running")
+    uid = env.pod("f")["metadata"]["uid"]
+    async with env.http.delete(env.url + f"/api/v1/namespaces/{NS}/pods/f",
+                               json={"gracePeriodSeconds": 0}) as resp:  # fmt: skip
+        assert resp.status == 200
+    assert env.emu.stored("v1/pods", NS, "f") is None
+    await env.wait("no process left", lambda: not pod_processes(uid))

@@ -131,7 +131,12 @@ def test_a_missing_image_fails_the_job_naming_it_within_the_start_timeout(
         assert "registry: ghcr.io/megascale-omni/trainer:0.1.0" in sb.log.read_text()
 
 
-def test_node_lost_mid_run_restarts_and_matches_an_uninterrupted_run(tmp_path: Path) -> None:
+def test_graceful_delete_then_node_lost_resume_and_match_an_uninterrupted_run(
+    tmp_path: Path,
+) -> None:
+    """A pod deleted with its grace period: every trainer stops after the same step, writes an
+    emergency checkpoint, and the restart resumes from it (no step recomputed). Later a node
+    is lost: the job restarts from its last checkpoint on other nodes."""
     _manifest(tmp_path / "job.yaml", step_log="runs/job/steps.jsonl", checkpoint="runs/job/ckpt")
     _manifest(tmp_path / "ref.yaml", step_log="runs/ref/steps.jsonl", checkpoint=None)
     with Sandbox(tmp_path) as sb:
@@ -148,7 +153,18 @@ def test_node_lost_mid_run_restarts_and_matches_an_uninterrupted_run(tmp_path: P
             return step if step and step >= 10 else None
 
         sb.wait("a committed checkpoint in the job's status", checkpointed, timeout=400)
-        selector = "omni.megascale.io/attempt=0,omni.megascale.io/node-rank=1"
+        kubectl("delete", "pod", "tiny-cpu-a0-n1", "--wait=false")  # the pod's grace
+        sb.wait("attempt 1", lambda: (job().get("status") or {}).get("attempt") == 1, timeout=200)
+        first = job()["status"]["restartHistory"][0]
+        assert first["reason"] in ("PodDeleted", "GracefulStop"), first
+        before = (job()["status"].get("lastCheckpoint") or {}).get("step") or 0
+
+        def checkpointed_again() -> int | None:  # by attempt 1 (the old one's are not read)
+            step = ((job().get("status") or {}).get("lastCheckpoint") or {}).get("step")
+            return step if step and step > before else None
+
+        sb.wait("a checkpoint of attempt 1", checkpointed_again, timeout=400)
+        selector = "omni.megascale.io/attempt=1,omni.megascale.io/node-rank=1"
         (rank1,) = json.loads(kubectl("get", "pods", "-l", selector, "-o", "json"))["items"]
         lost = rank1["spec"]["nodeName"]
         out = subprocess.run([*OMNI, "sandbox", "fault", "node-lost", lost, "--dir", SANDBOX_DIR],
@@ -158,10 +174,12 @@ def test_node_lost_mid_run_restarts_and_matches_an_uninterrupted_run(tmp_path: P
         kubectl("wait", "--for=jsonpath={.status.phase}=Succeeded", "otj/tiny-cpu",
                 "--timeout=600s", timeout=660)  # fmt: skip
         status = job()["status"]
-        assert status["restarts"] == 1 and status["attempt"] == 1
-        (restart,) = status["restartHistory"]
+        assert status["restarts"] == 2 and status["attempt"] == 2
+        graceful, restart = status["restartHistory"]
+        assert graceful["lostSeconds"] is not None and graceful["mode"] == "recreate"
         assert restart["reason"] == "NodeLost" and restart["nodes"] == [lost]
-        assert restart["fromStep"] >= 10  # resumed from a checkpoint, not from scratch
+        assert restart["fromStep"] > before  # resumed from attempt 1's checkpoint
+        assert restart["lostSeconds"] > 0 and restart["stepsRecomputed"] >= 0
         assert lost not in status["placement"]
         nodes = kubectl("get", "nodes")
         assert any(line.split()[:2] == [lost, "NotReady"] for line in nodes.splitlines())
@@ -170,7 +188,7 @@ def test_node_lost_mid_run_restarts_and_matches_an_uninterrupted_run(tmp_path: P
                                     "involvedObject.name=tiny-cpu", "-o", "json"))  # fmt: skip
         reasons = {e["reason"] for e in events["items"]}
         assert {"PodsCreated", "NodeLost", "Checkpoint", "Succeeded"} <= reasons, reasons
-        rank0 = "tiny-cpu-a1-n0"
+        rank0 = "tiny-cpu-a2-n0"
         assert f"training {STEPS} steps" in kubectl("logs", rank0)
         assert status["step"] == STEPS  # the trainer's final figures, not the last scrape's
         table = kubectl(
@@ -178,7 +196,7 @@ def test_node_lost_mid_run_restarts_and_matches_an_uninterrupted_run(tmp_path: P
         ).splitlines()  # printer columns: phase, integer tokens/s, MFU %
         assert table[0].split() == ["NAME", "PHASE", "STEP", "TOKENS/S", "MFU", "RESTARTS", "AGE"]
         _, phase, step, tps, mfu, restarts, _ = table[1].split()
-        assert (phase, step, restarts) == ("Succeeded", str(STEPS), "1")
+        assert (phase, step, restarts) == ("Succeeded", str(STEPS), "2")
         assert tps == str(status["tokensPerSecond"]) and tps.isdigit() and mfu.endswith("%")
         for args in ([], ["-o", "wide"], ["-A"], ["--field-selector", "reason=NodeLost"]):
             out = kubectl("get", "events", *args)  # tables of Events with real timestamps
@@ -187,9 +205,12 @@ def test_node_lost_mid_run_restarts_and_matches_an_uninterrupted_run(tmp_path: P
 
     log_path = tmp_path / "runs/job/steps.jsonl"
     got = read_step_log(log_path)
-    lines = [json.loads(line) for line in log_path.read_text().splitlines()]
-    assert {x["attempt"] for x in lines} == {0, 1}
-    resumed = min(x["step"] for x in lines if x["attempt"] == 1) - 1  # as the trainer did
+    records = [json.loads(line) for line in log_path.read_text().splitlines()]
+    assert {r["attempt"] for r in records} == {0, 1, 2}
+    last_of_0 = max(r["step"] for r in records if r["attempt"] == 0)
+    first_of_1 = min(r["step"] for r in records if r["attempt"] == 1)
+    assert first_of_1 == last_of_0 + 1  # the graceful stop's checkpoint: no step recomputed
+    resumed = min(r["step"] for r in records if r["attempt"] == 2) - 1  # as the trainer did
     assert restart["fromStep"] == resumed and restart["confirmed"], (restart, resumed)
 
     subprocess.run([*OMNI, "train", "ref.yaml", "--nproc", "2"], cwd=tmp_path, check=True,

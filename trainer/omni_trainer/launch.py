@@ -61,7 +61,9 @@ def run_worker(
     """Train on this rank; rank 0 writes the summary. Returns the summary (all ranks), empty
     when a resumed job had no steps left."""
     import torch
+    import torch.distributed as dist
 
+    from omni_trainer.components.graceful_stop import EXIT_STOPPED, GracefulStop
     from omni_trainer.components.metrics import NullTrainerMetrics
     from omni_trainer.components.progress import NullReporter
     from omni_trainer.distributed.layout import layout_for
@@ -78,9 +80,11 @@ def run_worker(
     cfg = manifest.spec.trainer
     rank, world_size, device = init_distributed()
     metrics = NullTrainerMetrics()
+    stop = None
     try:
         dims = layout_for(cfg, world_size)
         groups = build_process_groups(dims, device, reorder_group_size=cfg.data.reorder.group_size)
+        stop = GracefulStop(group=dist.new_group(backend="gloo") if world_size > 1 else None)
         reporter = _reporter(cfg.train.step_log) if rank == 0 else NullReporter()
         metrics = _metrics(job=manifest.metadata.name, rank=rank, port=metrics_port)
         trainer = Trainer(
@@ -90,6 +94,7 @@ def run_worker(
             reporter=reporter,
             resume=resume,
             metrics=metrics,
+            stop=stop,
         )
         metrics.record_resume(trainer.start_step)
         if trainer.start_step >= trainer.steps:  # killed after its last step: done already
@@ -104,8 +109,12 @@ def run_worker(
         if rank == 0 and summary_path is not None:
             summary_path.parent.mkdir(parents=True, exist_ok=True)
             summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+        if trainer.stopped_at is not None:  # SIGTERM: the operator reads the code
+            raise SystemExit(EXIT_STOPPED)
         return summary
     finally:
+        if stop is not None:
+            stop.close()
         metrics.close()
         destroy_distributed()
 

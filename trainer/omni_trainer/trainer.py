@@ -15,6 +15,7 @@ from omni_trainer.checkpoint.config import CheckpointConfig
 from omni_trainer.checkpoint.state import ModelState
 from omni_trainer.components.dataplane import DataPlane
 from omni_trainer.components.encoder_zero import EncoderZero
+from omni_trainer.components.graceful_stop import GracefulStop, NullStop, StopDecision
 from omni_trainer.components.memory import (
     SavedActivationMeter,
     optimizer_state_bytes,
@@ -140,6 +141,7 @@ class Trainer:
         reporter: StepReporter | None = None,
         resume: bool = False,
         metrics: MetricsSink | None = None,
+        stop: GracefulStop | NullStop | None = None,
     ) -> None:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -213,6 +215,11 @@ class Trainer:
             Checkpointer(cfg.checkpoint, layout=dims.as_dict()) if cfg.checkpoint else None
         )
         self.start_step = self._resume() if resume else self._init_from()
+        self.stop = stop or NullStop()
+        self.stopped_at: int | None = None
+        """The step a SIGTERM stopped the run at (None: it was not stopped)."""
+        self._saved_step: int | None = self.start_step
+        self._save_seconds = 0.0
         self.peak_flops, self.peak_source = resolve_peak_flops(
             self.device,
             dtype=self.dtype,
@@ -250,11 +257,13 @@ class Trainer:
             everyone = comm.all_gather_object(self.data.state_dict(), group=self.groups.dp)
             shards = {k: v for state in everyone for k, v in state["shards"].items()}
             self.checkpointer.save(step, ModelState.from_trainer(self), {"shards": shards})
+            self._saved_step = step
         self._report_save(previous)
 
     def _report_save(self, result: SaveResult | None) -> None:
         """Export a committed checkpoint (the operator reads it to refill the restart budget)."""
         if result is not None and result.committed:
+            self._save_seconds = max(self._save_seconds, result.blocking_s + result.background_s)
             self.metrics.record_checkpoint(
                 step=result.step,
                 seconds=result.blocking_s + result.background_s,
@@ -284,6 +293,10 @@ class Trainer:
                     tokens_per_s=r.tokens / r.seconds,
                     mfu=r.flops / r.seconds / self.peak_flops,
                 )
+                decision = self.stop.decide(save_estimate_s=self._save_seconds)
+                if decision is not None:
+                    self._stop(step + 1, decision)
+                    break
         finally:
             self.reporter.close()
             self.data.close()
@@ -293,6 +306,18 @@ class Trainer:
                     raise RuntimeError(f"the last checkpoint failed: {last.errors}")
                 self._report_save(last)
         return self._summary(results, time.perf_counter() - t0)
+
+    def _stop(self, step: int, decision: StopDecision) -> None:
+        """SIGTERM: checkpoint ``step`` unless it is saved already or the grace is too short
+        (the ``finally`` of :meth:`train` waits for the save)."""
+        self.stopped_at = step
+        save = self.checkpointer is not None and self._saved_step != step and decision.can_save
+        if save:
+            self._save(step)
+        if self.groups.rank == 0:
+            what = "writing an emergency checkpoint" if save else "no checkpoint written"
+            print(f"stopping after step {step} on SIGTERM ({decision.grace_left_s:.0f} s of grace "
+                  f"left): {what}", flush=True)  # fmt: skip
 
     def train_step(self, step: int) -> StepResult:
         start = time.perf_counter()

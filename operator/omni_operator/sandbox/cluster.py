@@ -126,7 +126,7 @@ class Sandbox:
         workdir.mkdir(parents=True, exist_ok=True)
         config = dataclasses.replace(config, workdir=workdir)
         async with (
-            Emulator(store=workdir / API_STORE) as emu,
+            Emulator(store=workdir / API_STORE, graceful_pods=True) as emu,  # kubelet deletes
             kmock.Server(emu, port=config.port or None) as server,
         ):
             restored = emu.restore()  # a restarted sandbox keeps its jobs and pods

@@ -234,6 +234,11 @@ class Emulator(kmock.KubernetesEmulator):
     store: Path | None = None
     """Where every write is persisted (JSON), like etcd: :meth:`restore` reads it back after a
     restart, so jobs, pods and their status survive the API server."""
+    graceful_pods: bool = False
+    """Graceful pod deletion, as with a kubelet: deleting a pod that runs on a node only marks
+    it (``deletionTimestamp``, ``deletionGracePeriodSeconds``: the DeleteOptions', else the
+    pod's ``terminationGracePeriodSeconds``); the kubelet removes it once its containers stopped.
+    A grace of 0 removes it at once (a forced deletion). Off where no kubelet runs."""
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -457,7 +462,15 @@ class Emulator(kmock.KubernetesEmulator):
         async with self._lock:
             key, obj = self._get(request)
             meta = obj["metadata"]
-            if meta.get("finalizers"):
+            grace = self._pod_grace(request, obj)
+            if grace:
+                if grace < meta.get("deletionGracePeriodSeconds", grace + 1):
+                    meta["deletionTimestamp"] = _now()
+                    meta["deletionGracePeriodSeconds"] = grace
+                    meta["resourceVersion"] = self._next_rv()
+                    self._objects[key].history.append(obj)
+                    await self._publish(request, "MODIFIED", obj)
+            elif meta.get("finalizers"):
                 if not meta.get("deletionTimestamp"):
                     meta["deletionTimestamp"] = _now()
                     meta["resourceVersion"] = self._next_rv()
@@ -468,6 +481,23 @@ class Emulator(kmock.KubernetesEmulator):
                 self._objects[key].delete()
                 await self._publish(request, "DELETED", obj)
         return aiohttp.web.json_response(obj)
+
+    def _pod_grace(self, request: rendering.Request, obj: Obj) -> int:
+        """The grace a pod deletion gets (0: removed at once): only for a pod bound to a node
+        and not finished, when :attr:`graceful_pods` is on."""
+        if not self.graceful_pods or request.resource != kmock.resource("v1/pods"):
+            return 0
+        status = obj.get("status") or {}
+        if not (obj.get("spec") or {}).get("nodeName") or status.get("phase") in (
+            "Succeeded",
+            "Failed",
+        ):
+            return 0
+        options = request.data if isinstance(request.data, Mapping) else {}
+        grace = options.get("gracePeriodSeconds")
+        if grace is None:
+            grace = (obj.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
+        return int(grace)
 
     async def _log(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         self._get(request)  # 404 for a pod that does not exist

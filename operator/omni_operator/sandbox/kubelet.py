@@ -9,7 +9,9 @@ like the real components do and:
   directory (a shared filesystem for every node), with the pod's environment, its ConfigMap
   volumes written to files, and its status reported through ``/status`` (Running with a pod IP,
   then Succeeded/Failed with the exit code);
-* stops: a deleted pod's processes get SIGTERM, then SIGKILL after the pod's grace period;
+* stops: a deleted pod's processes get SIGTERM, then SIGKILL after its grace period
+  (``deletionGracePeriodSeconds``); once they are gone the kubelet removes the pod (a forced
+  deletion), as a real one does;
 * pulls: a pod's images must be in the sandbox's :class:`Registry`; any other image fails as a
   real kubelet reports it: the container waits in ``ErrImagePull`` at each pull attempt and in
   ``ImagePullBackOff`` between them (the delay doubles up to a cap), the pod stays Pending.
@@ -332,8 +334,11 @@ class Kubelet:
             self._terminate(running, grace_s=0)
             running = None
         if meta.get("deletionTimestamp"):
+            grace = meta.get("deletionGracePeriodSeconds", _grace(spec))
             if running is not None:
-                self._terminate(running, grace_s=_grace(spec))
+                self._terminate(running, grace_s=float(grace))
+            elif not (self._sim(spec.get("nodeName")) or SimNode("", 0, 0)).lost:
+                await self._remove(pod)  # nothing runs (any more): the deletion completes
             return
         if running is not None:
             fault = ((meta.get("annotations") or {}).get(FAULT) or "").strip()
@@ -531,8 +536,12 @@ class Kubelet:
                 continue
             _signal(c, signal.SIGKILL)  # stragglers of a pod whose first process ended
             del self.containers[key]
-            if c.lost or c.killing_since is not None:
-                continue  # lost node (silent) or a deleted pod: nobody to tell
+            if c.lost:
+                continue  # a lost node is silent
+            if c.killing_since is not None:  # a deleted pod stopped: the deletion completes
+                ns, name = key.split("/", 1)
+                await self._remove({"metadata": {"namespace": ns, "name": name}})
+                continue
             exit_code = 128 - code if code < 0 else code  # killed by signal N -> 128 + N
             ns, name = key.split("/", 1)
             pod = {"metadata": {"namespace": ns, "name": name}}
@@ -554,6 +563,14 @@ class Kubelet:
                                                "restartCount": 0,
                                                "state": {"terminated": term}}]}},
         )  # fmt: skip
+
+    async def _remove(self, pod: Obj) -> None:
+        """Finish a graceful deletion (DELETE with grace 0, as the kubelet does)."""
+        assert self._http is not None
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0}
+        async with self._http.delete(self.api + _pod_path(pod), json=body) as resp:
+            if resp.status not in (200, 404):
+                resp.raise_for_status()
 
     def _terminate(self, c: Container, *, grace_s: float) -> None:
         if c.killing_since is None:

@@ -257,3 +257,17 @@ def test_trainer_pods_expose_the_trainers_metrics_port() -> None:
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert ports["metrics"] == DEFAULT_PORT and env["OMNI_METRICS_PORT"] == str(DEFAULT_PORT)
+
+
+def test_trainer_pods_are_not_best_effort_and_mount_no_token() -> None:
+    """Requests default to 90% of the node's allocatable CPU and memory (the manifest's own win);
+    the trainer never calls the API server, so no service-account token is mounted."""
+    job = _job()
+    (pod, *_) = [o for o in _objects(job) if o["kind"] == "Pod"]
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    requests = pod["spec"]["containers"][0]["resources"]["requests"]
+    assert requests["cpu"] == "86400m" and requests["memory"] == "943718Mi"  # 96 CPUs, 1Ti
+    assert "memory" not in pod["spec"]["containers"][0]["resources"]["limits"]
+    (pod, *_) = [o for o in _objects(_job(**RDMA)) if o["kind"] == "Pod"]
+    requests = pod["spec"]["containers"][0]["resources"]["requests"]
+    assert requests["cpu"] == "96" and requests["memory"] == "1000Gi"

@@ -97,7 +97,8 @@ def _obs(job: OmniTrainingJob, status: dict[str, Any], owned: list, **kw: Any) -
                     **kw)  # fmt: skip
 
 
-def _live(objs: list[dict], **pod_status: Any) -> list[dict]:
+def live(objs: list[dict], **pod_status: Any) -> list[dict]:
+    """Created objects as the API returns them, pods with this status."""
     return [
         {**o, "metadata": {**o["metadata"], "uid": "x"}, "status": pod_status}
         if o["kind"] == "Pod"
@@ -116,14 +117,14 @@ def test_starting_until_every_trainer_runs_then_restart_costed_at_the_first_step
     assert status["phase"] == "Starting"
     cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
             "message": "0/4 nodes are available"}  # fmt: skip
-    owned = _live(a.create, phase="Pending", conditions=[cond])
+    owned = live(a.create, phase="Pending", conditions=[cond])
     b = reconcile(_obs(job, status, owned, tracks_progress=True))
     status = {**status, **b.status}
     running = next(c for c in status["conditions"] if c["type"] == "PodsRunning")
     assert status["phase"] == "Starting" and running["reason"] == "Unschedulable"
     assert "0/4 nodes are available" in running["message"]
 
-    owned = _live(a.create, phase="Running")
+    owned = live(a.create, phase="Running")
     progress = Progress(step=30, checkpoint_step=20)
     c = reconcile(_obs(job, status, owned, tracks_progress=True, progress=progress))
     status = {**status, **c.status}
@@ -141,7 +142,7 @@ def test_starting_until_every_trainer_runs_then_restart_costed_at_the_first_step
                        tracks_progress=True))  # fmt: skip
     status = {**status, **e.status}
     assert status["phase"] == "Starting" and status["attempt"] == 1
-    new = _live([o for o in e.create if o["kind"] == "Pod"], phase="Running")
+    new = live([o for o in e.create if o["kind"] == "Pod"], phase="Running")
     shared = [o for o in owned if o["kind"] != "Pod"]
     f = reconcile(_obs(job, status, shared + new, now=later + dt.timedelta(seconds=8),
                        tracks_progress=True, progress=Progress(step=21)))  # fmt: skip
@@ -153,7 +154,7 @@ def test_start_timeout_restarts_and_a_missing_image_fails() -> None:
     job = _job(startTimeoutSeconds=60)
     a = reconcile(_obs(job, {}, []))
     backoff = {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}}
-    pulling = _live(a.create, phase="Pending", containerStatuses=[{"state": backoff}])
+    pulling = live(a.create, phase="Pending", containerStatuses=[{"state": backoff}])
     b = reconcile(_obs(job, a.status, pulling, now=NOW + dt.timedelta(seconds=30)))
     assert b.status.get("phase") is None and b.requeue_after == 30  # still within the timeout
     c = reconcile(_obs(job, a.status, pulling, now=NOW + dt.timedelta(seconds=61)))
@@ -161,7 +162,7 @@ def test_start_timeout_restarts_and_a_missing_image_fails() -> None:
     assert c.status["restartHistory"][0]["reason"] == "StartTimeout"
 
     pull = {"waiting": {"reason": "ErrImagePull", "message": NOT_FOUND}}
-    missing = _live(a.create, phase="Pending", containerStatuses=[{"state": pull}])
+    missing = live(a.create, phase="Pending", containerStatuses=[{"state": pull}])
     d = reconcile(_obs(job, a.status, missing, now=NOW + dt.timedelta(seconds=1)))
     assert d.status["phase"] == "Failed" and "cannot be pulled" in d.status["message"]
     failed = next(x for x in d.status["conditions"] if x["type"] == "Failed")
