@@ -303,7 +303,7 @@ def test_a_restarted_sandbox_keeps_the_job_and_it_succeeds_exactly(tmp_path: Pat
     """`omni sandbox up` stopped mid-run (API server, kubelet, operator and pods all go) and
     started again on the same --dir: the job is still there, its pods are reported as lost, the
     operator restarts it from its checkpoint, and the loss curve is an uninterrupted run's."""
-    steps = 20
+    steps = 80  # long enough that the sandbox stops mid-run even on an idle machine
     for name, ckpt in (("job", "runs/job/ckpt"), ("ref", None)):
         _manifest(tmp_path / f"{name}.yaml", step_log=f"runs/{name}/steps.jsonl", checkpoint=ckpt)
         doc = yaml.safe_load((tmp_path / f"{name}.yaml").read_text())

@@ -171,6 +171,9 @@ class Sandbox:
             try:
                 yield sb
             finally:
+                # Pods first: they must not outlive the sandbox however long the operator takes
+                # to stop (a caller that kills the sandbox after a timeout would orphan them).
+                kubelet.stop_all()
                 for task in reversed(sb.tasks):
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError, Exception):
