@@ -17,6 +17,13 @@ MODALITIES: tuple[Modality, ...] = ("image", "audio", "video", "text")
 Preset = Literal["openimages", "refcocog", "librispeech", "longtext"]
 
 
+def not_below(value: int, low: int | None, *, names: tuple[str, str]) -> int:
+    """``value`` unless a set lower bound exceeds it (a field validator's upper-bound check)."""
+    if low is not None and value < low:
+        raise ValueError(f"{names[0]} ({value}) must be >= {names[1]} ({low})")
+    return value
+
+
 class LengthDistribution(Spec):
     """Sample length in LLM tokens (media + text): a clipped lognormal, skewed like real corpora."""
 
@@ -32,10 +39,7 @@ class LengthDistribution(Spec):
     @field_validator("max")
     @classmethod
     def _max_at_least_min(cls, v: int, info: ValidationInfo) -> int:
-        lo = info.data.get("min")
-        if lo is not None and v < lo:
-            raise ValueError(f"max ({v}) must be >= min ({lo})")
-        return v
+        return not_below(v, info.data.get("min"), names=("max", "min"))
 
 
 # Paper figures (PAPER.md): OpenImages mean 3.8K tokens (skewed), RefCOCOg 1.4K, LibriSpeech 0.34K,
@@ -182,10 +186,7 @@ class MediaConfig(Spec):
     @field_validator("max_pixels")
     @classmethod
     def _max_above_min(cls, v: int, info: ValidationInfo) -> int:
-        lo = info.data.get("min_pixels")
-        if lo is not None and v < lo:
-            raise ValueError(f"maxPixels ({v}) must be >= minPixels ({lo})")
-        return v
+        return not_below(v, info.data.get("min_pixels"), names=("maxPixels", "minPixels"))
 
 
 class PrefetchConfig(Spec):
