@@ -5,11 +5,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
 from omni_trainer.launch import torchrun_argv
 
 WORKER = Path(__file__).with_name("_multiplex_worker.py")

@@ -13,15 +13,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
-from ..conftest import EXAMPLES
 from omni_trainer.launch import torchrun_argv
+
+from ..conftest import EXAMPLES
 
 pytestmark = pytest.mark.dist
 

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from omni_trainer.multiplex.dataflow import LLMOp, stage_ops
 from omni_trainer.launch import torchrun_argv
+from omni_trainer.multiplex.dataflow import LLMOp, stage_ops
 
 pytestmark = pytest.mark.dist
 

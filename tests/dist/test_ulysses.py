@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
 from omni_trainer.launch import torchrun_argv
 
 pytestmark = pytest.mark.dist
