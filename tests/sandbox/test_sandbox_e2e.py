@@ -222,10 +222,9 @@ def test_graceful_delete_then_node_lost_resume_and_match_an_uninterrupted_run(
 
 def test_failures_put_their_cause_in_the_status(tmp_path: Path) -> None:
     """A shards url that matches nothing and an s3:// checkpoint without credentials fail
-    before any training step: each job's status.message (and Failed condition, and Event)
-    carries the cause, not a log line number. (A trainer exception after step 1 takes the same
-    path, the termination message: tests/operator/test_sandbox_kubelet.py and the reconcile
-    tests cover it.)"""
+    before any training step, and a learning rate that makes training diverge stops the trainer
+    at step 2 with a FloatingPointError: each job's status.message (and Failed condition, and
+    Event) carries the cause, not a log line number."""
     jobs: dict[str, tuple[dict[str, Any], str]] = {
         "badurl": (
             {"data": {"sources[0]": {"kind": "shards", "name": "web", "modality": "image",
@@ -237,6 +236,11 @@ def test_failures_put_their_cause_in_the_status(tmp_path: Path) -> None:
             {"checkpoint": {"path": "s3://omni-ckpt/nocreds", "intervalSteps": 10}},
             "spec.trainer.checkpoint.path (s3://omni-ckpt/nocreds): NoCredentialsError: Unable "
             "to locate credentials",
+        ),
+        "diverge": (
+            {"optimizer": {"lr": 1e30, "minLr": 1e29}, "lrSchedule": {"warmupSteps": 0}},
+            "FloatingPointError: step 2: the gradient norm is nan (loss nan), so the update was "
+            "not applied: training diverged; lower optimizer.lr",
         ),
     }  # fmt: skip
     for name, (trainer, _) in jobs.items():
@@ -274,6 +278,7 @@ def test_failures_put_their_cause_in_the_status(tmp_path: Path) -> None:
         for name in ("badurl", "nocreds"):  # before any training step
             assert not (tmp_path / f"runs/{name}/steps.jsonl").exists()
             assert "before the first training step" in sb.job(name)["status"]["message"]
+        assert list(read_step_log(tmp_path / "runs/diverge/steps.jsonl")) == [1]
 
 
 def _phase(job: dict[str, Any]) -> str | None:
