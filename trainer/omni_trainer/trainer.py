@@ -41,7 +41,7 @@ from omni_trainer.distributed import comm
 from omni_trainer.distributed.layout import check_layout
 from omni_trainer.interop.runtime import find_checkpoint
 from omni_trainer.mcore.parallel import ProcessGroups, schedule_kwargs, seed_everything
-from omni_trainer.models.batch import DeviceBatch, to_device_batch
+from omni_trainer.models.batch import DeviceBatch, llm_sequence_shape, to_device_batch
 from omni_trainer.models.context_parallel import set_rope_positions, shard_for_context
 from omni_trainer.models.freeze import parameter_modules
 from omni_trainer.models.llm import LLMRuntime, Recompute, all_reduce_tied_embedding_grads
@@ -404,8 +404,7 @@ class Trainer:
                 data_iterator=iterators if len(self.chunks) > 1 else iterators[0],
                 model=self.chunks,
                 num_microbatches=len(micro),
-                seq_length=self.cfg.data.seq_length,
-                micro_batch_size=self.cfg.data.micro_batch_size,
+                **llm_sequence_shape(self.cfg.data.seq_length, self.cfg.data.micro_batch_size),
                 forward_only=False,
                 **self._schedule_kwargs,
             )
@@ -479,7 +478,8 @@ class Trainer:
             output = model(
                 input_ids=batch.tokens,
                 position_ids=batch.position_ids,
-                attention_mask=batch.attention_mask,
+                attention_mask=None,
+                packed_seq_params=batch.packed_seq_params,
                 decoder_input=decoder_input,
                 labels=labels,
             )
@@ -487,7 +487,8 @@ class Trainer:
             output = model(
                 input_ids=None,
                 position_ids=None,
-                attention_mask=batch.attention_mask,
+                attention_mask=None,
+                packed_seq_params=batch.packed_seq_params,
                 labels=labels,
             )
         return output, partial(self._loss, batch)

@@ -66,14 +66,13 @@ def our_logits(job: Path, tokens: torch.Tensor, checkpoint: str | None = None) -
     """Logits of the job's model in one process (the weights export starts from)."""
     from omni_trainer.config import load_manifest
     from omni_trainer.interop.runtime import single_process_model
-    from omni_trainer.models.batch import segment_attention_mask
 
     cfg = load_manifest(job).spec.trainer
     with single_process_model(cfg, checkpoint=checkpoint) as (model, _), torch.no_grad():
         logits = model.llm_chunks[0](
             input_ids=tokens,
             position_ids=torch.arange(tokens.shape[1]).expand_as(tokens),
-            attention_mask=segment_attention_mask(torch.zeros_like(tokens)),
+            attention_mask=None,
         )
     return logits[..., : cfg.model.llm.vocab_size]
 

@@ -9,7 +9,6 @@ import torch
 
 from omni_trainer.config import ManifestError, parse_manifest
 from omni_trainer.interop.source import HFModelError
-from omni_trainer.models.batch import segment_attention_mask
 from omni_trainer.models.config import LLMConfig
 from omni_trainer.models.llm import build_gpt_chunks
 
@@ -40,7 +39,7 @@ def our_logits(cfg: LLMConfig, tokens: torch.Tensor) -> torch.Tensor:
         out = chunk.eval()(
             input_ids=tokens,
             position_ids=positions,
-            attention_mask=segment_attention_mask(torch.zeros_like(tokens)),
+            attention_mask=None,
         )
     return out[..., : cfg.vocab_size]
 

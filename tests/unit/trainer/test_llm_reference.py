@@ -2,18 +2,20 @@
 
 Our single-process GPTModel (megatron-core, local spec) with its weights copied into a
 ``LlamaForCausalLM`` (eager attention, fp32) gives the same logits and per-token losses, on a
-packed row of two samples against each sample run alone by transformers. A bug shared by every
+packed row of two samples (their boundaries as megatron's PackedSeqParams) against each sample
+run alone by transformers. A bug shared by every
 layout (the equivalence tests compare layouts with each other) shows here.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from omni_trainer.models.batch import segment_attention_mask
 from omni_trainer.models.config import LLMConfig
 from omni_trainer.models.llm import build_gpt
+from omni_trainer.models.packed import pack_boundaries
 
 
 def _llama_from(model, cfg: LLMConfig):
@@ -72,14 +74,14 @@ def test_single_process_model_equals_transformers_llama(single_rank) -> None:
     gen = torch.Generator().manual_seed(0)
     samples = [torch.randint(0, cfg.vocab_size, (1, n), generator=gen) for n in (10, 14)]
     packed = torch.cat(samples, dim=1)
-    segments = torch.tensor([[0] * 10 + [1] * 14])
+    boundaries = pack_boundaries(np.array([[0] * 10 + [1] * 14]), torch.device("cpu"))
     # positions restart in every sample, as the packer writes them
     positions = torch.cat([torch.arange(s.shape[1]) for s in samples])[None]
     labels = torch.roll(packed, -1, dims=1)
     with torch.no_grad():
-        kw = {"input_ids": packed, "position_ids": positions}
-        logits = model(**kw, attention_mask=segment_attention_mask(segments))
-        losses = model(**kw, attention_mask=segment_attention_mask(segments), labels=labels)
+        kw = {"input_ids": packed, "position_ids": positions, "attention_mask": None}
+        logits = model(**kw, packed_seq_params=boundaries)
+        losses = model(**kw, packed_seq_params=boundaries, labels=labels)
         start = 0
         for s in samples:
             n = s.shape[1]

@@ -53,8 +53,6 @@ def greedy(
 ) -> tuple[list[int], list[float]]:
     """Append the most likely token until a stop token or ``max_new_tokens`` (no KV cache: every
     step runs the whole prefix, which is what one GPTModel forward offers)."""
-    from omni_trainer.models.batch import segment_attention_mask
-
     device = next(chunk.parameters()).device
     seq = list(ids)
     out: list[int] = []
@@ -64,7 +62,7 @@ def greedy(
         logits = chunk(
             input_ids=tokens,
             position_ids=torch.arange(len(seq), device=device)[None],
-            attention_mask=segment_attention_mask(torch.zeros_like(tokens)),
+            attention_mask=None,  # one causal sequence: no boundaries needed
         )
         last = logits[0, -1, :vocab_size].float().log_softmax(-1)
         token = int(last.argmax())

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from megatron.core.packed_seq_params import PackedSeqParams
 
 
 @dataclass
@@ -13,7 +17,7 @@ class MediaBatch:
     """All items of one modality in a micro-batch, in order, and where their tokens go."""
 
     arrays: list[torch.Tensor]
-    flat_positions: torch.Tensor  # [sum(tokens)] index into the [s*b] flattened LLM input
+    flat_positions: torch.Tensor  # [sum(tokens)] index into the packed row of LLM tokens
     rows: torch.Tensor | None = None
     """Which rows of the encoder outputs go to ``flat_positions`` (None: all); with context
     parallelism a rank keeps only the rows of the positions it holds."""
@@ -21,14 +25,15 @@ class MediaBatch:
 
 @dataclass
 class DeviceBatch:
-    """A micro-batch on the device, in the shapes megatron expects."""
+    """A micro-batch on the device as one packed row ``[1, t]`` (``t`` = micro-batch size x
+    sequence length, or this rank's share of it under context parallelism), its samples
+    delimited by ``packed_seq_params`` (``models.packed``; no dense attention mask exists)."""
 
-    tokens: torch.Tensor  # [b, s]
-    labels: torch.Tensor  # [b, s]
-    loss_mask: torch.Tensor  # [b, s] float
-    position_ids: torch.Tensor  # [b, s]
-    attention_mask: torch.Tensor  # [b, 1, s, s] bool, True = may NOT attend (CP: see
-    # models.context_parallel.shard_for_context)
+    tokens: torch.Tensor  # [1, t]
+    labels: torch.Tensor  # [1, t]
+    loss_mask: torch.Tensor  # [1, t] float
+    position_ids: torch.Tensor  # [1, t], restarting in every sample
+    packed_seq_params: PackedSeqParams
     media: dict[str, MediaBatch]
 
     @property
@@ -36,18 +41,17 @@ class DeviceBatch:
         return int(self.loss_mask.sum().item())
 
 
-def segment_attention_mask(segment_ids: torch.Tensor) -> torch.Tensor:
-    """Causal attention that never crosses a packed sample's boundary ([b,1,s,s], True = masked)."""
-    s = segment_ids.shape[1]
-    same = segment_ids[:, :, None] == segment_ids[:, None, :]
-    causal = torch.ones(s, s, dtype=torch.bool, device=segment_ids.device).tril()
-    return ~(same & causal)[:, None]
+def llm_sequence_shape(seq_length: int, micro_batch_size: int) -> dict[str, int]:
+    """megatron schedule's ``seq_length`` / ``micro_batch_size`` of a packed micro-batch: one row
+    of all its tokens (pipeline buffers ``[t, 1, hidden]``; megatron divides ``t`` by the CP
+    size itself, megatron-core 0.16.1 ``schedules.get_tensor_shapes``)."""
+    return {"seq_length": seq_length * micro_batch_size, "micro_batch_size": 1}
 
 
 def to_device_batch(
     mb, device: torch.device, *, load: Callable, media: Collection[str] = ()
 ) -> DeviceBatch:
-    """Move a collated numpy micro-batch (``omni_trainer.data``) to ``device``.
+    """Move a collated numpy micro-batch (``omni_trainer.data``) to ``device`` as one packed row.
 
     Args:
         mb: the micro-batch; its media items are references.
@@ -56,21 +60,26 @@ def to_device_batch(
         media: the modalities whose media this rank encodes (the zero-redundancy filter): only
             those are loaded and moved; the positions of every modality's tokens always are.
     """
-    b = mb.tokens.shape[0]
-    segment_ids = torch.as_tensor(mb.segment_ids, device=device)
+    from omni_trainer.models.packed import pack_boundaries
+
+    s = mb.tokens.shape[1]
     per_modality: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
     for item in mb.media:
         arrays, positions = per_modality.setdefault(item.modality, ([], []))
         if item.modality in media:
             arrays.append(torch.as_tensor(load(item.ref), device=device))
-        seq_pos = torch.arange(item.offset, item.offset + item.num_tokens, device=device)
-        positions.append(seq_pos * b + item.row)  # [s, b] flattened row-major
+        start = item.row * s + item.offset  # row-major in the packed row
+        positions.append(torch.arange(start, start + item.num_tokens, device=device))
+
+    def row(a) -> torch.Tensor:
+        return torch.as_tensor(a, device=device).reshape(1, -1)
+
     return DeviceBatch(
-        tokens=torch.as_tensor(mb.tokens, device=device),
-        labels=torch.as_tensor(mb.labels, device=device),
-        loss_mask=torch.as_tensor(mb.loss_mask, device=device),
-        position_ids=torch.as_tensor(mb.position_ids, device=device),
-        attention_mask=segment_attention_mask(segment_ids),
+        tokens=row(mb.tokens),
+        labels=row(mb.labels),
+        loss_mask=row(mb.loss_mask),
+        position_ids=row(mb.position_ids),
+        packed_seq_params=pack_boundaries(mb.segment_ids, device),
         media={
             m: MediaBatch(arrays=arrays, flat_positions=torch.cat(positions))
             for m, (arrays, positions) in sorted(per_modality.items())

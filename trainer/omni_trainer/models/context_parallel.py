@@ -7,8 +7,9 @@ Everything in the LLM except attention is per token, so only two things change:
 
 - core attention (:class:`ContextParallelAttention`, swapped into the layer spec) all-gathers
   keys and values over the CP group (backward: the gradients are summed back to their owners)
-  and attends for the local queries under a mask built from the plan: same sample, key position
-  <= query position;
+  and attends for the local queries, in blocks, to the keys the plan allows: same sample, key
+  position <= query position (per-token metadata, no dense mask; GPU and CPU alike: TE's own
+  CP attention needs every sample zig-zag split over all CP ranks, which this sharding is not);
 - RoPE (:class:`PositionalRotary`) rotates every token by its position in the unsharded row,
   so the attention scores are exactly those of the unsharded model.
 
@@ -19,16 +20,20 @@ follow); megatron's CP process group (``pg_collection.cp``) is the group attenti
 
 from __future__ import annotations
 
-import copy
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
+from megatron.core.packed_seq_params import PackedSeqParams
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from omni_trainer.balance.cp import CPPlan, plan_context_parallel
 from omni_trainer.distributed import comm
 from omni_trainer.models.batch import DeviceBatch, MediaBatch
+from omni_trainer.models.packed import BoundaryAttention
 
 
 class _GatherTokens(torch.autograd.Function):
@@ -50,55 +55,74 @@ def gather_tokens(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     return _GatherTokens.apply(x, group)
 
 
-class ContextParallelAttention(nn.Module):
+QUERY_CHUNK = 1024
+"""Local queries attended at once: memory is bounded by one chunk's queries x the keys of the
+samples they belong to, never the whole ``local x gathered`` score matrix."""
+
+
+@dataclass
+class ContextBoundaries(PackedSeqParams):
+    """Which gathered keys each local query may see, as per-token metadata (no dense mask):
+    same sample (``seg``, unique negative ids for padding and filler, which see only
+    themselves) and key position <= query position (``pos``, the position in the unsharded
+    row). ``chunks``: per block of local queries, the indices of the gathered keys of its
+    samples, computed on the host once per micro-batch. ``qkv_format='sbhd'`` keeps megatron
+    from treating the batch as THD (RoPE here is :class:`PositionalRotary`'s)."""
+
+    q_seg: torch.Tensor | None = None  # [n] local queries
+    q_pos: torch.Tensor | None = None
+    k_seg: torch.Tensor | None = None  # [cp * n] gathered keys, ranks in order
+    k_pos: torch.Tensor | None = None
+    chunks: tuple[tuple[int, int, torch.Tensor], ...] = ()
+
+
+def _attend_chunk(q, k_all, v_all, key_idx, q_seg, q_pos, k_seg, k_pos, scale: float):
+    """One block of queries ([heads, c, dim]) against the keys of its samples."""
+    k = k_all.index_select(0, key_idx).transpose(0, 1)
+    v = v_all.index_select(0, key_idx).transpose(0, 1)
+    seg, pos = k_seg.index_select(0, key_idx), k_pos.index_select(0, key_idx)
+    allowed = (q_seg[:, None] == seg[None]) & (pos[None] <= q_pos[:, None])
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale, enable_gqa=True)
+
+
+class ContextParallelAttention(BoundaryAttention):
     """Core attention over a CP group: local queries, every rank's keys and values.
 
-    Built by megatron's ``SelfAttention`` in place of ``DotProductAttention`` (same arguments);
-    the arithmetic is megatron's own ``DotProductAttention`` over the flattened token set.
-    ``attention_mask`` is the plan's ``[1, 1, local, cp * local]`` mask (True = masked), see
-    :func:`shard_for_context`.
+    The boundaries come as :class:`ContextBoundaries` (``packed_seq_params``), see
+    :func:`shard_for_context`; queries are attended in blocks of :data:`QUERY_CHUNK`, each
+    recomputed in the backward (its scores are never kept), so memory stays bounded.
     """
 
-    def __init__(self, config, layer_number: int, attn_mask_type, attention_type: str, **kwargs):
+    def __init__(self, config, layer_number: int, *args, **kwargs):
         from megatron.core.process_groups_config import ProcessGroupCollection
-        from megatron.core.transformer.dot_product_attention import DotProductAttention
 
-        super().__init__()
-        pg_collection = kwargs.get("pg_collection")
-        if pg_collection is None:
-            pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp", "cp"])
-        self.cp_group = pg_collection.cp
-        self.inner = DotProductAttention(
-            config, layer_number, attn_mask_type, attention_type, **kwargs
-        )
+        super().__init__(config, layer_number, *args, **kwargs)
+        if self.pg_collection is None:
+            self.pg_collection = ProcessGroupCollection.use_mpu_process_groups(
+                required_pgs=["tp", "cp"]
+            )
+        self.cp_group = self.pg_collection.cp
 
-    def forward(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attention_mask: torch.Tensor,
-        attn_mask_type=None,
-        attention_bias=None,
-        packed_seq_params=None,
-    ) -> torch.Tensor:
-        s, b, heads, dim = query.shape
-
-        def tokens(t: torch.Tensor) -> torch.Tensor:  # [s, b, n, d] -> [b * s, 1, n, d]
-            return t.transpose(0, 1).reshape(b * s, 1, t.shape[2], t.shape[3])
-
-        kv = gather_tokens(torch.cat([tokens(key), tokens(value)], dim=-1), self.cp_group)
+    def attend(self, query, key, value, boundaries: PackedSeqParams | None) -> torch.Tensor:
+        p = boundaries
+        if not isinstance(p, ContextBoundaries):
+            raise ValueError("ContextParallelAttention needs ContextBoundaries (packed_seq_params)")
+        n, b, heads, dim = query.shape
+        if b != 1:
+            raise ValueError(f"context parallel batches are one packed row, got {b} rows")
+        kv = gather_tokens(torch.cat([key[:, 0], value[:, 0]], dim=-1), self.cp_group)
         key_all, value_all = kv.split([key.shape[3], value.shape[3]], dim=-1)
-        out = self.inner(
-            tokens(query),
-            key_all,
-            value_all,
-            attention_mask,
-            attn_mask_type=attn_mask_type,
-            attention_bias=attention_bias,
-            packed_seq_params=packed_seq_params,
-        )  # [b * s, 1, heads * dim]
-        return out.reshape(b, s, heads * dim).transpose(0, 1).contiguous()
+        q = query[:, 0].transpose(0, 1)  # [heads, n, dim]
+        outs = []
+        for start, stop, key_idx in p.chunks:
+            args = (q[:, start:stop], key_all, value_all, key_idx)
+            args += (p.q_seg[start:stop], p.q_pos[start:stop], p.k_seg, p.k_pos)
+            if torch.is_grad_enabled():
+                out = checkpoint(_attend_chunk, *args, self.softmax_scale, use_reentrant=False)
+            else:
+                out = _attend_chunk(*args, self.softmax_scale)
+            outs.append(out)
+        return torch.cat(outs, dim=1).transpose(0, 1).reshape(n, 1, heads * dim)
 
 
 class PositionalRotary(nn.Module):
@@ -117,13 +141,6 @@ class PositionalRotary(nn.Module):
             raise RuntimeError("PositionalRotary: set_rope_positions() before the forward")
         table = self.inner.get_emb(int(self.positions.max()) + 1)  # [n, 1, 1, dim]
         return table[:, 0, 0, :][self.positions.t()].unsqueeze(2)
-
-
-def context_parallel_spec(spec):
-    """A copy of a GPT layer spec whose core attention is :class:`ContextParallelAttention`."""
-    spec = copy.deepcopy(spec)
-    spec.submodules.self_attention.submodules.core_attention = ContextParallelAttention
-    return spec
 
 
 def use_positional_rope(model: nn.Module) -> None:
@@ -171,7 +188,7 @@ def context_token_index(segment_ids: np.ndarray, cp: int) -> tuple[np.ndarray, C
 def shard_for_context(
     batch: DeviceBatch, segment_ids: np.ndarray, *, cp: int, cp_rank: int
 ) -> DeviceBatch:
-    """This CP rank's share of a full micro-batch, in megatron's shapes with ``s / cp``.
+    """This CP rank's share of a full micro-batch: one packed row of ``b * s / cp`` tokens.
 
     Args:
         batch: the whole micro-batch on the device (``to_device_batch``).
@@ -181,55 +198,61 @@ def shard_for_context(
     Returns:
         tokens, labels, loss mask: gathered for this rank's positions (filler: 0);
         ``position_ids``: each token's position in its unsharded row (RoPE uses them);
-        ``attention_mask``: ``[1, 1, n, cp * n]``, True where a local query may NOT see a key of
-        the gathered sequence (every rank's tokens in rank order); media positions remapped,
-        ``rows`` selecting the encoder outputs of the positions held here.
+        ``packed_seq_params``: :class:`ContextBoundaries` over the gathered sequence (every
+        rank's tokens in rank order); media positions remapped, ``rows`` selecting the encoder
+        outputs of the positions held here.
     """
     b, s = segment_ids.shape
     device = batch.tokens.device
     index, _ = context_token_index(segment_ids, cp)
     capacity = index.shape[1]
     seg_full = np.where(segment_ids >= 0, np.arange(b)[:, None] * (s + 1) + segment_ids, -1)
-    seg_full = seg_full.reshape(-1)
     real = index >= 0
-    seg = np.where(real, seg_full[np.maximum(index, 0)], -1)
+    seg = np.where(real, seg_full.reshape(-1)[np.maximum(index, 0)], -1)
+    seg = np.where(seg >= 0, seg, -1 - np.arange(seg.size).reshape(seg.shape))  # self only
     pos = np.where(real, index % s, 0)
-    q_seg, q_pos = seg[cp_rank], pos[cp_rank]
-    k_seg, k_pos = seg.reshape(-1), pos.reshape(-1)
-    allowed = (q_seg[:, None] == k_seg[None, :]) & (q_seg[:, None] >= 0)
-    allowed &= k_pos[None, :] <= q_pos[:, None]
-    allowed[np.arange(capacity), cp_rank * capacity + np.arange(capacity)] = True
-    mask = torch.as_tensor(~allowed, device=device)[None, None]
+    k_seg = seg.reshape(-1)
+    chunks = []
+    for start in range(0, capacity, QUERY_CHUNK):
+        stop = min(start + QUERY_CHUNK, capacity)
+        keys = np.flatnonzero(np.isin(k_seg, seg[cp_rank, start:stop]))
+        chunks.append((start, stop, torch.as_tensor(keys, device=device)))
 
-    mine = torch.as_tensor(index[cp_rank], device=device)
-    take = mine.clamp(min=0)
-    keep = torch.as_tensor(real[cp_rank], device=device)
+    def on_device(a: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(a, device=device)
+
+    boundaries = ContextBoundaries(
+        qkv_format="sbhd",
+        max_seqlen_q=capacity,
+        max_seqlen_kv=cp * capacity,
+        q_seg=on_device(seg[cp_rank]),
+        q_pos=on_device(pos[cp_rank]),
+        k_seg=on_device(k_seg),
+        k_pos=on_device(pos.reshape(-1)),
+        chunks=tuple(chunks),
+    )
+    take = on_device(index[cp_rank].clip(min=0))
+    keep = on_device(real[cp_rank])
 
     def local(t: torch.Tensor) -> torch.Tensor:
         v = t.reshape(-1)[take]
-        return torch.where(keep, v, torch.zeros_like(v)).reshape(b, s // cp)
+        return torch.where(keep, v, torch.zeros_like(v)).reshape(1, capacity)
 
-    # where each full row-major position sits in megatron's local [s / cp, b] flattening
-    t = np.arange(capacity)
+    # where each full row-major position sits in this rank's packed row (-1: elsewhere)
     local_flat = np.full(b * s, -1, dtype=np.int64)
-    local_flat[index[cp_rank][real[cp_rank]]] = ((t % (s // cp)) * b + t // (s // cp))[
-        real[cp_rank]
-    ]
+    local_flat[index[cp_rank][real[cp_rank]]] = np.flatnonzero(real[cp_rank])
     media = {}
     for modality, m in batch.media.items():
-        f = m.flat_positions.cpu().numpy()  # [s, b] flattening of the full batch
-        where = local_flat[(f % b) * s + f // b]
+        where = local_flat[m.flat_positions.cpu().numpy()]
         rows = np.flatnonzero(where >= 0)
         media[modality] = MediaBatch(
-            arrays=m.arrays,
-            flat_positions=torch.as_tensor(where[rows], device=device),
-            rows=torch.as_tensor(rows, device=device),
+            arrays=m.arrays, flat_positions=on_device(where[rows]), rows=on_device(rows)
         )
     return DeviceBatch(
         tokens=local(batch.tokens),
         labels=local(batch.labels),
         loss_mask=local(batch.loss_mask),
-        position_ids=torch.as_tensor(pos[cp_rank].reshape(b, s // cp), device=device),
-        attention_mask=mask,
+        position_ids=on_device(pos[cp_rank].reshape(1, capacity)),
+        packed_seq_params=boundaries,
         media=media,
     )

@@ -66,8 +66,10 @@ def build_gpt(
     runtime: LLMRuntime = FP32,
 ):
     """Build one GPTModel chunk for this rank: its TP shard of the layers of its pipeline stage
-    (and virtual stage ``vp_stage``), megatron's layer assignment. With context parallelism the
-    core attention and RoPE are ``models.context_parallel``'s (adaptive sample sharding).
+    (and virtual stage ``vp_stage``), megatron's layer assignment. Packed samples are separated
+    by ``packed_seq_params`` (``models.packed``: TE's varlen attention on GPU, per-sample SDPA
+    on the local spec). With context parallelism the core attention and RoPE are
+    ``models.context_parallel``'s (adaptive sample sharding).
 
     ``runtime`` says the weights' dtype, the recompute and whether sequence parallelism runs.
     Dropout is zero: the trainer's equivalence guarantees (a parallel run
@@ -79,6 +81,8 @@ def build_gpt(
         get_gpt_layer_with_transformer_engine_spec,
     )
     from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from omni_trainer.models.packed import PackedAttention, with_core_attention
 
     use_te = transformer_engine_usable()
     params_dtype, sequence_parallel = runtime.params_dtype, runtime.sequence_parallel
@@ -111,7 +115,7 @@ def build_gpt(
         **_parallel_sizes(),
         bias_dropout_fusion=False,
         masked_softmax_fusion=False,
-        apply_rope_fusion=False,
+        apply_rope_fusion=use_te,  # TE's fused THD RoPE: no host sync per layer on GPU
         persist_layer_norm=False,
         gradient_accumulation_fusion=False,
         sequence_parallel=sequence_parallel,
@@ -120,16 +124,18 @@ def build_gpt(
     if use_te:
         spec = get_gpt_layer_with_transformer_engine_spec()
     else:
-        spec = get_gpt_layer_local_spec(normalization=cfg.normalization)
+        spec = with_core_attention(
+            get_gpt_layer_local_spec(normalization=cfg.normalization), PackedAttention
+        )
         if sequence_parallel:
             from omni_trainer.models.sequence_parallel import local_block_spec
 
             spec = local_block_spec(spec, config, vp_stage)
     context_parallel = _context_parallel_size() > 1
     if context_parallel:
-        from omni_trainer.models.context_parallel import context_parallel_spec
+        from omni_trainer.models.context_parallel import ContextParallelAttention
 
-        spec = context_parallel_spec(spec)
+        spec = with_core_attention(spec, ContextParallelAttention)
     model = GPTModel(
         config=config,
         transformer_layer_spec=spec,
