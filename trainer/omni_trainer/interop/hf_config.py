@@ -6,6 +6,7 @@ QKV biases and often ties embeddings, Mistral may use a sliding window.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from omni_trainer.interop.source import HFModelError
@@ -78,3 +79,140 @@ def llm_fields(config: dict[str, Any], where: str) -> dict[str, Any]:
         if use_window and config.get("sliding_window")
         else None,
     )
+
+
+# -- encoders -------------------------------------------------------------------------------------
+
+SUPPORTED_VISION = ("CLIPModel", "CLIPVisionModel", "SiglipModel", "SiglipVisionModel")
+SUPPORTED_AUDIO = ("WhisperForConditionalGeneration", "WhisperModel")
+_VISION_TYPES = {
+    "clip": "clip",
+    "clip_vision_model": "clip",
+    "siglip": "siglip",
+    "siglip_vision_model": "siglip",
+}
+# transformers' config defaults, for keys a config.json leaves out.
+_VISION_DEFAULTS = {
+    "clip": dict(
+        hidden_size=768,
+        intermediate_size=3072,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        image_size=224,
+        patch_size=32,
+        hidden_act="quick_gelu",
+        layer_norm_eps=1e-5,
+    ),
+    "siglip": dict(
+        hidden_size=768,
+        intermediate_size=3072,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        image_size=224,
+        patch_size=16,
+        hidden_act="gelu_pytorch_tanh",
+        layer_norm_eps=1e-6,
+    ),
+}
+_ACTIVATIONS = ("gelu", "quick_gelu", "gelu_pytorch_tanh", "gelu_new")
+
+
+@dataclass(frozen=True)
+class HFTower:
+    """What an imported encoder's config.json says beyond the manifest's shape fields."""
+
+    family: str
+    """``clip``, ``siglip`` or ``whisper``: the module and weight map the tower uses."""
+    total_layers: int
+    """Layers in the checkpoint (the model builds only those up to its feature layer)."""
+    norm_epsilon: float
+    activation: str
+    """The HF ``hidden_act`` / ``activation_function`` name."""
+    image_size: int = 0
+    """Vision: the side the position table was trained for (other sizes interpolate it)."""
+    max_positions: int = 0
+    """Audio: the longest clip in encoder positions (Whisper's ``max_source_positions``)."""
+
+    @property
+    def class_token(self) -> bool:
+        """CLIP prepends a class token to the patches; SigLIP does not."""
+        return self.family == "clip"
+
+
+def _checked_activation(name: str, where: str) -> str:
+    if name not in _ACTIVATIONS:
+        raise HFModelError(
+            f"{where}: activation {name!r} is not supported (supported: {', '.join(_ACTIVATIONS)})"
+        )
+    return name
+
+
+def feature_layers(total: int, feature_layer: int, where: str) -> int:
+    """Blocks to build for LLaVA's ``vision_feature_layer`` (an index into the tower's hidden
+    states: 0 = the embeddings, -1 = the last block's output)."""
+    built = feature_layer if feature_layer >= 0 else total + 1 + feature_layer
+    if not 1 <= built <= total:
+        raise HFModelError(
+            f"{where}: featureLayer {feature_layer} selects no block of a {total}-layer tower "
+            f"(allowed: 1..{total} or -{total}..-1)"
+        )
+    return built
+
+
+def vision_fields(
+    config: dict[str, Any], where: str, *, feature_layer: int
+) -> tuple[dict[str, Any], HFTower]:
+    """Our vision encoder's shape fields and the tower's settings from a CLIP / SigLIP
+    config.json (a dual encoder's or a VLM's ``vision_config``, a vision-only model's keys)."""
+    vision = config.get("vision_config") or config
+    kind = _VISION_TYPES.get(str(vision.get("model_type", config.get("model_type"))))
+    if kind is None:
+        archs = config.get("architectures") or [config.get("model_type")]
+        raise HFModelError(
+            f"{where}: {archs[0]!r} is not supported as an image encoder "
+            f"(supported: {', '.join(SUPPORTED_VISION)})"
+        )
+    v = {**_VISION_DEFAULTS[kind], **{k: x for k, x in vision.items() if x is not None}}
+    total = int(v["num_hidden_layers"])
+    tower = HFTower(
+        family=kind,
+        total_layers=total,
+        norm_epsilon=float(v["layer_norm_eps"]),
+        activation=_checked_activation(str(v["hidden_act"]), where),
+        image_size=int(v["image_size"]),
+    )
+    fields = dict(
+        hidden_size=int(v["hidden_size"]),
+        num_layers=feature_layers(total, feature_layer, where),
+        num_heads=int(v["num_attention_heads"]),
+        ffn_hidden_size=int(v["intermediate_size"]),
+        patch_size=int(v["patch_size"]),
+        in_channels=int(v.get("num_channels", 3)),
+    )
+    return fields, tower
+
+
+def audio_fields(config: dict[str, Any], where: str) -> tuple[dict[str, Any], HFTower]:
+    """Our audio encoder's shape fields and the tower's settings from a Whisper config.json."""
+    if config.get("model_type") != "whisper":
+        archs = config.get("architectures") or [config.get("model_type")]
+        raise HFModelError(
+            f"{where}: {archs[0]!r} is not supported as an audio encoder "
+            f"(supported: {', '.join(SUPPORTED_AUDIO)})"
+        )
+    tower = HFTower(
+        family="whisper",
+        total_layers=int(config["encoder_layers"]),
+        norm_epsilon=1e-5,
+        activation=_checked_activation(str(config.get("activation_function", "gelu")), where),
+        max_positions=int(config.get("max_source_positions", 1500)),
+    )
+    fields = dict(
+        hidden_size=int(config["d_model"]),
+        num_layers=tower.total_layers,
+        num_heads=int(config["encoder_attention_heads"]),
+        ffn_hidden_size=int(config["encoder_ffn_dim"]),
+        n_mels=int(config.get("num_mel_bins", 80)),
+        subsampling=2,
+    )
+    return fields, tower
