@@ -181,3 +181,33 @@ def save_whisper(path: Path, **overrides):
     _perturb(model)
     model.save_pretrained(path)
     return model.model.encoder.eval()
+
+
+IMAGE_TOKEN = 300
+"""LLaVA's ``image_token_index`` in the tiny VLMs (inside the 512-token vocabulary)."""
+
+
+def save_llava(path: Path, vision: str = "clip", text: str = "llama", **text_overrides):
+    """A random LLaVA (CLIP / SigLIP tower + MLP projector + Llama / Qwen2) saved with
+    ``save_pretrained``, with its image processor; returns the model for reference outputs."""
+    import transformers
+
+    vision_config = {"clip": transformers.CLIPVisionConfig,
+                     "siglip": transformers.SiglipVisionConfig}[vision](**_VISION)  # fmt: skip
+    text_config = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[text](
+        **{**_SMALL, "num_hidden_layers": 2, **text_overrides}
+    )
+    config = transformers.LlavaConfig(
+        vision_config=vision_config,
+        text_config=text_config,
+        image_token_index=IMAGE_TOKEN,
+        vision_feature_select_strategy="default" if vision == "clip" else "full",
+        vision_feature_layer=-2,
+        tie_word_embeddings=text_config.tie_word_embeddings,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlavaForConditionalGeneration(config)
+    _perturb(model)
+    model.save_pretrained(path)
+    save_image_processor(path, vision, _VISION["image_size"])
+    return model.eval()

@@ -61,20 +61,6 @@ _FAMILIES = {
 _BLOCK = re.compile(r"blocks\.(\d+)\.(.+)\.(weight|bias)")
 
 
-def tower_prefix(keys: list[str], family: str, where: str) -> str:
-    """The prefix under which the checkpoint holds the tower (``""`` for a vision-only model)."""
-    anchor = _FAMILIES[family][3]
-    found = sorted(k[: -len(anchor)] for k in keys if k == anchor or k.endswith("." + anchor))
-    if family == "whisper":
-        found = [f + "encoder." for f in found]
-    if len(found) != 1:
-        raise HFModelError(
-            f"{where}: expected one {family} tower (a tensor named *{anchor}), found "
-            f"{len(found)}{': ' + ', '.join(found) if found else ''}"
-        )
-    return found[0]
-
-
 def hf_names(name: str, family: str, prefix: str) -> tuple[str, ...]:
     """The checkpoint tensors behind our parameter ``name``, stacked along dim 0 (``ZERO``:
     a part the checkpoint lacks)."""
@@ -106,7 +92,9 @@ def load_encoder(encoder: nn.Module, path: str, family: str, *, reader=None) -> 
     from omni_trainer.interop.source import local_dir
 
     reader = reader or SafetensorsReader(local_dir(path))
-    prefix = tower_prefix(reader.keys(), family, path)
+    prefix = reader.prefix_of(_FAMILIES[family][3], f"{family} tower")
+    if family == "whisper":
+        prefix += "encoder."
     for name, param in encoder.named_parameters():
         names = hf_names(name, family, prefix)
         rows = param.shape[0] // len(names)
@@ -115,3 +103,21 @@ def load_encoder(encoder: nn.Module, path: str, family: str, *, reader=None) -> 
             param.new_zeros(expect) if n == ZERO else reader.read(n, expect=expect) for n in names
         ]
         param.copy_(torch.cat(parts).to(param.dtype))
+
+
+PROJECTOR = {"fc1": "multi_modal_projector.linear_1", "fc2": "multi_modal_projector.linear_2"}
+"""Our ``Projector``'s layers <- LLaVA's (Linear, GELU, Linear, with biases)."""
+
+
+@torch.no_grad()
+def load_projector(projector: nn.Module, path: str, *, reader=None) -> None:
+    """Overwrite the image projector with a LLaVA checkpoint's ``multi_modal_projector``."""
+    from omni_trainer.interop.safetensors_io import SafetensorsReader
+    from omni_trainer.interop.source import local_dir
+
+    reader = reader or SafetensorsReader(local_dir(path))
+    prefix = reader.prefix_of(PROJECTOR["fc1"] + ".weight", "image projector")
+    for name, param in projector.named_parameters():
+        layer, kind = name.split(".")
+        hf = f"{prefix}{PROJECTOR[layer]}.{kind}"
+        param.copy_(reader.read(hf, expect=list(param.shape)).to(param.dtype))

@@ -12,6 +12,12 @@ from typing import Any
 from omni_trainer.interop.source import HFModelError
 
 SUPPORTED_LLMS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_VLMS = ("LlavaForConditionalGeneration",)
+_TEXT_ARCHS = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+}
 _ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -39,13 +45,40 @@ def rope_settings(config: dict[str, Any], where: str) -> tuple[float, dict[str, 
     return theta, {"type": kind, **{k: float(scaling[k]) for k in keep if k in scaling}}
 
 
+def vlm_text_config(config: dict[str, Any], where: str) -> dict[str, Any]:
+    """A LLaVA ``config.json``'s language model as a causal LM's config.json, after checking
+    the parts of the VLM this trainer builds (an MLP projector with biases and GELU)."""
+    if config.get("projector_hidden_act", "gelu") != "gelu":
+        raise HFModelError(
+            f"{where}: projector_hidden_act {config['projector_hidden_act']!r} (only gelu)"
+        )
+    if not config.get("multimodal_projector_bias", True):
+        raise HFModelError(f"{where}: multimodal_projector_bias false is not supported")
+    if not isinstance(config.get("vision_feature_layer", -2), int):
+        raise HFModelError(f"{where}: several vision_feature_layer values are not supported")
+    text = dict(config["text_config"])
+    kind = text.get("model_type")
+    if kind not in _TEXT_ARCHS:
+        raise HFModelError(
+            f"{where}: text_config.model_type {kind!r} is not supported in a VLM "
+            f"(supported: {', '.join(_TEXT_ARCHS)})"
+        )
+    tied = bool(config.get("tie_word_embeddings") or text.get("tie_word_embeddings"))
+    return text | {"architectures": [_TEXT_ARCHS[kind]], "tie_word_embeddings": tied}
+
+
 def llm_fields(config: dict[str, Any], where: str) -> dict[str, Any]:
-    """The LLM config fields (snake_case) a Llama/Mistral/Qwen2 ``config.json`` describes."""
+    """The LLM config fields (snake_case) a Llama/Mistral/Qwen2 ``config.json`` describes (or
+    the language model of a LLaVA one)."""
     arch = architecture(config, where)
+    if arch in SUPPORTED_VLMS:
+        config = vlm_text_config(config, where)
+        arch = config["architectures"][0]
     if arch not in SUPPORTED_LLMS:
         raise HFModelError(
             f"{where}: architecture {arch!r} is not supported as model.llm.hf "
-            f"(supported: {', '.join(SUPPORTED_LLMS)})"
+            f"(supported: {', '.join(SUPPORTED_LLMS)}; and as model.hf: "
+            f"{', '.join(SUPPORTED_VLMS)})"
         )
     if config.get("hidden_act", "silu") != "silu":
         raise HFModelError(f"{where}: hidden_act {config['hidden_act']!r} (only silu is supported)")
@@ -157,6 +190,17 @@ def feature_layers(total: int, feature_layer: int, where: str) -> int:
             f"(allowed: 1..{total} or -{total}..-1)"
         )
     return built
+
+
+def vlm_feature_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """A VLM's ``featureLayer`` / ``featureSelect`` (the layer its projector was trained on);
+    empty for a vision model's own config."""
+    if "vision_feature_layer" not in config and "vision_feature_select_strategy" not in config:
+        return {}
+    select = config.get("vision_feature_select_strategy", "default")
+    if select not in ("default", "full"):
+        raise HFModelError(f"vision_feature_select_strategy {select!r} (default or full)")
+    return {"feature_layer": int(config.get("vision_feature_layer", -2)), "feature_select": select}
 
 
 def vision_fields(

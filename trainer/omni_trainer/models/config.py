@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, model_validator
 
 from omni_trainer.components.flops import transformer_flops
 from omni_trainer.config_base import Spec
-from omni_trainer.interop.hf_config import SUPPORTED_LLMS
+from omni_trainer.interop.hf_config import SUPPORTED_LLMS, SUPPORTED_VLMS
 from omni_trainer.models.encoders.config import (
     DEFER_HF,  # re-exported: the operator and the CLI import it from here
     AudioEncoderConfig,
@@ -213,10 +213,41 @@ class ProjectorsConfig(Spec):
     audio: ProjectorConfig = ProjectorConfig()
 
 
+# What may stand beside ``model.hf`` (how to train the VLM's parts, not what they are).
+_BESIDE_VLM = {"llm": {"freeze"}, "image": {"freeze", "freezeLayers", "freeze_layers"}}
+
+
 class ModelConfig(Spec):
+    hf: str | None = Field(
+        None,
+        description="a Hugging Face VLM (local directory or s3:// prefix; supported: "
+        f"{', '.join(SUPPORTED_VLMS)}) whose language model, vision tower, projector, "
+        "tokenizer and image processor the model takes; beside it only freeze settings",
+    )
     llm: LLMConfig
     encoders: EncodersConfig = EncodersConfig()
     projectors: ProjectorsConfig = ProjectorsConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_vlm(cls, data: Any) -> Any:
+        """``hf`` becomes ``llm.hf`` and ``encoders.image.hf`` (each reads its part of the VLM's
+        config.json), after refusing what the VLM defines."""
+        if not isinstance(data, dict) or data.get("hf") is None:
+            return data
+        hf = data["hf"]
+        llm = dict(data.get("llm") or {})
+        encoders = dict(data.get("encoders") or {})
+        image = dict(encoders.get("image") or {})
+        explicit = [f"llm.{k}" for k in llm if k not in _BESIDE_VLM["llm"]]
+        explicit += [f"encoders.image.{k}" for k in image if k not in _BESIDE_VLM["image"]]
+        if explicit:
+            raise ValueError(
+                f"{', '.join(explicit)} cannot be set beside 'hf': the VLM's parts come from "
+                f"{hf}/config.json (only freeze settings may be given; remove them, or drop 'hf')"
+            )
+        encoders["image"] = image | {"hf": hf}
+        return data | {"llm": llm | {"hf": hf}, "encoders": encoders}
 
     def unread_hf(self) -> list[tuple[str, Spec]]:
         """(field path, section) of every ``hf`` left unread under ``DEFER_HF``."""

@@ -75,6 +75,10 @@ class OmniModel(nn.Module):
                 continue
             self.encoders[modality] = build_encoder(modality, enc_cfg)
             self.projectors[modality] = Projector(enc_cfg.hidden_size, cfg.llm.hidden_size)
+        if cfg.hf is not None:  # a whole VLM: its projector too
+            from omni_trainer.interop.encoders import load_projector
+
+            load_projector(self.projectors["image"], cfg.hf)
         apply_freeze(self, cfg)
 
     def llm_parameters(self) -> list[nn.Parameter]:

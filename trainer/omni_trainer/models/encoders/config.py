@@ -254,8 +254,12 @@ class VisionEncoderConfig(ImportableEncoder):
         return self
 
     def _read_hf(self, config: dict[str, Any], where: str) -> tuple[dict[str, Any], HFTower]:
-        from omni_trainer.interop.hf_config import vision_fields
+        """A VLM's own feature layer and selection apply unless the manifest sets them."""
+        from omni_trainer.interop.hf_config import vision_fields, vlm_feature_settings
 
+        for name, value in vlm_feature_settings(config).items():
+            if name not in self.model_fields_set:
+                object.__setattr__(self, name, value)
         return vision_fields(config, where, feature_layer=self.feature_layer)
 
     @property
