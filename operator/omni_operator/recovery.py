@@ -597,10 +597,12 @@ def decide_restart(
             from_step=latest_checkpoint_step,
         )
     delay = backoff_seconds(used + 1, spec)
+    # The trainer resumes from the newest checkpoint in storage, which may be newer than the last
+    # one the operator saw; the ResumedFrom Event and restartHistory then give the actual step.
     resume = (
-        f"checkpoint step {latest_checkpoint_step}"
+        f"the newest checkpoint (step {latest_checkpoint_step} or newer)"
         if latest_checkpoint_step is not None
-        else "the start (no checkpoint yet)"
+        else "the newest checkpoint (none seen yet: the start if none is written)"
     )
     new_q = sorted(set(quarantine) - set(quarantined))
     message = (

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from omni_operator.placement import PlacedNode, Placement
+from omni_operator.pod_access import render_access
 from omni_operator.spec import GROUP, VERSION, OmniTrainingJob
 
 Obj = dict[str, Any]
@@ -280,6 +281,11 @@ def render_pod(job: OmniTrainingJob, node: PlacedNode, *, attempt: int, gang: bo
             },
         ],
     }
+    access, pod_access = render_access(spec.env_from, spec.volumes, spec.image_pull_secrets)
+    container["volumeMounts"] += access.pop("volumeMounts", [])
+    container.update(access)
+    pod_spec["volumes"] += pod_access.pop("volumes", [])
+    pod_spec.update(pod_access)
     if sched.node_selector:
         pod_spec["nodeSelector"] = dict(sched.node_selector)
     scheduler = sched.scheduler_name or ("volcano" if sched.volcano_gang else None)

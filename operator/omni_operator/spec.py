@@ -22,6 +22,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from omni_operator.pod_access import DNS_SUBDOMAIN, EnvFromSource, VolumeConfig, volume_problems
 from omni_trainer.config import ManifestError, Metadata, TrainerConfig, format_errors
 from omni_trainer.config_base import Spec
 from omni_trainer.data.lengths import length_problems
@@ -210,6 +211,19 @@ class OmniTrainingJobSpec(Spec):
     nccl: NcclConfig = NcclConfig()
     restart_policy: RestartPolicyConfig = RestartPolicyConfig()
     suspend: bool = Field(False, description="delete the pods and keep the job (resumable)")
+    env_from: list[EnvFromSource] = Field(
+        default_factory=list,
+        description="Secrets (or ConfigMaps) whose keys become the trainer's environment, e.g. "
+        "S3 credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL)",
+    )
+    volumes: list[VolumeConfig] = Field(
+        default_factory=list,
+        description="PersistentVolumeClaims mounted in every trainer pod (datasets, models, "
+        "checkpoints on shared storage)",
+    )
+    image_pull_secrets: list[Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)]] = Field(
+        default_factory=list, description="Secrets to pull the trainer image with"
+    )
 
     @property
     def procs_per_node(self) -> int:
@@ -349,6 +363,8 @@ def _cluster_settings_problems(spec: OmniTrainingJobSpec) -> list[tuple[Loc, str
                 f"{sched.scheduler_name!r} (leave it unset or set 'volcano')",
             )
         )
+    for i, field, msg in volume_problems(spec.volumes):
+        out.append((("volumes", i, field), msg))
     for name in spec.nccl.env:
         if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES):
             out.append(

@@ -28,6 +28,8 @@ ACCEPTED: dict[str, str] = {
     "CKV_K8S_15": "IfNotPresent: pulling multi-GB images again on every restart costs minutes",
     "CKV_K8S_21": "`omni render` of an example without a namespace; jobs carry their own",
     "CKV_K8S_22": "the trainer writes caches (torch, HF, compile) under its home and /tmp",
+    "CKV_K8S_35": "S3 SDKs read keys from the environment; spec.envFrom takes them from a Secret, "
+    "never the manifest (spec.volumes with secretName + AWS_SHARED_CREDENTIALS_FILE: as files)",
     "CKV_K8S_38": "the operator calls the API server with its service-account token",
     "CKV_K8S_40": "the trainer image runs as UID 1000 (non-root, pinned in its Dockerfile)",
     "CKV_K8S_43": "examples and chart defaults name images by tag; pin digests per deployment",
@@ -79,16 +81,17 @@ def _checkov() -> str:
 def test_checkov_findings_are_fixed_or_accepted(chart: Any, tmp_path: Path) -> None:
     chart_file = tmp_path / "chart.yaml"
     chart_file.write_text(yaml.safe_dump_all(render(chart, {})))
-    pods_file = tmp_path / "vlm-7b.yaml"
-    rendered = subprocess.run(
-        [sys.executable, "-m", "omni_trainer.cli", "render", str(REPO / "examples/vlm-7b.yaml"),
-         "--nodes", str(REPO / "tests/unit/operator/data/nodes-16.yaml")],
-        capture_output=True, text=True, check=True, timeout=120,
-    )  # fmt: skip
-    pods_file.write_text(rendered.stdout)
+    files = ["-f", str(chart_file)]
+    for example in ("vlm-7b.yaml", "paper-workload-a.yaml"):  # InfiniBand; TCP sockets
+        rendered = subprocess.run(
+            [sys.executable, "-m", "omni_trainer.cli", "render", str(REPO / "examples" / example),
+             "--nodes", str(REPO / "tests/unit/operator/data/nodes-16.yaml")],
+            capture_output=True, text=True, check=True, timeout=120,
+        )  # fmt: skip
+        (tmp_path / example).write_text(rendered.stdout)
+        files += ["-f", str(tmp_path / example)]
     out = subprocess.run(
-        [_checkov(), "-f", str(chart_file), "-f", str(pods_file), "--framework", "kubernetes",
-         "--quiet", "--compact", "-o", "json"],
+        [_checkov(), *files, "--framework", "kubernetes", "--quiet", "--compact", "-o", "json"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     reports = json.loads(out.stdout)
@@ -100,7 +103,12 @@ def test_checkov_findings_are_fixed_or_accepted(chart: Any, tmp_path: Path) -> N
     }
     assert sum(r["summary"]["resource_count"] for r in reports) >= 15  # it read the objects
     assert sum(r["summary"]["passed"] for r in reports) > 100
-    unexpected = sorted(f for f in failed if f[0] not in ACCEPTED)
+    # Root with IPC_LOCK added only where InfiniBand is used: registering IB memory needs it,
+    # and a non-root process does not get it from the bounding set (the TCP job: UID 1000).
+    rdma_root = {
+        f for f in failed if f[0] in ("CKV_K8S_23", "CKV_K8S_25") and "Pod.default.vlm-7b-" in f[1]
+    }
+    unexpected = sorted(f for f in failed - rdma_root if f[0] not in ACCEPTED)
     assert not unexpected, unexpected
     fixed = {"CKV_K8S_10", "CKV_K8S_12", "CKV2_K8S_6"}  # requests, NetworkPolicy
     assert not {f[0] for f in failed} & fixed

@@ -106,9 +106,11 @@ def test_plan_prints_the_dataflow_table(tmp_path) -> None:
 
 
 def test_plan_tune_recommends_fitting_configurations() -> None:
-    proc = omni("plan", str(EXAMPLES / "vlm-7b.yaml"), "--tune", "--gpus", "64", timeout=120)
+    proc = omni(
+        "plan", str(EXAMPLES / "paper-workload-a.yaml"), "--tune", "--gpus", "64", timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "vlm-7b on 64 x H100" in proc.stdout
+    assert "paper-a on 64 x H100" in proc.stdout
     assert "1. #1 of" in proc.stdout and "GiB" in proc.stdout
     assert "device: H100" in proc.stdout and "default; the manifest names no GPU" in proc.stdout
     assert "own: the manifest's layout (tp4 pp2 vpp1 dp8" in proc.stdout  # beside the best

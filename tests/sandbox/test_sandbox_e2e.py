@@ -222,10 +222,9 @@ def test_graceful_delete_then_node_lost_resume_and_match_an_uninterrupted_run(
 
 def test_failures_put_their_cause_in_the_status(tmp_path: Path) -> None:
     """A shards url that matches nothing and an s3:// checkpoint without credentials fail
-    before any training step: each job's status.message (and Failed condition, and Event)
-    carries the cause, not a log line number. (A trainer exception after step 1 takes the same
-    path, the termination message: tests/operator/test_sandbox_kubelet.py and the reconcile
-    tests cover it.)"""
+    before any training step, and a learning rate that makes training diverge stops the trainer
+    at step 2 with a FloatingPointError: each job's status.message (and Failed condition, and
+    Event) carries the cause, not a log line number."""
     jobs: dict[str, tuple[dict[str, Any], str]] = {
         "badurl": (
             {"data": {"sources[0]": {"kind": "shards", "name": "web", "modality": "image",
@@ -237,6 +236,11 @@ def test_failures_put_their_cause_in_the_status(tmp_path: Path) -> None:
             {"checkpoint": {"path": "s3://omni-ckpt/nocreds", "intervalSteps": 10}},
             "spec.trainer.checkpoint.path (s3://omni-ckpt/nocreds): NoCredentialsError: Unable "
             "to locate credentials",
+        ),
+        "diverge": (
+            {"optimizer": {"lr": 1e30, "minLr": 1e29}, "lrSchedule": {"warmupSteps": 0}},
+            "FloatingPointError: step 2: the gradient norm is nan (loss nan), so the update was "
+            "not applied: training diverged; lower optimizer.lr",
         ),
     }  # fmt: skip
     for name, (trainer, _) in jobs.items():
@@ -274,6 +278,7 @@ def test_failures_put_their_cause_in_the_status(tmp_path: Path) -> None:
         for name in ("badurl", "nocreds"):  # before any training step
             assert not (tmp_path / f"runs/{name}/steps.jsonl").exists()
             assert "before the first training step" in sb.job(name)["status"]["message"]
+        assert list(read_step_log(tmp_path / "runs/diverge/steps.jsonl")) == [1]
 
 
 def _phase(job: dict[str, Any]) -> str | None:
@@ -339,3 +344,59 @@ def test_a_restarted_sandbox_keeps_the_job_and_it_succeeds_exactly(tmp_path: Pat
     want = read_step_log(tmp_path / "runs/ref/steps.jsonl")
     assert list(got) == list(want) == list(range(1, steps + 1))
     assert max(abs(got[s] - want[s]) for s in want) <= 1e-6, (got, want)
+
+
+def test_credentials_from_a_secret_and_a_shared_claim(tmp_path: Path, moto_endpoint: str) -> None:
+    """A job whose checkpoints go to S3 with credentials only in a Secret (`envFrom`), and whose
+    step log lives on a PersistentVolumeClaim (`volumes`): it waits in Starting, with the
+    kubelet's CreateContainerConfigError in its condition, until the Secret exists, then trains
+    and commits its checkpoint to S3. The sandbox itself has no AWS credentials."""
+    import boto3
+
+    bucket = "omni-secret-ckpt"
+    creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+             "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": moto_endpoint}  # fmt: skip
+    boto3.client("s3", endpoint_url=moto_endpoint, **_boto(creds)).create_bucket(Bucket=bucket)
+    path = tmp_path / "job.yaml"
+    _manifest(path, step_log="/shared/steps.jsonl", checkpoint=f"s3://{bucket}/ckpt")
+    doc = yaml.safe_load(path.read_text())
+    doc["spec"]["trainer"]["train"]["steps"] = 10
+    doc["spec"].update(
+        envFrom=[{"secretRef": {"name": "s3-credentials"}}],
+        volumes=[{"name": "shared", "claimName": "team-a", "mountPath": "/shared"}],
+    )
+    path.write_text(yaml.safe_dump(doc))
+    no_aws = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    none = str(tmp_path / "none")
+    no_aws.update(
+        AWS_SHARED_CREDENTIALS_FILE=none, AWS_CONFIG_FILE=none, AWS_EC2_METADATA_DISABLED="true"
+    )
+    with Sandbox(tmp_path, no_aws) as sb:
+        sb.kubectl("apply", "-f", "job.yaml")
+
+        def waiting_for_secret() -> bool:
+            conds = {c["type"]: c for c in (sb.job("tiny-cpu").get("status") or {}).get(
+                "conditions", [])}  # fmt: skip
+            pods_running = conds.get("PodsRunning") or {}
+            return 'secret "s3-credentials" not found' in pods_running.get("message", "")
+
+        sb.wait("CreateContainerConfigError in the status", waiting_for_secret, timeout=120)
+        assert _phase(sb.job("tiny-cpu")) == "Starting"
+        literals = [f"--from-literal={k}={v}" for k, v in creds.items()]
+        secret = sb.kubectl("create", "secret", "generic", "s3-credentials", *literals,
+                            "--dry-run=client", "-o", "yaml")  # fmt: skip
+        (tmp_path / "secret.yaml").write_text(secret)
+        sb.kubectl("apply", "-f", "secret.yaml")
+        sb.wait("Succeeded", lambda: _phase(sb.job("tiny-cpu")) == "Succeeded", timeout=300)
+    keys = boto3.client("s3", endpoint_url=moto_endpoint, **_boto(creds)).list_objects_v2(
+        Bucket=bucket, Prefix="ckpt/"
+    )
+    assert any(o["Key"].endswith("COMMITTED") for o in keys.get("Contents", [])), keys
+    claim = tmp_path / SANDBOX_DIR / "claims" / "default" / "team-a" / "steps.jsonl"
+    assert list(read_step_log(claim)) == list(range(1, 11))
+
+
+def _boto(creds: dict[str, str]) -> dict[str, str]:
+    return {"aws_access_key_id": creds["AWS_ACCESS_KEY_ID"],
+            "aws_secret_access_key": creds["AWS_SECRET_ACCESS_KEY"],
+            "region_name": creds["AWS_DEFAULT_REGION"]}  # fmt: skip

@@ -161,11 +161,14 @@ SOURCES_CHECKED = "OMNI_SOURCES_CHECKED"
 
 def _check_sources(cfg) -> None:
     """Data sources and checkpoint storage reachable, or one ManifestError naming each cause."""
-    from omni_trainer.preflight import source_problems
+    from omni_trainer.preflight import check_sources
 
-    problems = source_problems(cfg)
-    if problems:
-        raise ManifestError("unreachable:\n" + "\n".join(problems))
+    found = check_sources(cfg)
+    for line in found.warnings:
+        err_console.print("[bold yellow]warning:[/bold yellow] ", end="")
+        err_console.print(line, markup=False)
+    if found.problems:
+        raise ManifestError("the job's storage:\n" + "\n".join(found.problems))
 
 
 @contextlib.contextmanager

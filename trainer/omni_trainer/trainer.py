@@ -27,6 +27,7 @@ from omni_trainer.components.model_flops import StepFlops, step_flops
 from omni_trainer.components.optim import (
     all_reduce_grads,
     build_optimizer,
+    check_finite,
     clip_grad_norm,
     lr_at,
 )
@@ -343,6 +344,7 @@ class Trainer:
                 model_parallel_group=self.groups.model_parallel,
                 sharded_replicated_group=self.groups.world if self.encoder_zero else None,
             )
+            check_finite(step + 1, loss, grad_norm)
             self.optimizer.step()
             self.main.copy_to_model()
             if self.encoder_zero:

@@ -60,6 +60,8 @@ RESOURCES: list[tuple[str, str, bool, bool]] = [
     ("v1/pods", "Pod", True, True),
     ("v1/services", "Service", True, False),
     ("v1/configmaps", "ConfigMap", True, False),
+    ("v1/secrets", "Secret", True, False),
+    ("v1/persistentvolumeclaims", "PersistentVolumeClaim", True, True),
     ("v1/events", "Event", True, False),
     ("events.k8s.io/v1/events", "Event", True, False),
     ("apiextensions.k8s.io/v1/customresourcedefinitions", "CustomResourceDefinition", False, True),
@@ -315,6 +317,20 @@ class Emulator(kmock.KubernetesEmulator):
         return obj
 
     # -- writes ------------------------------------------------------------------------------
+
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        if "protobuf" in raw_request.headers.get("Content-Type", ""):
+            # `kubectl create secret|configmap` sends built-in kinds as protobuf, and kubectl
+            # does not retry in JSON (kubernetes#86253); `kubectl apply` sends JSON.
+            message = (
+                "the sandbox's API server reads JSON only: pipe it through apply, e.g. `kubectl "
+                "create secret generic NAME --from-literal=K=V --dry-run=client -o yaml | "
+                "kubectl apply -f -`"
+            )
+            status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 415,
+                      "reason": "UnsupportedMediaType", "message": message}  # fmt: skip
+            return aiohttp.web.json_response(status, status=415)
+        return await super().__call__(raw_request)
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         if request.url.path.startswith("/openapi/v3"):

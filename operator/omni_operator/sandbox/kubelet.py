@@ -32,6 +32,7 @@ killed, it stops reporting and turns Ready=Unknown; ``ready``: it comes back) or
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import datetime as dt
 import logging
@@ -144,6 +145,10 @@ class Network:
 _SVC = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?\.svc(\.cluster\.local)?")
 
 
+class _ConfigMissing(LookupError):
+    """A Secret or ConfigMap a container's environment needs does not exist (yet)."""
+
+
 def localize(text: str, mounts: Mapping[str, Path]) -> str:
     """A command-line word or env value as the sandbox runs it: mount paths -> pod directories,
     cluster DNS names -> the loopback (every service listens there)."""
@@ -151,6 +156,15 @@ def localize(text: str, mounts: Mapping[str, Path]) -> str:
         if text == mount or text.startswith(mount + "/") or ("=" + mount) in text:
             text = text.replace(mount, str(local), 1)
     return _SVC.sub("127.0.0.1", text)
+
+
+def localize_paths(text: str, mounts: Mapping[str, Path]) -> str:
+    """Every absolute path under a mount in a file's text (the job's manifest in its ConfigMap
+    volume: ``stepLog``, ``checkpoint.path`` on a claim) as the pod's directory."""
+    for mount, local in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
+        pattern = r"(?<![\w./-])" + re.escape(mount.rstrip("/")) + r"(?=[/\s\"',\]}]|$)"
+        text = re.sub(pattern, str(local).replace("\\", "\\\\"), text, flags=re.M)
+    return text
 
 
 def _flag(words: list[str], name: str) -> str | None:
@@ -441,9 +455,16 @@ class Kubelet:
         root = self.workdir / "pods" / meta["namespace"] / meta["name"]
         ip = self.net.pod_ip(sim.index)
         try:
-            mounts = await self._volumes(pod, root)
             (container,) = spec["containers"]
-            argv, env = self._command(pod, container, mounts, ip=ip, node=sim.name)
+            from_refs = await self._env_from(pod, container)
+        except _ConfigMissing as err:  # a kubelet waits (and retries) until the object exists
+            await self._wait_config(pod, container, str(err))
+            return
+        try:
+            mounts = await self._volumes(pod, root)
+            argv, env = self._command(
+                pod, container, mounts, ip=ip, node=sim.name, env_from=from_refs
+            )
         except (ValueError, KeyError) as err:
             first = (spec.get("containers") or [{}])[0].get("name", "")
             await self._report_exit(
@@ -476,38 +497,95 @@ class Kubelet:
         )  # fmt: skip
         log.info(f"sandbox: {key} started on {sim.name} ({ip}), log {log_path}")
 
+    async def _config_data(self, namespace: str, kind: str, name: str) -> dict[str, bytes]:
+        """A ConfigMap's or Secret's keys (Secrets base64-decoded), as the kubelet reads them.
+
+        Raises:
+            _ConfigMissing: worded as a kubelet words it (``secret "x" not found``).
+        """
+        plural = "secrets" if kind == "secret" else "configmaps"
+        obj = await self._get(f"/api/v1/namespaces/{namespace}/{plural}/{name}")
+        if obj is None:
+            raise _ConfigMissing(f'{kind} "{name}" not found')
+        if kind == "secret":
+            out = {k: base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
+            out.update({k: str(v).encode() for k, v in (obj.get("stringData") or {}).items()})
+            return out
+        return {k: str(v).encode() for k, v in (obj.get("data") or {}).items()}
+
+    async def _env_from(self, pod: Obj, container: Obj) -> dict[str, str]:
+        """``envFrom``: every key of the named Secrets and ConfigMaps, with its prefix."""
+        env: dict[str, str] = {}
+        for ref in container.get("envFrom") or []:
+            kind = "secret" if "secretRef" in ref else "configmap"
+            name = (ref.get("secretRef") or ref.get("configMapRef") or {})["name"]
+            data = await self._config_data(pod["metadata"]["namespace"], kind, name)
+            env.update({ref.get("prefix", "") + k: v.decode() for k, v in data.items()})
+        return env
+
+    async def _wait_config(self, pod: Obj, container: Obj, message: str) -> None:
+        waiting = {"waiting": {"reason": "CreateContainerConfigError", "message": message}}
+        await self._patch(
+            _pod_path(pod, "status"),
+            {"status": {"phase": "Pending",
+                        "containerStatuses": [{"name": container["name"],
+                                               "image": container.get("image"), "ready": False,
+                                               "restartCount": 0, "state": waiting}]}},
+        )  # fmt: skip
+
     async def _volumes(self, pod: Obj, root: Path) -> dict[str, Path]:
-        """ConfigMap volumes as files, emptyDirs as directories; ``/dev/shm`` stays the host's."""
+        """ConfigMap and Secret volumes as files, emptyDirs as directories, a
+        PersistentVolumeClaim as one directory every pod shares (the sandbox's storage);
+        ``/dev/shm`` stays the host's."""
         meta, spec = pod["metadata"], pod["spec"]
         dirs: dict[str, Path] = {}
         for vol in spec.get("volumes") or []:
             path = root / "volumes" / vol["name"]
+            if "persistentVolumeClaim" in vol:
+                claim = vol["persistentVolumeClaim"]["claimName"]
+                path = self.workdir / "claims" / meta["namespace"] / claim
             path.mkdir(parents=True, exist_ok=True)
-            if "configMap" in vol:
-                name = vol["configMap"]["name"]
-                cm = await self._get(f"/api/v1/namespaces/{meta['namespace']}/configmaps/{name}")
-                if cm is None:
-                    raise ValueError(f'configmap "{name}" not found')
-                for file, text in (cm.get("data") or {}).items():
-                    (path / file).write_text(text)
+            for kind in ("configMap", "secret"):
+                if kind in vol:
+                    name = vol[kind].get("name") or vol[kind].get("secretName")
+                    try:
+                        data = await self._config_data(meta["namespace"], kind.lower(), name)
+                    except _ConfigMissing as err:
+                        raise ValueError(str(err)) from None
+                    for file, content in data.items():
+                        (path / file).write_bytes(content)
             dirs[vol["name"]] = path
         mounts: dict[str, Path] = {}
         for c in spec["containers"]:
             for m in c.get("volumeMounts") or []:
                 if m["mountPath"] != "/dev/shm":
-                    mounts[m["mountPath"]] = dirs[m["name"]]
+                    mounts[m["mountPath"]] = dirs[m["name"]] / m.get("subPath", "")
+                    mounts[m["mountPath"]].mkdir(parents=True, exist_ok=True)
+        for vol in spec.get("volumes") or []:
+            if "configMap" in vol:  # what the trainer reads: its paths on this pod's mounts
+                for file in dirs[vol["name"]].iterdir():
+                    file.write_text(localize_paths(file.read_text(), mounts))
         return mounts
 
     def _command(
-        self, pod: Obj, container: Obj, mounts: Mapping[str, Path], *, ip: str, node: str
+        self,
+        pod: Obj,
+        container: Obj,
+        mounts: Mapping[str, Path],
+        *,
+        ip: str,
+        node: str,
+        env_from: Mapping[str, str],
     ) -> tuple[list[str], dict[str, str]]:
+        """argv and environment: the sandbox's own, then ``envFrom``, then ``env`` (which wins,
+        as on a kubelet)."""
         words = [*(container.get("command") or []), *(container.get("args") or [])]
         if not words:
             raise ValueError("the sandbox runs only containers with a command")
         fields = {"metadata.name": pod["metadata"]["name"],
                   "metadata.namespace": pod["metadata"]["namespace"],
                   "spec.nodeName": node, "status.podIP": ip}  # fmt: skip
-        pod_env: dict[str, str] = {}
+        pod_env: dict[str, str] = dict(env_from)
         for item in container.get("env") or []:
             if "value" in item:
                 pod_env[item["name"]] = str(item["value"])

@@ -115,7 +115,7 @@ def test_conversions(openapi: dict[str, Any]) -> None:
     assert "required" not in image  # a preset fills the shape: pydantic checks
 
 
-@pytest.mark.parametrize("name", ["tiny-cpu.yaml", "vlm-7b.yaml"])
+@pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
 def test_examples_match_the_crd_schema(name: str, validator: jsonschema.Validator) -> None:
     validator.validate(yaml.safe_load((EXAMPLES / name).read_text()))
 

@@ -16,7 +16,7 @@ from .nodes import SPINE, ZONE, cluster, node
 
 
 def _spec(**spec: Any) -> OmniTrainingJobSpec:
-    doc = yaml.safe_load((EXAMPLES / "vlm-7b.yaml").read_text())  # tp 4, pp 2
+    doc = yaml.safe_load((EXAMPLES / "paper-workload-a.yaml").read_text())  # tp 4, pp 2
     doc["spec"].update(spec)
     return parse_job(doc).spec
 
@@ -91,7 +91,7 @@ def test_enough_nodes_but_split_across_domains_is_refused() -> None:
 
 
 def _trainer(*, gbs: int) -> dict[str, Any]:
-    doc = yaml.safe_load((EXAMPLES / "vlm-7b.yaml").read_text())["spec"]["trainer"]
+    doc = yaml.safe_load((EXAMPLES / "paper-workload-a.yaml").read_text())["spec"]["trainer"]
     doc["data"]["globalBatchSize"] = gbs
     return doc
 

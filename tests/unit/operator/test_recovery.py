@@ -233,7 +233,7 @@ def test_restart_with_backoff_and_a_record() -> None:
     assert d.action == "restart" and d.delay_seconds == 20 and d.budget_left == 1
     assert d.restart_at == NOW + dt.timedelta(seconds=20) and d.from_step == 100
     assert d.record is not None and d.record.attempt == 2 and d.record.nodes == ["n1"]
-    assert "attempt 2 from checkpoint step 100 in 20 s" in d.message
+    assert "attempt 2 from the newest checkpoint (step 100 or newer) in 20 s" in d.message
 
 
 def test_a_newer_checkpoint_refills_the_budget() -> None:

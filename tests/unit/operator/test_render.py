@@ -28,7 +28,7 @@ K8S_VERSIONS = ["1.31.0", kubernetes_validate.latest_version()]
 
 
 def _job(uid: str | None = "5f1c-uid", **spec: Any) -> OmniTrainingJob:
-    doc = yaml.safe_load((EXAMPLES / "vlm-7b.yaml").read_text())
+    doc = yaml.safe_load((EXAMPLES / "paper-workload-a.yaml").read_text())
     doc["metadata"].update(namespace="ml", **({"uid": uid} if uid else {}))
     doc["spec"].update(
         nodes=4,
@@ -70,6 +70,15 @@ CASES = {
     "rdma-volcano": RDMA,
     "kueue": {"scheduling": {"kueueQueue": "team-a", "schedulerName": "default-scheduler"}},
     "no-uid": None,
+    "storage": {
+        "envFrom": [{"secretRef": {"name": "s3-credentials"}}, {"configMapRef": {"name": "hf"}}],
+        "volumes": [
+            {"name": "data", "claimName": "datasets", "mountPath": "/data", "readOnly": True},
+            {"name": "ckpt", "claimName": "ckpt", "mountPath": "/ckpt", "subPath": "team-a"},
+            {"name": "aws", "secretName": "s3-files", "mountPath": "/var/run/secrets/s3"},
+        ],
+        "imagePullSecrets": ["nvcr"],
+    },
 }
 
 
@@ -90,12 +99,12 @@ def test_objects_pass_kubernetes_validate_strict(case: str, version: str) -> Non
 def test_pods_are_wired_for_torchrun() -> None:
     job = _job()
     pods = [o for o in _objects(job, attempt=2) if o["kind"] == "Pod"]
-    master = "vlm-7b-a2-n0.vlm-7b.ml.svc"
+    master = "paper-a-a2-n0.paper-a.ml.svc"
     for rank, pod in enumerate(pods):
         spec = pod["spec"]
         (container,) = spec["containers"]
-        assert pod["metadata"]["name"] == spec["hostname"] == f"vlm-7b-a2-n{rank}"
-        assert spec["subdomain"] == "vlm-7b" and spec["restartPolicy"] == "Never"
+        assert pod["metadata"]["name"] == spec["hostname"] == f"paper-a-a2-n{rank}"
+        assert spec["subdomain"] == "paper-a" and spec["restartPolicy"] == "Never"
         assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"  # the cause
         cmd = container["command"]
         assert cmd[:4] == ["torchrun", "--nnodes=4", f"--node-rank={rank}", "--nproc-per-node=8"]
@@ -117,7 +126,7 @@ def test_pods_are_wired_for_torchrun() -> None:
             "5f1c-uid",
             True,
         )
-        assert pod["metadata"]["labels"][LABEL_JOB] == "vlm-7b"
+        assert pod["metadata"]["labels"][LABEL_JOB] == "paper-a"
     placed = [p["metadata"]["annotations"]["omni.megascale.io/placed-node"] for p in pods]
     assert len(set(placed)) == 4
 
@@ -153,7 +162,7 @@ def test_kueue_pod_group_labels() -> None:
     pods = [o for o in _objects(_job(scheduling={"kueueQueue": "team-a"})) if o["kind"] == "Pod"]
     for pod in pods:
         assert pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
-        assert pod["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] == "vlm-7b-a0"
+        assert pod["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] == "paper-a-a0"
         assert pod["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "4"
 
 
@@ -173,7 +182,7 @@ def test_reorder_groups_follow_the_network_local_node_groups() -> None:
     assert _job(nodes=8).spec.trainer_reorder_group() == 2 * 8 // 4  # 4 nodes per stage, G=2
     assert _job().spec.trainer_reorder_group() == 4  # G = a whole stage: all data parallel
     with pytest.raises(ManifestError, match=r"groupSize \(3\) disagrees with topology"):
-        doc = yaml.safe_load((EXAMPLES / "vlm-7b.yaml").read_text())
+        doc = yaml.safe_load((EXAMPLES / "paper-workload-a.yaml").read_text())
         doc["spec"].update(nodes=8, gpusPerNode=8, topology={"reorderGroupSize": 2})
         doc["spec"]["trainer"]["data"].update(globalBatchSize=16, reorder={"groupSize": 3})
         parse_job(doc)
@@ -271,3 +280,61 @@ def test_trainer_pods_are_not_best_effort_and_mount_no_token() -> None:
     (pod, *_) = [o for o in _objects(_job(**RDMA)) if o["kind"] == "Pod"]
     requests = pod["spec"]["containers"][0]["resources"]["requests"]
     assert requests["cpu"] == "96" and requests["memory"] == "1000Gi"
+
+
+def test_the_vlm_recipe_runs_over_infiniband_with_credentials_from_a_secret() -> None:
+    """examples/vlm-7b.yaml: IB on (8 HCAs), S3 credentials only through the Secret, the LLM read
+    on the pods (the operator does not open s3://models)."""
+    job = parse_job(yaml.safe_load((EXAMPLES / "vlm-7b.yaml").read_text()))
+    assert not job.spec.trainer.model.llm.resolved
+    pods = [o for o in _objects(job) if o["kind"] == "Pod"]
+    assert len(pods) == 8
+    for pod in pods:
+        (c,) = pod["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env["NCCL_IB_DISABLE"] == "0" and env["NCCL_SOCKET_IFNAME"] == "eth0"
+        assert env["NCCL_IB_HCA"] == ",".join(f"mlx5_{i}" for i in range(8))
+        assert not [k for k in env if k.startswith("AWS_")]  # credentials: the Secret only
+        assert c["envFrom"] == [{"secretRef": {"name": "s3-credentials"}}]
+        assert c["resources"]["limits"]["rdma/ib"] == "1"
+        assert c["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+
+
+def test_storage_and_credentials_reach_every_trainer_pod() -> None:
+    pods = [o for o in _objects(_job(**CASES["storage"])) if o["kind"] == "Pod"]
+    for pod in pods:
+        (c,) = pod["spec"]["containers"]
+        assert c["envFrom"] == CASES["storage"]["envFrom"]
+        mounts = {m["name"]: m for m in c["volumeMounts"]}
+        assert mounts["data"] == {"name": "data", "mountPath": "/data", "readOnly": True}
+        assert mounts["ckpt"]["subPath"] == "team-a" and "dshm" in mounts and "config" in mounts
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        claim = volumes["data"]["persistentVolumeClaim"]
+        assert claim == {"claimName": "datasets", "readOnly": True}
+        assert volumes["aws"]["secret"] == {"secretName": "s3-files"} and mounts["aws"]["readOnly"]
+        assert pod["spec"]["imagePullSecrets"] == [{"name": "nvcr"}]
+
+
+@pytest.mark.parametrize(
+    ("spec", "complaint"),
+    [
+        ({"volumes": [{"name": "config", "claimName": "c", "mountPath": "/x"}]},
+         "spec.volumes[0].name: 'config' is the operator's name; choose another"),
+        ({"volumes": [{"name": "a", "claimName": "c", "mountPath": "/dev/shm/x"}]},
+         "spec.volumes[0].mountPath: /dev/shm/x overlaps /dev/shm; mount elsewhere"),
+        ({"volumes": [{"name": "a", "claimName": "c", "mountPath": "/d"},
+                      {"name": "b", "claimName": "c", "mountPath": "/d/e"}]},
+         "spec.volumes[1].mountPath: /d/e overlaps /d; mount elsewhere"),
+        ({"volumes": [{"name": "a", "claimName": "c", "mountPath": "data"}]},
+         "spec.volumes.0.mountPath"),
+        ({"volumes": [{"name": "a", "claimName": "c", "secretName": "s", "mountPath": "/d"}]},
+         "spec.volumes[0]: set exactly one of claimName and secretName"),
+        ({"envFrom": [{"secretRef": {"name": "a"}, "configMapRef": {"name": "b"}}]},
+         "spec.envFrom[0]: set exactly one of secretRef and configMapRef"),
+        ({"imagePullSecrets": ["Bad_Name"]}, "spec.imagePullSecrets"),
+    ],
+)  # fmt: skip
+def test_bad_storage_settings_name_the_field(spec: dict[str, Any], complaint: str) -> None:
+    with pytest.raises(ManifestError) as err:
+        _job(**spec)
+    assert complaint.replace(".0.", "[0].") in str(err.value), str(err.value)

@@ -15,7 +15,7 @@ from ...conftest import EXAMPLES
 
 
 def _vlm() -> dict[str, Any]:
-    doc = yaml.safe_load((EXAMPLES / "vlm-7b.yaml").read_text())
+    doc = yaml.safe_load((EXAMPLES / "paper-workload-a.yaml").read_text())
     doc["spec"].update(nodes=8, gpusPerNode=8)  # tp4 x pp2 on 64 GPUs: dp 8
     return doc
 

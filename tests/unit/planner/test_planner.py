@@ -191,7 +191,7 @@ def test_predict_and_tune_on_a_tiny_job() -> None:
     assert calls and calls[-1][0] == calls[-1][1]
 
 
-def test_vlm_7b_manifest_tunes_for_64_gpus() -> None:
+def test_paper_workload_a_tunes_for_64_gpus() -> None:
     """Its search time is printed by `omni plan --tune` (a figure, not a unit-test limit)."""
     from pathlib import Path
 
@@ -200,9 +200,9 @@ def test_vlm_7b_manifest_tunes_for_64_gpus() -> None:
     from omni_trainer.config import TrainerConfig
     from omni_trainer.planner.workloads import workload_from_config
 
-    doc = yaml.safe_load((Path(__file__).parents[3] / "examples" / "vlm-7b.yaml").read_text())
+    doc = yaml.safe_load((Path(__file__).parents[3] / "examples/paper-workload-a.yaml").read_text())
     cfg = TrainerConfig.model_validate(doc["spec"]["trainer"])
-    w = workload_from_config(cfg, world_size=64, name="vlm-7b")
+    w = workload_from_config(cfg, world_size=64, name="paper-a")
     assert w.image_share == 0.5 and w.seq_length == 16384
     best = tune(w, device=H100, top=3, max_microbatches=16, keep_layouts=1, groups=(8,))
     assert best and all(not c.prediction.oom for c in best)

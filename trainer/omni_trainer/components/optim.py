@@ -67,6 +67,21 @@ def all_reduce_grads(params: list[nn.Parameter], group: dist.ProcessGroup) -> No
         g.copy_(synced)
 
 
+def check_finite(step: int, loss: float, grad_norm: float) -> None:
+    """Stop before a non-finite update reaches the weights and the next checkpoint. The norm is
+    the same number on every rank (it is reduced over the whole model), so all ranks stop.
+
+    Raises:
+        FloatingPointError: naming the step, the norm and the loss, and what to change.
+    """
+    if not math.isfinite(grad_norm):
+        raise FloatingPointError(
+            f"step {step}: the gradient norm is {grad_norm} (loss {loss:.6g}), so the update was "
+            "not applied: training diverged; lower optimizer.lr (or lengthen "
+            "lrSchedule.warmupSteps) and resume from the last checkpoint"
+        )
+
+
 def clip_grad_norm(
     llm_params: list[nn.Parameter],
     replicated_params: list[nn.Parameter],
