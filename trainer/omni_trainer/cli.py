@@ -75,10 +75,10 @@ def validate(
     job = _load(manifest, whole=True, local_world_size=nproc, defer_hf=not sources)
     cfg = job.spec.trainer
     _warn(cfg)
-    if not cfg.model.llm.resolved:
+    for field, part in cfg.model.unread_hf():
         err_console.print("[bold yellow]note:[/bold yellow] ", end="")
         err_console.print(
-            f"spec.trainer.model.llm.hf ({cfg.model.llm.hf}) was not read: the checks that need "
+            f"spec.trainer.model.{field}.hf ({part.hf}) was not read: the checks that need "
             "its dimensions run with --sources, and in every pod before training",
             markup=False,
         )

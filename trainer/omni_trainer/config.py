@@ -121,11 +121,21 @@ class TrainerConfig(Spec):
         from omni_trainer.data.sample import MediaGeometry
 
         image, audio = self.model.encoders.image, self.model.encoders.audio
+        imported = image is not None and image.tower is not None
+        if imported:  # the tower's own processor sizes the images
+            from omni_trainer.data.media import tower_image_processor
+
+            processor = tower_image_processor(
+                image.hf, family=image.tower.family, side=image.tower.image_size
+            )
         return MediaGeometry(
             patch_size=image.patch_size if image else 14,
             audio_subsampling=audio.subsampling if audio else 4,
             n_mels=audio.n_mels if audio else 80,
-            encoders=tuple(m for m in ("image", "audio") if getattr(self.model.encoders, m)),
+            encoders=tuple(m for m, _ in self.model.encoders.items()),
+            image_extra_tokens=image.prefix_tokens - image.drop_prefix if imported else 0,
+            image_processor=processor if imported else None,
+            audio_max_frames=audio.max_frames if audio else None,
         )
 
     @model_validator(mode="after")

@@ -32,10 +32,7 @@ def save_llm(path: Path, family: str, **overrides) -> Path:
     }[family]
     torch.manual_seed(0)
     model = model_cls(config_cls(**{**_SMALL, **overrides}))
-    with torch.no_grad():  # norms away from 1 and biases away from 0, so a mix-up shows
-        for name, p in model.named_parameters():
-            if p.ndim == 1:
-                p.copy_(torch.randn_like(p) * 0.1 + (1.0 if "norm" in name else 0.0))
+    _perturb(model)
     model.save_pretrained(path)
     return path
 
@@ -91,3 +88,126 @@ def text_job(llm: dict, **trainer) -> dict:
             }
         },
     }
+
+
+_VISION = dict(
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    image_size=28,
+    patch_size=7,
+)
+
+
+def _perturb(model) -> None:
+    """Norms away from 1 and biases away from 0, so a mix-up shows."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 1:
+                p.copy_(torch.randn_like(p) * 0.1 + (1.0 if "norm" in name else 0.0))
+
+
+def save_image_processor(path: Path, family: str, side: int) -> None:
+    """The family's HF image processor for ``side`` x ``side`` inputs (CLIP: resize the short
+    edge, center crop; SigLIP: resize), PIL backend, saved as preprocessor_config.json."""
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+    from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
+
+    if family == "clip":
+        size = {"shortest_edge": side}
+        processor = CLIPImageProcessorPil(size=size, crop_size={"height": side, "width": side})
+    else:
+        processor = SiglipImageProcessorPil(size={"height": side, "width": side})
+    processor.save_pretrained(path)
+
+
+def save_vision(path: Path, family: str, *, dual: bool = False, **overrides):
+    """A random CLIP / SigLIP vision tower (``dual``: inside a CLIPModel / SiglipModel with a
+    text tower) and its image processor saved with ``save_pretrained``; returns the vision
+    model for reference outputs."""
+    import transformers
+
+    vision_cls, config_cls, dual_cls, dual_config = {
+        "clip": ("CLIPVisionModel", "CLIPVisionConfig", "CLIPModel", "CLIPConfig"),
+        "siglip": ("SiglipVisionModel", "SiglipVisionConfig", "SiglipModel", "SiglipConfig"),
+    }[family]
+    vision = {**_VISION, **overrides}
+    torch.manual_seed(0)
+    if dual:
+        text = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                    num_attention_heads=4, vocab_size=99, bos_token_id=1, eos_token_id=2,
+                    pad_token_id=0)  # fmt: skip
+        model = getattr(transformers, dual_cls)(
+            getattr(transformers, dual_config)(vision_config=vision, text_config=text)
+        )
+        _perturb(model)
+        model.save_pretrained(path)
+        save_image_processor(path, family, vision["image_size"])
+        return model.vision_model.eval()
+    model = getattr(transformers, vision_cls)(getattr(transformers, config_cls)(**vision))
+    _perturb(model)
+    model.save_pretrained(path)
+    save_image_processor(path, family, vision["image_size"])
+    return model.eval()
+
+
+def save_whisper(path: Path, **overrides):
+    """A random Whisper model saved with ``save_pretrained``; returns its encoder."""
+    import transformers
+
+    config = transformers.WhisperConfig(
+        **{
+            "d_model": 32,
+            "encoder_layers": 2,
+            "decoder_layers": 1,
+            "encoder_attention_heads": 4,
+            "decoder_attention_heads": 4,
+            "encoder_ffn_dim": 48,
+            "decoder_ffn_dim": 48,
+            "num_mel_bins": 16,
+            "max_source_positions": 12,
+            "max_target_positions": 16,
+            "vocab_size": 100,
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "decoder_start_token_id": 1,
+            **overrides,
+        }
+    )
+    torch.manual_seed(0)
+    model = transformers.WhisperForConditionalGeneration(config)
+    _perturb(model)
+    model.save_pretrained(path)
+    return model.model.encoder.eval()
+
+
+IMAGE_TOKEN = 300
+"""LLaVA's ``image_token_index`` in the tiny VLMs (inside the 512-token vocabulary)."""
+
+
+def save_llava(path: Path, vision: str = "clip", text: str = "llama", **text_overrides):
+    """A random LLaVA (CLIP / SigLIP tower + MLP projector + Llama / Qwen2) saved with
+    ``save_pretrained``, with its image processor; returns the model for reference outputs."""
+    import transformers
+
+    vision_config = {"clip": transformers.CLIPVisionConfig,
+                     "siglip": transformers.SiglipVisionConfig}[vision](**_VISION)  # fmt: skip
+    text_config = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[text](
+        **{**_SMALL, "num_hidden_layers": 2, **text_overrides}
+    )
+    config = transformers.LlavaConfig(
+        vision_config=vision_config,
+        text_config=text_config,
+        image_token_index=IMAGE_TOKEN,
+        vision_feature_select_strategy="default" if vision == "clip" else "full",
+        vision_feature_layer=-2,
+        tie_word_embeddings=text_config.tie_word_embeddings,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlavaForConditionalGeneration(config)
+    _perturb(model)
+    model.save_pretrained(path)
+    save_image_processor(path, vision, _VISION["image_size"])
+    return model.eval()

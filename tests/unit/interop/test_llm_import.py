@@ -85,7 +85,8 @@ def test_unsupported_architecture_names_the_supported_list(tmp_path) -> None:
         parse_manifest(text_job({"hf": str(path)}))
     assert (
         "architecture 'GPT2LMHeadModel' is not supported as model.llm.hf (supported: "
-        "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)" in str(err.value)
+        "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM; and as model.hf: "
+        "LlavaForConditionalGeneration)" in str(err.value)
     )
 
 

@@ -76,3 +76,19 @@ def test_a_readable_model_is_checked_in_full(tmp_path: Path) -> None:
     assert "spec.trainer.model.llm.numQueryGroups: numQueryGroups (1) must be a multiple" in (
         result.stderr
     ), result.stderr
+
+
+def test_imported_encoders_are_deferred_alike(storage_untouched: None) -> None:
+    doc = job_manifest("hf-job")
+    encoders = {"image": {"hf": "s3://bucket/clip", "featureLayer": -1}, "audio": {"hf": "/w"}}
+    doc["spec"]["trainer"]["model"]["encoders"] = encoders
+    job = parse_job(doc)
+    assert [m for m, e in job.spec.trainer.model.unread_hf()] == [
+        "encoders.image",
+        "encoders.audio",
+    ]
+    rendered = yaml.safe_load(next(iter(render_config_map(job)["data"].values())))
+    assert rendered["spec"]["trainer"]["model"]["encoders"] == encoders
+    doc["spec"]["trainer"]["model"]["encoders"]["image"]["numHeads"] = 4
+    with pytest.raises(ManifestError, match="image: numHeads cannot be set beside 'hf'"):
+        parse_job(doc)

@@ -179,7 +179,11 @@ class ConversationSource:
             return [(modality, ref)]
         total, fps, height, width = video_info(src)
         frames = len(self.video.frame_indices(total, fps))
-        h, w = self._frame_settings(frames).target_size(height, width)
+        fixed = self.geometry.image_processor
+        if fixed is not None:
+            h, w = fixed.output_size(height, width)
+        else:
+            h, w = self._frame_settings(frames).target_size(height, width)
         shape = (self.geometry.image_channels, h, w)
         return [
             ("image", MediaRef(self.source_index, index, shape, item=k, frame=j))
@@ -195,8 +199,12 @@ class ConversationSource:
             if frames is None:
                 total, fps, _, _ = video_info(src)
                 indices = self.video.frame_indices(total, fps)
-                settings = self._frame_settings(len(indices))
-                frames = [settings.resized_image(f) for f in decode_frames(src, indices)]
+                settings = self.geometry.image_processor
+                if settings is not None:
+                    process = settings.processed_image
+                else:
+                    process = self._frame_settings(len(indices)).resized_image
+                frames = [process(f) for f in decode_frames(src, indices)]
                 self._frames[key] = frames
                 if len(self._frames) > 2:
                     self._frames.popitem(last=False)
@@ -206,10 +214,14 @@ class ConversationSource:
         """Encoder input shape of one item, from its header alone."""
         g = self.geometry
         if modality == "image":
-            h, w = self.image.target_size(*image_size(src))
+            size = image_size(src)
+            fixed = g.image_processor
+            h, w = fixed.output_size(*size) if fixed else self.image.target_size(*size)
             return (g.image_channels, h, w)
         samples, rate = audio_info(src)
         frames = self.audio.frames(resampled_length(samples, rate, self.audio.sampling_rate))
+        if g.audio_max_frames is not None:  # the encoder's longest clip: the rest is cut
+            frames = min(frames, g.audio_max_frames)
         return (frames // g.audio_subsampling * g.audio_subsampling, g.n_mels)
 
     # -- shared ----------------------------------------------------------------------------------
@@ -280,7 +292,8 @@ class ConversationSource:
             if modality == "video":
                 array = self._video_frame(ref, src)
             elif modality == "image":
-                array = self.image.resized(src)
+                fixed = self.geometry.image_processor
+                array = fixed.processed(src) if fixed else self.image.resized(src)
             else:
                 wave = read_audio(src, self.audio.sampling_rate)
                 array = self.audio.log_mel(wave).T[: ref.shape[0]]

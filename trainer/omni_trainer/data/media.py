@@ -145,15 +145,51 @@ class FixedImageSettings:
     resample: int = BICUBIC
     rescale_factor: float = 1 / 255
 
+    @classmethod
+    def from_processor(cls, raw: dict, *, family: str, side: int) -> FixedImageSettings:
+        """The settings of a CLIP / SigLIP ``preprocessor_config.json`` (``raw``; empty: that
+        family's defaults for a tower trained on ``side`` x ``side`` images)."""
+        clip = family == "clip"
+        size = raw.get("size", {"shortest_edge": side} if clip else {"height": side})
+        size = size if isinstance(size, dict) else {"shortest_edge": int(size)}
+        crop = raw.get("crop_size", side if clip else None)
+        if crop is not None and not raw.get("do_center_crop", clip):
+            crop = None
+        if isinstance(crop, dict):
+            crop = (int(crop["height"]), int(crop["width"]))
+        mean = OPENAI_CLIP_MEAN if clip else (0.5, 0.5, 0.5)
+        std = OPENAI_CLIP_STD if clip else (0.5, 0.5, 0.5)
+        edge = size.get("shortest_edge")
+        return cls(
+            shortest_edge=None if edge is None else int(edge),
+            height=None if edge is not None else int(size["height"]),
+            width=None if edge is not None else int(size.get("width", size["height"])),
+            crop_size=(int(crop), int(crop)) if isinstance(crop, int) else crop,
+            image_mean=tuple(raw.get("image_mean", mean)),
+            image_std=tuple(raw.get("image_std", std)),
+            resample=int(raw.get("resample", BICUBIC)),
+            rescale_factor=float(raw.get("rescale_factor", 1 / 255)),
+        )
+
+    def resized_size(self, height: int, width: int) -> tuple[int, int]:
+        """The size an image is resized to, before the crop."""
+        if self.shortest_edge is None:
+            return self.height, self.width
+        short, long = sorted((height, width))
+        new_short, new_long = self.shortest_edge, int(self.shortest_edge * long / short)
+        return (new_short, new_long) if height <= width else (new_long, new_short)
+
+    def output_size(self, height: int, width: int) -> tuple[int, int]:
+        """(height, width) of the ``pixel_values`` of a ``height x width`` image."""
+        return self.crop_size or self.resized_size(height, width)
+
     def processed(self, data: Source) -> np.ndarray:
         """[C, H, W] float32 as the HF processor's ``pixel_values`` for one image."""
-        img = open_image(data)
-        if self.shortest_edge is not None:
-            short, long = sorted((img.height, img.width))
-            new_short, new_long = self.shortest_edge, int(self.shortest_edge * long / short)
-            h, w = (new_short, new_long) if img.height <= img.width else (new_long, new_short)
-        else:
-            h, w = self.height, self.width
+        return self.processed_image(open_image(data))
+
+    def processed_image(self, img) -> np.ndarray:
+        """:meth:`processed` of an opened Pillow image (e.g. a decoded video frame)."""
+        h, w = self.resized_size(img.height, img.width)
         x = _resize(img, h, w, self.resample)
         if self.crop_size is not None:
             ch, cw = self.crop_size
@@ -162,6 +198,20 @@ class FixedImageSettings:
                 raise ValueError(f"image {h}x{w} is smaller than the crop {ch}x{cw}")
             x = x[:, top : top + ch, left : left + cw]
         return _normalize(x, self.image_mean, self.image_std, self.rescale_factor)
+
+
+def tower_image_processor(path: str, *, family: str, side: int) -> FixedImageSettings:
+    """The image settings of an imported CLIP / SigLIP tower: its ``preprocessor_config.json``
+    (a directory or ``s3://`` prefix), else the family's defaults at its trained size."""
+    import json
+
+    from omni_trainer.data.blobs import read_bytes
+
+    try:
+        raw = json.loads(read_bytes(f"{path.rstrip('/')}/preprocessor_config.json"))
+    except FileNotFoundError:
+        raw = {}
+    return FixedImageSettings.from_processor(raw, family=family, side=side)
 
 
 # -- audio --------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from omni_trainer.data.config import Modality
+from omni_trainer.data.media import FixedImageSettings
 
 MEDIA_DTYPE = np.dtype(np.float32)
 """What every loaded media array is, whatever its source stores."""
@@ -53,6 +54,14 @@ class MediaGeometry:
     image_channels: int = 3
     encoders: tuple[str, ...] = ("image", "audio")
     """Modalities the model has an encoder for (media of others cannot be used)."""
+    image_extra_tokens: int = 0
+    """LLM positions of an image beyond its patches (an imported tower's class token kept: +1,
+    its first token dropped: -1, both: 0)."""
+    image_processor: FixedImageSettings | None = None
+    """An imported tower's processor (CLIP / SigLIP): images are resized and cropped to its
+    size instead of the dynamic resolution of ``data.media``."""
+    audio_max_frames: int | None = None
+    """Longest clip the audio encoder takes (Whisper's position table); longer clips are cut."""
 
     def __post_init__(self) -> None:
         for name in ("patch_size", "audio_subsampling", "n_mels", "image_channels"):
@@ -63,11 +72,11 @@ class MediaGeometry:
         """LLM positions ``media`` takes (its dims must already be multiples of the geometry)."""
         if media is None:
             return 0
-        p = self.patch_size
+        p, extra = self.patch_size, self.image_extra_tokens
         if modality == "image":
-            return (media.shape[1] // p) * (media.shape[2] // p)
+            return (media.shape[1] // p) * (media.shape[2] // p) + extra
         if modality == "video":
-            return media.shape[0] * (media.shape[2] // p) * (media.shape[3] // p)
+            return media.shape[0] * ((media.shape[2] // p) * (media.shape[3] // p) + extra)
         if modality == "audio":
             return media.shape[0] // self.audio_subsampling
         raise ValueError(f"modality {modality!r} carries no media")

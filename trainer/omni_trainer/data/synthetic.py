@@ -161,16 +161,20 @@ class SyntheticSource:
 
     def _shape(self, budget: int, rng: np.random.Generator) -> tuple[int, ...]:
         """Media shape taking at most ``budget`` LLM positions."""
-        p, ch = self.geometry.patch_size, self.geometry.image_channels
+        g = self.geometry
+        p, ch, extra = g.patch_size, g.image_channels, g.image_extra_tokens
         if self.modality == "image":
-            h, w = self._grid(budget, rng)
+            h, w = self._grid(max(1, budget - extra), rng)
             return (ch, h * p, w * p)
         if self.modality == "video":
             frames = max(1, min(8, budget // 16))
-            h, w = self._grid(budget // frames, rng)
+            h, w = self._grid(max(1, budget // frames - extra), rng)
             return (frames, ch, h * p, w * p)
-        # audio: budget positions x subsampling frames of n_mels
-        return (budget * self.geometry.audio_subsampling, self.geometry.n_mels)
+        # audio: budget positions x subsampling frames of n_mels, within the encoder's limit
+        frames = budget * g.audio_subsampling
+        if g.audio_max_frames is not None:
+            frames = min(frames, g.audio_max_frames // g.audio_subsampling * g.audio_subsampling)
+        return (frames, g.n_mels)
 
     def _image(
         self, c: int, hw: tuple[int, ...], shift: float, rng: np.random.Generator

@@ -71,7 +71,7 @@ def _model_problems(cfg: TrainerConfig, dims: ParallelDims) -> list[Problem]:
             )
     for modality in ("image", "audio"):
         enc = getattr(cfg.model.encoders, modality)
-        if enc is not None and enc.num_heads % dims.tp:
+        if enc is not None and enc.resolved and enc.num_heads % dims.tp:
             out.append(
                 (
                     f"model.encoders.{modality}.numHeads",

@@ -72,3 +72,32 @@ def greedy(
         if token in stop:
             break
     return out, logprobs
+
+
+def logits(
+    model,
+    ids: torch.Tensor,
+    *,
+    images: list[torch.Tensor] | None = None,
+    image_positions: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One forward of a TP = PP = 1 ``OmniModel`` on one sequence: [1, len] ids, the images'
+    projected features written at ``image_positions`` (in order), -> [1, len, padded vocab]."""
+    from omni_trainer.models.batch import segment_attention_mask
+
+    (chunk,) = model.llm_chunks
+    positions = torch.arange(ids.shape[1], device=ids.device)[None]
+    emb = chunk.embedding(input_ids=ids, position_ids=positions)  # [len, 1, hidden]
+    if images:
+        features = model.projectors["image"](model.encoders["image"](images))
+        if features.shape[0] != len(image_positions):
+            raise HFModelError(
+                f"{len(image_positions)} image positions for {features.shape[0]} image features"
+            )
+        emb = emb.index_copy(0, image_positions, features[:, None].to(emb.dtype))
+    return chunk(
+        input_ids=ids,
+        position_ids=positions,
+        attention_mask=segment_attention_mask(torch.zeros_like(ids)),
+        decoder_input=emb,
+    )

@@ -39,6 +39,15 @@ class HFNames:
     head: str = "lm_head.weight"
 
 
+def hf_names_of(reader) -> HFNames:
+    """Where a checkpoint holds its language model: a causal LM's ``model.*`` + ``lm_head``, or
+    a LLaVA's ``language_model.model.*`` + ``language_model.lm_head`` (transformers 4) or
+    ``model.language_model.*`` + ``lm_head`` (5); a tied model may have no head."""
+    model = reader.prefix_of("embed_tokens.weight", "language model")
+    heads = [k for k in reader.keys() if k.endswith("lm_head.weight")]  # noqa: SIM118
+    return HFNames(model=model, head=heads[0] if len(heads) == 1 else HFNames.head)
+
+
 @dataclass(frozen=True)
 class TensorMap:
     kind: Kind
@@ -167,10 +176,11 @@ def load_llm_chunk(
     *,
     tp_rank: int,
     tp_size: int,
-    names: HFNames = HFNames(),
+    names: HFNames | None = None,
     reader=None,
 ) -> None:
-    """Overwrite every parameter of one GPTModel chunk with the HF model's weights (``cfg.hf``)."""
+    """Overwrite every parameter of one GPTModel chunk with the HF model's weights (``cfg.hf``;
+    ``names``: where its tensors sit, found from the checkpoint's keys by default)."""
     from omni_trainer.interop.safetensors_io import SafetensorsReader
     from omni_trainer.interop.source import local_dir
     from omni_trainer.models.init import global_llm_names
@@ -181,6 +191,7 @@ def load_llm_chunk(
             f"size {tp_size} (parallelism.tensor must divide num_key_value_heads)"
         )
     reader = reader or SafetensorsReader(local_dir(cfg.hf))
+    names = names or hf_names_of(reader)
     for name, param in global_llm_names(chunk).items():
         tm = tensor_map(name, cfg, names)
         shard = read_shard(reader, tm, cfg, list(param.shape), tp_rank=tp_rank, tp_size=tp_size)

@@ -33,6 +33,17 @@ class SafetensorsReader:
     def keys(self) -> list[str]:
         return sorted(self._where)
 
+    def prefix_of(self, suffix: str, what: str) -> str:
+        """The one prefix under which the checkpoint holds ``suffix`` (where a VLM or a dual
+        encoder nests ``what``: ``vision_tower.``, ``model.language_model.``...)."""
+        found = [k[: -len(suffix)] for k in self._where if k == suffix or k.endswith("." + suffix)]
+        if len(found) != 1:
+            raise HFModelError(
+                f"{self.root}: expected one {what} (a tensor named *{suffix}), found "
+                f"{len(found)}{': ' + ', '.join(sorted(found)) if found else ''}"
+            )
+        return found[0]
+
     def _slice(self, name: str):
         if name not in self._where:
             raise HFModelError(f"tensor {name!r} is missing from {self.root}")

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, model_validator
 
 from omni_trainer.components.flops import transformer_flops
 from omni_trainer.config_base import Spec
-from omni_trainer.interop.hf_config import SUPPORTED_LLMS
-from omni_trainer.models.encoders.config import AudioEncoderConfig, VisionEncoderConfig
+from omni_trainer.interop.hf_config import SUPPORTED_LLMS, SUPPORTED_VLMS
+from omni_trainer.models.encoders.config import (
+    DEFER_HF,  # re-exported: the operator and the CLI import it from here
+    AudioEncoderConfig,
+    VisionEncoderConfig,
+    _camel,
+    read_hf,
+    refuse_beside_hf,
+)
 
 LLMPreset = Literal["tiny", "llama-7b", "llama-13b", "gpt-175b"]
 
@@ -79,12 +86,6 @@ class RopeScaling(Spec):
     original_max_position_embeddings: float = Field(8192, gt=0)
 
 
-DEFER_HF = "defer_hf"
-"""Validation context key: when true, ``model.llm.hf`` is not read. The operator and ``omni
-render`` cannot reach the pods' storage (a PVC path, or S3 with the job's own credentials), so
-the LLM's dimensions stay unknown there and the checks that need them run where the job runs:
-``omni train`` in every pod before training, and ``omni validate --sources``."""
-
 # Read from config.json when ``hf`` is given; setting one beside it is an error.
 _HF_FIELDS = (
     *_LLM_SHAPE_FIELDS,
@@ -129,7 +130,7 @@ class LLMConfig(Spec):
     @model_validator(mode="after")
     def _fill_from_preset(self, info: ValidationInfo) -> LLMConfig:
         if self.hf is not None:
-            self._refuse_fields_beside_hf()
+            refuse_beside_hf(self, {"preset", *_HF_FIELDS})
             if (info.context or {}).get(DEFER_HF):
                 return self  # dimensions unknown here: see DEFER_HF
             self._fill_from_hf()
@@ -156,30 +157,10 @@ class LLMConfig(Spec):
             )
         return self
 
-    def _refuse_fields_beside_hf(self) -> None:
-        explicit = sorted(self.model_fields_set & {"preset", *_HF_FIELDS})
-        if explicit:
-            raise ValueError(
-                f"{', '.join(_camel(n) for n in explicit)} cannot be set beside 'hf': the "
-                f"architecture comes from {self.hf}/config.json (remove them, or drop 'hf')"
-            )
-
     def _fill_from_hf(self) -> None:
         from omni_trainer.interop.hf_config import llm_fields
-        from omni_trainer.interop.source import HFModelError, read_config
 
-        try:
-            fields = llm_fields(read_config(self.hf), self.hf)
-        except KeyError as err:
-            raise ValueError(f"hf: {self.hf}/config.json lacks {err}") from None
-        except (HFModelError, OSError, ValueError) as err:
-            raise ValueError(f"hf: {err}") from None
-        except Exception as err:  # storage: botocore's credential and endpoint errors
-            raise ValueError(
-                f"hf: {self.hf}: cannot read config.json ({type(err).__name__}: {err}); "
-                "check the path and the storage credentials"
-            ) from None
-        for name, value in fields.items():
+        for name, value in read_hf(self.hf, llm_fields).items():
             if name == "rope_scaling" and value is not None:
                 value = RopeScaling.model_validate(value)
             object.__setattr__(self, name, value)
@@ -214,6 +195,10 @@ class EncodersConfig(Spec):
     image: VisionEncoderConfig | None = None
     audio: AudioEncoderConfig | None = None
 
+    def items(self) -> list[tuple[str, VisionEncoderConfig | AudioEncoderConfig]]:
+        """(modality, config) of each configured encoder."""
+        return [(m, e) for m in ("image", "audio") if (e := getattr(self, m)) is not None]
+
 
 class ProjectorConfig(Spec):
     """The MLP from one encoder's width to the LLM's."""
@@ -228,17 +213,48 @@ class ProjectorsConfig(Spec):
     audio: ProjectorConfig = ProjectorConfig()
 
 
+# What may stand beside ``model.hf`` (how to train the VLM's parts, not what they are).
+_BESIDE_VLM = {"llm": {"freeze"}, "image": {"freeze", "freezeLayers", "freeze_layers"}}
+
+
 class ModelConfig(Spec):
+    hf: str | None = Field(
+        None,
+        description="a Hugging Face VLM (local directory or s3:// prefix; supported: "
+        f"{', '.join(SUPPORTED_VLMS)}) whose language model, vision tower, projector, "
+        "tokenizer and image processor the model takes; beside it only freeze settings",
+    )
     llm: LLMConfig
     encoders: EncodersConfig = EncodersConfig()
     projectors: ProjectorsConfig = ProjectorsConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_vlm(cls, data: Any) -> Any:
+        """``hf`` becomes ``llm.hf`` and ``encoders.image.hf`` (each reads its part of the VLM's
+        config.json), after refusing what the VLM defines."""
+        if not isinstance(data, dict) or data.get("hf") is None:
+            return data
+        hf = data["hf"]
+        llm = dict(data.get("llm") or {})
+        encoders = dict(data.get("encoders") or {})
+        image = dict(encoders.get("image") or {})
+        explicit = [f"llm.{k}" for k in llm if k not in _BESIDE_VLM["llm"]]
+        explicit += [f"encoders.image.{k}" for k in image if k not in _BESIDE_VLM["image"]]
+        if explicit:
+            raise ValueError(
+                f"{', '.join(explicit)} cannot be set beside 'hf': the VLM's parts come from "
+                f"{hf}/config.json (only freeze settings may be given; remove them, or drop 'hf')"
+            )
+        encoders["image"] = image | {"hf": hf}
+        return data | {"llm": llm | {"hf": hf}, "encoders": encoders}
+
+    def unread_hf(self) -> list[tuple[str, Spec]]:
+        """(field path, section) of every ``hf`` left unread under ``DEFER_HF``."""
+        parts = [("llm", self.llm), *((f"encoders.{m}", e) for m, e in self.encoders.items())]
+        return [(path, part) for path, part in parts if not part.resolved]
 
     @property
     def modalities(self) -> tuple[str, ...]:
         """Modalities this model can consume: text plus one per configured encoder."""
         return ("text", *(m for m in ("image", "audio") if getattr(self.encoders, m) is not None))
-
-
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(part.title() for part in rest)

@@ -11,9 +11,21 @@ from omni_trainer.models.llm import FP32, LLMRuntime, build_gpt_chunks
 
 
 def build_encoder(modality: str, cfg) -> nn.Module:
-    """An encoder whose token mixing can switch to Ulysses sequence parallelism per sample."""
+    """An encoder whose token mixing can switch to Ulysses sequence parallelism per sample; an
+    imported one (``hf``) carries the checkpoint's weights."""
     from omni_trainer.multiplex.ulysses import UlyssesMixer
 
+    if cfg.hf is not None:
+        from omni_trainer.interop.encoders import load_encoder
+        from omni_trainer.models.encoders.pretrained import (
+            PretrainedVisionTower,
+            WhisperAudioEncoder,
+        )
+
+        tower_cls = PretrainedVisionTower if modality == "image" else WhisperAudioEncoder
+        encoder = tower_cls(cfg, mixer=UlyssesMixer())
+        load_encoder(encoder, cfg.hf, cfg.tower.family)
+        return encoder
     if modality == "image":
         from omni_trainer.models.encoders.vision import VisionEncoder
 
@@ -63,6 +75,10 @@ class OmniModel(nn.Module):
                 continue
             self.encoders[modality] = build_encoder(modality, enc_cfg)
             self.projectors[modality] = Projector(enc_cfg.hidden_size, cfg.llm.hidden_size)
+        if cfg.hf is not None:  # a whole VLM: its projector too
+            from omni_trainer.interop.encoders import load_projector
+
+            load_projector(self.projectors["image"], cfg.hf)
         apply_freeze(self, cfg)
 
     def llm_parameters(self) -> list[nn.Parameter]:

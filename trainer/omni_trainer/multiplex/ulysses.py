@@ -195,6 +195,8 @@ class ShardableEncoder(Protocol):
     """What :func:`encode_sequence_parallel` needs: the encoders in ``models/encoders``."""
 
     mixer: TokenMixer
+    drop_prefix: int
+    """Leading block outputs of a sample that are not encoder output (CLIP's class token)."""
 
     def embed(self, media: Sequence[Tensor]) -> tuple[Tensor, list[int]]: ...
 
@@ -217,7 +219,9 @@ def encode_sequence_parallel(
 
     Returns:
         This rank's shard of the output, [n_local, hidden]; concatenated in group-rank order the
-        shards are the single-rank encoding of the sample.
+        shards are the single-rank encoding of the sample. The shards are ``shard_sizes`` of the
+        output tokens: the first rank also runs the blocks on the ``drop_prefix`` leading tokens
+        the output leaves out, and drops them.
     """
     mixer = encoder.mixer
     if not isinstance(mixer, UlyssesMixer):
@@ -225,12 +229,15 @@ def encode_sequence_parallel(
             f"sequence parallelism needs an encoder built with a UlyssesMixer, "
             f"got {type(mixer).__name__}"
         )
+    drop = encoder.drop_prefix
     x, (n,) = encoder.embed([sample])
-    sizes = shard_sizes(n, dist.get_world_size(group))
+    sizes = shard_sizes(n - drop, dist.get_world_size(group))
+    sizes[0] += drop
     rank = dist.get_rank(group)
     start = shard_offsets(sizes)[rank]
     x_local = x[start : start + sizes[rank]]
     with mixer.sharded(group, sizes):
-        return encoder.encode_tokens(
+        out = encoder.encode_tokens(
             x_local, cu_seqlens_from_lengths([sizes[rank]], device=x.device)
         )
+    return out[drop:] if rank == 0 else out

@@ -116,6 +116,9 @@ class ConformerBlock(nn.Module):
 class AudioEncoder(nn.Module):
     """Conv subsampling x4, sinusoidal positions, Conformer blocks."""
 
+    drop_prefix = 0
+    """Leading block outputs per sample that are not encoder output (none here)."""
+
     def __init__(self, cfg: AudioEncoderConfig, *, mixer: TokenMixer | None = None) -> None:
         super().__init__()
         self.cfg = cfg

@@ -3,19 +3,29 @@
 Torch-free: the operator imports these to validate a job manifest, and ``params()`` and ``flops()``
 size encoder work, without torch installed. A ``preset`` fills the shape of a
 public model; any shape field given explicitly overrides it; without a preset every shape field is
-required (pydantic names the missing field).
+required. ``hf`` imports a Hugging Face tower instead (CLIP / SigLIP vision, Whisper audio): its
+config.json sets the shape (a field beside it is an error) unless validation defers reading it
+(``models.config.DEFER_HF``: the operator cannot reach the pods' storage).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Literal
 
-from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
+from pydantic import (
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    PrivateAttr,
+    ValidationInfo,
+    model_validator,
+)
 
 from omni_trainer.components.flops import attention_flops
 from omni_trainer.config_base import Spec
+from omni_trainer.interop.hf_config import SUPPORTED_AUDIO, SUPPORTED_VISION, HFTower
 
 VisionPreset = Literal["vit-tiny", "vit-l-14", "vit-g-14", "vit-h-14", "vit-G-14"]
 AudioPreset = Literal["conformer-tiny", "usm-2b"]
@@ -90,6 +100,79 @@ def _fill_from_preset(cls: type[Spec], data: Any, presets: Mapping[str, Mapping[
     return filled
 
 
+DEFER_HF = "defer_hf"
+"""Validation context key: when true, no ``hf`` field (``model.llm.hf``, an encoder's ``hf``) is
+read. The operator and ``omni render`` cannot reach the pods' storage (a PVC path, or S3 with the
+job's own credentials), so those dimensions stay unknown there and the checks that need them run
+where the job runs: ``omni train`` in every pod before training, and ``omni validate
+--sources``."""
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def refuse_beside_hf(spec: Spec, names: set[str]) -> None:
+    """Fields in ``names`` set beside ``hf`` are an error: the model's config.json sets them."""
+    explicit = sorted(spec.model_fields_set & names)
+    if explicit:
+        raise ValueError(
+            f"{', '.join(_camel(n) for n in explicit)} cannot be set beside 'hf': the "
+            f"architecture comes from {spec.hf}/config.json (remove them, or drop 'hf')"
+        )
+
+
+def read_hf(hf: str, read: Callable[[dict[str, Any], str], Any]) -> Any:
+    """``read(config.json, hf)``, its errors as ``hf: ...`` messages a manifest error shows."""
+    from omni_trainer.interop.source import HFModelError, read_config
+
+    try:
+        return read(read_config(hf), hf)
+    except KeyError as err:
+        raise ValueError(f"hf: {hf}/config.json lacks {err}") from None
+    except (HFModelError, OSError, ValueError) as err:
+        raise ValueError(f"hf: {err}") from None
+    except Exception as err:  # storage: botocore's credential and endpoint errors
+        raise ValueError(
+            f"hf: {hf}: cannot read config.json ({type(err).__name__}: {err}); "
+            "check the path and the storage credentials"
+        ) from None
+
+
+class ImportableEncoder(Spec):
+    """What an encoder section with an ``hf`` field shares: the imported tower's settings."""
+
+    _tower: HFTower | None = PrivateAttr(None)
+
+    @property
+    def resolved(self) -> bool:
+        """Whether the shape is known (false only for ``hf`` under ``DEFER_HF``)."""
+        return self.num_layers is not None
+
+    @property
+    def tower(self) -> HFTower | None:
+        """The imported tower's settings (None for our own encoders)."""
+        return self._tower
+
+    def _resolve_hf(self, info: ValidationInfo, shape_fields: tuple[str, ...], read) -> None:
+        """Fill the shape fields from ``hf`` (``read(config, where)`` -> fields, tower), or
+        check that every shape field is set when there is no ``hf``."""
+        if self.hf is None:
+            missing = [_camel(n) for n in shape_fields if getattr(self, n) is None]
+            if missing:
+                raise ValueError(
+                    f"{', '.join(missing)}: required when neither 'preset' nor 'hf' is given"
+                )
+            return
+        refuse_beside_hf(self, {"preset", *shape_fields})
+        if (info.context or {}).get(DEFER_HF):
+            return
+        fields, self._tower = read_hf(self.hf, read)
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
+
+
 def _check_heads(hidden_size: int, num_heads: int) -> None:
     """Heads must split the width evenly (``head_dim = hidden_size / num_heads``)."""
     if hidden_size % num_heads:
@@ -98,21 +181,37 @@ def _check_heads(hidden_size: int, num_heads: int) -> None:
         )
 
 
-class VisionEncoderConfig(Spec):
-    """A ViT over images of any resolution (multiples of the patch size)."""
+_VISION_SHAPE = ("hidden_size", "num_layers", "num_heads", "ffn_hidden_size", "patch_size")
 
+
+class VisionEncoderConfig(ImportableEncoder):
+    """A ViT over images of any resolution (multiples of the patch size), or an imported CLIP /
+    SigLIP vision tower (``hf``)."""
+
+    hf: str | None = Field(
+        None,
+        description="a Hugging Face vision tower (local directory or s3:// prefix) whose "
+        f"architecture and weights the encoder takes (supported: {', '.join(SUPPORTED_VISION)}; "
+        "a dual encoder's vision_model only); its preprocessor_config.json sizes the images",
+    )
+    feature_layer: int = -2
+    """With ``hf``: the hidden state given to the projector (LLaVA's ``vision_feature_layer``:
+    -1 the last block's output, -2 the one before; later blocks are not built)."""
+    feature_select: Literal["default", "full"] = "default"
+    """With ``hf``: ``default`` drops the first output token (CLIP's class token), ``full`` keeps
+    every token (LLaVA's ``vision_feature_select_strategy``)."""
     preset: VisionPreset | None = None
     """Public model whose shape fills the fields below that are not given."""
-    hidden_size: PositiveInt
+    hidden_size: PositiveInt | None = None
     """Token width; a multiple of 4 (2D sin-cos positions) and of ``num_heads``."""
-    num_layers: PositiveInt
+    num_layers: PositiveInt | None = None
     """Transformer blocks."""
-    num_heads: PositiveInt
+    num_heads: PositiveInt | None = None
     """Attention heads."""
-    ffn_hidden_size: PositiveInt
+    ffn_hidden_size: PositiveInt | None = None
     """MLP inner width."""
-    patch_size: PositiveInt = 14
-    """Square patch side in pixels; image sides must be multiples of it."""
+    patch_size: PositiveInt | None = None
+    """Square patch side in pixels (default 14); image sides must be multiples of it."""
     in_channels: PositiveInt = 3
     """Image channels."""
     freeze: bool = False
@@ -126,7 +225,19 @@ class VisionEncoderConfig(Spec):
         return _fill_from_preset(cls, data, _VISION_PRESETS)
 
     @model_validator(mode="after")
-    def _check_shape(self) -> VisionEncoderConfig:
+    def _check_shape(self, info: ValidationInfo) -> VisionEncoderConfig:
+        if self.hf is None:
+            if self.patch_size is None:
+                object.__setattr__(self, "patch_size", 14)
+            unset = self.model_fields_set & {"feature_layer", "feature_select"}
+            if unset:
+                raise ValueError(
+                    f"{', '.join(_camel(n) for n in sorted(unset))}: only for an imported "
+                    "tower ('hf')"
+                )
+        self._resolve_hf(info, _VISION_SHAPE, self._read_hf)
+        if not self.resolved:
+            return self
         _check_heads(self.hidden_size, self.num_heads)
         if self.freeze_layers is not None:
             start, stop = self.freeze_layers
@@ -135,27 +246,52 @@ class VisionEncoderConfig(Spec):
                     f"freezeLayers [{start}, {stop}) must satisfy start < stop <= numLayers "
                     f"({self.num_layers})"
                 )
-        if self.hidden_size % 4:
+        if self.hf is None and self.hidden_size % 4:
             raise ValueError(
                 f"hidden_size ({self.hidden_size}) must be a multiple of 4 "
                 "(sin and cos for rows and for columns)"
             )
         return self
 
+    def _read_hf(self, config: dict[str, Any], where: str) -> tuple[dict[str, Any], HFTower]:
+        """A VLM's own feature layer and selection apply unless the manifest sets them."""
+        from omni_trainer.interop.hf_config import vision_fields, vlm_feature_settings
+
+        for name, value in vlm_feature_settings(config).items():
+            if name not in self.model_fields_set:
+                object.__setattr__(self, name, value)
+        return vision_fields(config, where, feature_layer=self.feature_layer)
+
+    @property
+    def prefix_tokens(self) -> int:
+        """Tokens the blocks see before an image's patches (CLIP's class token)."""
+        return int(self._tower is not None and self._tower.class_token)
+
+    @property
+    def drop_prefix(self) -> int:
+        """Leading block outputs of each image left out of the encoder's output."""
+        return int(self._tower is not None and self.feature_select == "default")
+
     def num_tokens(self, height: int, width: int) -> int:
-        """Patches (= encoder output tokens) of one ``height x width`` image."""
+        """Encoder output tokens (= LLM positions) of one ``height x width`` image."""
         p = self.patch_size
         if height % p or width % p:
             raise ValueError(f"image {height}x{width} is not a multiple of patch_size {p}")
-        return (height // p) * (width // p)
+        return (height // p) * (width // p) + self.prefix_tokens - self.drop_prefix
 
     def params(self) -> int:
-        """Trainable parameters of :class:`~omni_trainer.models.encoders.vision.VisionEncoder`."""
+        """Trainable parameters of the encoder module (``VisionEncoder``, or the imported
+        tower's blocks up to the feature layer)."""
         h, f = self.hidden_size, self.ffn_hidden_size
-        patch_embed = self.in_channels * self.patch_size**2 * h + h
         # LN 2h, qkv 3h^2+3h, proj h^2+h, LN 2h, fc1 hf+f, fc2 fh+h
         block = 4 * h * h + 2 * h * f + 9 * h + f
-        return patch_embed + self.num_layers * block + 2 * h
+        conv = self.in_channels * self.patch_size**2 * h
+        if self._tower is None:
+            return conv + h + self.num_layers * block + 2 * h  # + final LN
+        t = self._tower
+        positions = (t.image_size // self.patch_size) ** 2 + self.prefix_tokens
+        extra = 3 * h if t.class_token else h  # class token + pre-LN, or the conv's bias
+        return conv + positions * h + extra + self.num_layers * block
 
     def flops(self, token_lengths: Sequence[int]) -> float:
         """Forward FLOPs for images of these patch counts (see ``components/flops.py``)."""
@@ -170,23 +306,41 @@ class VisionEncoderConfig(Spec):
         )
 
 
-class AudioEncoderConfig(Spec):
-    """A Conformer over log-mel features, subsampled 4x in time before the blocks."""
+_AUDIO_SHAPE = (
+    "hidden_size",
+    "num_layers",
+    "num_heads",
+    "ffn_hidden_size",
+    "n_mels",
+    "subsampling",
+)
 
+
+class AudioEncoderConfig(ImportableEncoder):
+    """A Conformer over log-mel features, subsampled 4x in time before the blocks, or an
+    imported Whisper encoder (``hf``, subsampled 2x)."""
+
+    hf: str | None = Field(
+        None,
+        description="a Hugging Face Whisper model (local directory or s3:// prefix) whose "
+        f"encoder's architecture and weights the audio encoder takes (supported: "
+        f"{', '.join(SUPPORTED_AUDIO)})",
+    )
     preset: AudioPreset | None = None
     """Public model whose shape fills the fields below that are not given."""
-    hidden_size: PositiveInt
+    hidden_size: PositiveInt | None = None
     """Token width; even (sinusoidal positions) and a multiple of ``num_heads``."""
-    num_layers: PositiveInt
+    num_layers: PositiveInt | None = None
     """Conformer blocks."""
-    num_heads: PositiveInt
+    num_heads: PositiveInt | None = None
     """Attention heads."""
-    ffn_hidden_size: PositiveInt
+    ffn_hidden_size: PositiveInt | None = None
     """Inner width of each of the two half-step feed-forward modules."""
-    n_mels: PositiveInt = 80
-    """Mel bins per input frame."""
-    subsampling: Literal[4] = 4
-    """Time reduction before the blocks (two stride-2 convs); input frames must be a multiple."""
+    n_mels: PositiveInt | None = None
+    """Mel bins per input frame (default 80)."""
+    subsampling: Literal[2, 4] | None = None
+    """Time reduction before the blocks (the Conformer: 4, two stride-2 convs; Whisper: 2);
+    input frames must be a multiple."""
     conv_kernel_size: PositiveInt = 15
     """Depthwise convolution width in frames (odd, so 'same' padding is symmetric)."""
     freeze: bool = False
@@ -198,13 +352,27 @@ class AudioEncoderConfig(Spec):
         return _fill_from_preset(cls, data, _AUDIO_PRESETS)
 
     @model_validator(mode="after")
-    def _check_shape(self) -> AudioEncoderConfig:
+    def _check_shape(self, info: ValidationInfo) -> AudioEncoderConfig:
+        if self.hf is None:
+            for name, default in (("n_mels", 80), ("subsampling", 4)):
+                if getattr(self, name) is None:
+                    object.__setattr__(self, name, default)
+            if self.subsampling != 4:
+                raise ValueError("subsampling: the Conformer subsamples by 4 (2 is Whisper's)")
+        self._resolve_hf(info, _AUDIO_SHAPE, _read_audio_hf)
+        if not self.resolved:
+            return self
         _check_heads(self.hidden_size, self.num_heads)
         if self.hidden_size % 2:
             raise ValueError(f"hidden_size ({self.hidden_size}) must be even (sin and cos)")
         if self.conv_kernel_size % 2 == 0:
             raise ValueError(f"conv_kernel_size ({self.conv_kernel_size}) must be odd")
         return self
+
+    @property
+    def max_frames(self) -> int | None:
+        """Longest clip in input frames (Whisper's position table); None: no limit."""
+        return None if self._tower is None else self._tower.max_positions * self.subsampling
 
     def num_tokens(self, frames: int) -> int:
         """Encoder output tokens for ``frames`` mel frames."""
@@ -213,8 +381,13 @@ class AudioEncoderConfig(Spec):
         return frames // self.subsampling
 
     def params(self) -> int:
-        """Trainable parameters of :class:`~omni_trainer.models.encoders.audio.AudioEncoder`."""
+        """Trainable parameters of :class:`~omni_trainer.models.encoders.audio.AudioEncoder`
+        (or of the imported Whisper encoder)."""
         h, f, k = self.hidden_size, self.ffn_hidden_size, self.conv_kernel_size
+        if self._tower is not None:  # conv1, conv2, positions, blocks as the ViT's, final LN
+            block = 4 * h * h + 2 * h * f + 9 * h + f
+            convs = 3 * self.n_mels * h + h + 3 * h * h + h
+            return convs + self._tower.max_positions * h + self.num_layers * block + 2 * h
         subsample = (3 * self.n_mels * h + h) + (3 * h * h + h)
         ffn = 2 * h * f + f + 3 * h  # LN, fc1, fc2
         attn = 4 * h * h + 6 * h  # LN, qkv, proj
@@ -226,16 +399,22 @@ class AudioEncoderConfig(Spec):
         """Forward FLOPs for clips of these output token counts (input frames = 4 x tokens)."""
         h, f, k = self.hidden_size, self.ffn_hidden_size, self.conv_kernel_size
         tokens = sum(token_lengths)
-        # conv1 runs at 2x the output rate (frames / 2 positions), conv2 at the output rate.
-        subsample = 2.0 * (3 * self.n_mels * h) * 2 * tokens + 2.0 * (3 * h * h) * tokens
-        per_token = 4 * h * f + 4 * h * h + 3 * h * h + h * k  # 2 FFNs, attention, conv module
-        return (
-            subsample
-            + 2.0 * self.num_layers * per_token * tokens
-            + attention_flops(
-                num_layers=self.num_layers,
-                num_heads=self.num_heads,
-                head_dim=h // self.num_heads,
-                seq_lengths=token_lengths,
-            )
+        attention = attention_flops(
+            num_layers=self.num_layers,
+            num_heads=self.num_heads,
+            head_dim=h // self.num_heads,
+            seq_lengths=token_lengths,
         )
+        # conv1 runs at 2x the output rate (frames / 2 positions), conv2 at the output rate
+        # (Whisper too: its conv1 keeps the frame rate, its frames are 2x its tokens).
+        subsample = 2.0 * (3 * self.n_mels * h) * 2 * tokens + 2.0 * (3 * h * h) * tokens
+        if self._tower is not None:  # Whisper: blocks as the ViT's
+            return subsample + 2.0 * self.num_layers * (4 * h * h + 2 * h * f) * tokens + attention
+        per_token = 4 * h * f + 4 * h * h + 3 * h * h + h * k  # 2 FFNs, attention, conv module
+        return subsample + 2.0 * self.num_layers * per_token * tokens + attention
+
+
+def _read_audio_hf(config: dict[str, Any], where: str) -> tuple[dict[str, Any], HFTower]:
+    from omni_trainer.interop.hf_config import audio_fields
+
+    return audio_fields(config, where)

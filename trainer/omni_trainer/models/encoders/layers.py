@@ -147,6 +147,27 @@ class TokenMixer:
         return x_full
 
 
+class QuickGELU(nn.Module):
+    """``x * sigmoid(1.702 x)``: the activation of OpenAI's CLIP towers."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
+def tanh_gelu() -> nn.Module:
+    """GELU's tanh approximation (SigLIP's ``gelu_pytorch_tanh``)."""
+    return nn.GELU(approximate="tanh")
+
+
+ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
+    "gelu": nn.GELU,
+    "quick_gelu": QuickGELU,
+    "gelu_pytorch_tanh": tanh_gelu,
+    "gelu_new": tanh_gelu,
+}
+"""Hugging Face ``hidden_act`` names -> the module computing it."""
+
+
 class MultiHeadSelfAttention(nn.Module):
     """QKV projection, the mixer's attention, output projection."""
 
@@ -175,7 +196,11 @@ class MLP(nn.Module):
     """Linear, activation, Linear (GELU in the ViT, SiLU/Swish in Conformer feed-forwards)."""
 
     def __init__(
-        self, hidden_size: int, ffn_hidden_size: int, *, activation: type[nn.Module] = nn.GELU
+        self,
+        hidden_size: int,
+        ffn_hidden_size: int,
+        *,
+        activation: Callable[[], nn.Module] = nn.GELU,
     ) -> None:
         super().__init__()
         self.fc1 = nn.Linear(hidden_size, ffn_hidden_size)
@@ -197,12 +222,14 @@ class TransformerBlock(nn.Module):
         ffn_hidden_size: int,
         *,
         mixer: TokenMixer | None = None,
+        eps: float = 1e-5,
+        activation: Callable[[], nn.Module] = nn.GELU,
     ) -> None:
         super().__init__()
-        self.attn_norm = nn.LayerNorm(hidden_size)
+        self.attn_norm = nn.LayerNorm(hidden_size, eps=eps)
         self.attn = MultiHeadSelfAttention(hidden_size, num_heads, mixer=mixer)
-        self.mlp_norm = nn.LayerNorm(hidden_size)
-        self.mlp = MLP(hidden_size, ffn_hidden_size)
+        self.mlp_norm = nn.LayerNorm(hidden_size, eps=eps)
+        self.mlp = MLP(hidden_size, ffn_hidden_size, activation=activation)
 
     def forward(self, x: Tensor, cu_seqlens: Tensor) -> Tensor:
         """[total, hidden] -> [total, hidden]."""

@@ -27,6 +27,9 @@ from omni_trainer.models.encoders.layers import (
 class VisionEncoder(nn.Module):
     """Patch embedding, 2D sin-cos positions, pre-LN blocks, final LayerNorm."""
 
+    drop_prefix = 0
+    """Leading block outputs per sample that are not encoder output (none here)."""
+
     def __init__(self, cfg: VisionEncoderConfig, *, mixer: TokenMixer | None = None) -> None:
         super().__init__()
         self.cfg = cfg
