@@ -83,8 +83,6 @@ def logits(
 ) -> torch.Tensor:
     """One forward of a TP = PP = 1 ``OmniModel`` on one sequence: [1, len] ids, the images'
     projected features written at ``image_positions`` (in order), -> [1, len, padded vocab]."""
-    from omni_trainer.models.batch import segment_attention_mask
-
     (chunk,) = model.llm_chunks
     positions = torch.arange(ids.shape[1], device=ids.device)[None]
     emb = chunk.embedding(input_ids=ids, position_ids=positions)  # [len, 1, hidden]
@@ -98,6 +96,6 @@ def logits(
     return chunk(
         input_ids=ids,
         position_ids=positions,
-        attention_mask=segment_attention_mask(torch.zeros_like(ids)),
+        attention_mask=None,  # one causal sequence: no boundaries needed
         decoder_input=emb,
     )
