@@ -40,6 +40,9 @@ class LLMRuntime:
     params_dtype: torch.dtype = torch.float32
     recompute: Recompute = Recompute()
     sequence_parallel: bool = False
+    layer_spec: Literal["auto", "local", "te"] = "auto"
+    """megatron's layer spec: ``auto`` is TE's where CUDA and TE work, the local one otherwise;
+    ``local`` / ``te`` force one (``bench/gpu_check.py`` compares them on one GPU)."""
 
 
 FP32 = LLMRuntime()
@@ -54,6 +57,12 @@ def transformer_engine_usable() -> bool:
     except Exception:
         return False
     return True
+
+
+def _uses_te(layer_spec: str) -> bool:
+    if layer_spec == "te" and not transformer_engine_usable():
+        raise RuntimeError("layer_spec 'te' needs CUDA and an importable TransformerEngine")
+    return layer_spec == "te" or (layer_spec == "auto" and transformer_engine_usable())
 
 
 def build_gpt(
@@ -84,7 +93,7 @@ def build_gpt(
 
     from omni_trainer.models.packed import PackedAttention, with_core_attention
 
-    use_te = transformer_engine_usable()
+    use_te = _uses_te(runtime.layer_spec)
     params_dtype, sequence_parallel = runtime.params_dtype, runtime.sequence_parallel
     if cfg.sliding_window is not None and max_sequence_length > cfg.sliding_window:
         raise ValueError(
