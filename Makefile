@@ -129,3 +129,10 @@ bench-operator: setup
 # the same run, predicts the tiny example's step time at world 1/2/4; omni train measures it.
 bench-calibrate: setup
 	$(BIN)/python bench/calibrate.py $(BENCH_ARGS)
+
+.PHONY: gpu-check
+
+# The GPU path on one GPU in under 8 minutes: TE vs local spec, a ~1B LLM + ViT-L bf16 run at 8K
+# (tokens/s, MFU), checkpoints across specs; JSON to $(OUT) (CPU: GPU_CHECK_ARGS=--cpu-smoke).
+gpu-check: setup
+	$(BIN)/python bench/gpu_check.py --out $(or $(OUT),.) $(GPU_CHECK_ARGS)
