@@ -96,7 +96,9 @@ def sdpa_varlen(q: Tensor, k: Tensor, v: Tensor, seqs: Varlen) -> Tensor:
 @functools.cache
 def _flash_varlen_func() -> Callable[..., Tensor] | None:
     """flash-attn's ``flash_attn_varlen_func`` where it is installed and imports (a broken
-    install is treated as absent: it must never stop a run that SDPA can serve)."""
+    install is treated as absent: it must never stop a run that SDPA can serve). Called with
+    flash-attn 2.x's signature (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+    max_seqlen_k, dropout_p, causal), read against 2.7/2.8."""
     if not torch.cuda.is_available():
         return None
     try:
