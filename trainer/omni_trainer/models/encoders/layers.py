@@ -51,14 +51,17 @@ class Varlen:
     def max_seqlen(self) -> int:
         return max(self.lengths, default=0)
 
-    def cu_seqlens(self, device: torch.device) -> Tensor:
+    def cu_seqlens(self, device: torch.device | str) -> Tensor:
         """``[0, l0, l0+l1, ...]`` int32 on ``device`` (FlashAttention's format): computed on
-        the host and copied once per device, then reused by every layer."""
+        the host and copied once per device, then reused by every layer. The copy to a GPU
+        goes from pinned memory, so it does not wait for the device either."""
         device = torch.device(device)
         cu = self._device_cu.get(device)
         if cu is None:
             host = torch.zeros(len(self.lengths) + 1, dtype=torch.int32)
             host[1:] = torch.cumsum(torch.tensor(self.lengths, dtype=torch.int32), 0)
+            if device.type == "cuda":
+                host = host.pin_memory()
             cu = self._device_cu[device] = host.to(device, non_blocking=True)
         return cu
 
