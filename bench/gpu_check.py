@@ -170,6 +170,7 @@ def _version(dist: str) -> str | None:
 
 
 def environment() -> dict:
+    from omni_trainer.models.encoders.layers import gpu_varlen_kernel
     from omni_trainer.models.llm import transformer_engine_usable
 
     env = {
@@ -180,6 +181,7 @@ def environment() -> dict:
         "transformer_engine": _version("transformer_engine") or _version("transformer-engine"),
         "flash_attn": _version("flash_attn") or _version("flash-attn"),
         "te_usable": transformer_engine_usable(),
+        "encoder_varlen_kernel": getattr(gpu_varlen_kernel(), "__name__", "sdpa per sample"),
         "device": "cpu",
     }
     if torch.cuda.is_available():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -61,25 +63,57 @@ def test_boundaries_come_from_host_lengths_and_reach_a_device_once() -> None:
     assert seqs.cu_seqlens("cpu") is cu  # copied once, reused by every layer
 
 
-def test_flash_kernel_gets_the_packed_boundaries(monkeypatch, gen: torch.Generator) -> None:
-    """Where flash-attn serves (CUDA, bf16/fp16), it gets the whole pack with int32 cu_seqlens
-    and the longest sample; its answer is the reference's (here a fake kernel computes it)."""
+@pytest.fixture
+def gpu_kernel_lookup(monkeypatch):
+    """A machine that claims CUDA, with the kernel lookup redone (and forgotten afterwards)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    layers.gpu_varlen_kernel.cache_clear()
+    yield
+    layers.gpu_varlen_kernel.cache_clear()
+
+
+@pytest.mark.parametrize("installed", ["flash_attn", "torch"])
+def test_the_gpu_kernel_gets_the_packed_boundaries(
+    installed: str, monkeypatch, gpu_kernel_lookup, gen: torch.Generator
+) -> None:
+    """flash-attn's kernel where installed, else PyTorch's: either gets the whole pack with
+    int32 cu_seqlens and the longest sample, in its own argument order, and its answer is the
+    reference's (fakes stand in for the CUDA kernels and compute it)."""
+    import types
+
+    from torch.nn.attention import varlen
+
     seen = {}
 
-    def fake_flash(q, k, v, cu_q, cu_k, max_q, max_k, *, dropout_p, causal):
+    def fake(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.0, *, causal=False):
         seen.update(cu=cu_q.tolist(), same=cu_q is cu_k, max=(max_q, max_k), causal=causal)
+        seen.update(dropout=dropout_p)
         lengths = torch.diff(cu_q).tolist()  # the test's fake may read back; the real one not
         return dense_block_diagonal(q, k, v, Varlen.of(lengths))
 
-    monkeypatch.setattr(layers, "_flash_varlen_func", lambda: fake_flash)
+    if installed == "flash_attn":
+        monkeypatch.setitem(
+            sys.modules, "flash_attn", types.SimpleNamespace(flash_attn_varlen_func=fake)
+        )
+    else:
+        monkeypatch.setitem(sys.modules, "flash_attn", None)  # import fails: not installed
+        monkeypatch.setattr(varlen, "varlen_attn", fake)
+    kernel = layers.gpu_varlen_kernel()
+    assert installed in kernel.__name__
     seqs = Varlen.of([4, 2, 6])
     q, k, v = (torch.randn(12, 2, 8, generator=gen) for _ in range(3))
     varlen_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), seqs)
-    assert seen == {}  # on CPU flash-attn cannot serve: SDPA
-    monkeypatch.setattr(layers, "_flash_serves", lambda q: True)
+    assert seen == {}  # CPU tensors: the kernel cannot serve them, SDPA does
+    monkeypatch.setattr(layers, "_kernel_serves", lambda q: True)
     out = varlen_attention(q, k, v, seqs)
-    assert seen == {"cu": [0, 4, 6, 12], "same": True, "max": (6, 6), "causal": False}
+    expected = {"cu": [0, 4, 6, 12], "same": True, "max": (6, 6), "causal": False, "dropout": 0.0}
+    assert seen == expected
     torch.testing.assert_close(out, dense_block_diagonal(q, k, v, seqs), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only behaviour")
+def test_no_gpu_kernel_without_cuda() -> None:
+    assert layers.gpu_varlen_kernel() is None
 
 
 def test_sincos_2d_depends_on_grid_position() -> None:

@@ -96,22 +96,48 @@ def sdpa_varlen(q: Tensor, k: Tensor, v: Tensor, seqs: Varlen) -> Tensor:
     return torch.cat(outs)
 
 
+VarlenKernel = Callable[[Tensor, Tensor, Tensor, Tensor, int], Tensor]
+"""``(q, k, v, cu_seqlens, max_seqlen) -> out``: bidirectional attention within each sample of
+the pack in one launch, q, k, v and out [total_tokens, heads, head_dim]."""
+
+
+def _flash_attn_kernel() -> VarlenKernel:
+    """flash-attn 2.x's ``flash_attn_varlen_func`` (signature read against 2.7/2.8)."""
+    from flash_attn import flash_attn_varlen_func
+
+    def flash_attn_varlen(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, longest: int) -> Tensor:
+        return flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, 0.0, causal=False)
+
+    return flash_attn_varlen
+
+
+def _torch_kernel() -> VarlenKernel:
+    """PyTorch's own FlashAttention-2 varlen op (``torch.nn.attention.varlen``, recent torch;
+    signature read against 2.13), so GPUs without flash-attn installed get one too."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    def torch_varlen_attn(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, longest: int) -> Tensor:
+        return varlen_attn(q, k, v, cu, cu, longest, longest)
+
+    return torch_varlen_attn
+
+
 @functools.cache
-def _flash_varlen_func() -> Callable[..., Tensor] | None:
-    """flash-attn's ``flash_attn_varlen_func`` where it is installed and imports (a broken
-    install is treated as absent: it must never stop a run that SDPA can serve). Called with
-    flash-attn 2.x's signature (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-    max_seqlen_k, dropout_p, causal), read against 2.7/2.8."""
+def gpu_varlen_kernel() -> VarlenKernel | None:
+    """The one-launch varlen kernel of this machine: flash-attn's where installed, else
+    PyTorch's; None without CUDA. A kernel that fails to import counts as absent: it must never
+    stop a run that per-sample SDPA can serve."""
     if not torch.cuda.is_available():
         return None
-    try:
-        from flash_attn import flash_attn_varlen_func
-    except Exception:
-        return None
-    return flash_attn_varlen_func
+    for load in (_flash_attn_kernel, _torch_kernel):
+        try:
+            return load()
+        except Exception:
+            continue
+    return None
 
 
-def _flash_serves(q: Tensor) -> bool:
+def _kernel_serves(q: Tensor) -> bool:
     """FlashAttention 2's limits: CUDA, fp16/bf16, head dim a multiple of 8 up to 256."""
     head_dim = q.shape[-1]
     return (
@@ -123,15 +149,15 @@ def _flash_serves(q: Tensor) -> bool:
 
 
 def varlen_attention(q: Tensor, k: Tensor, v: Tensor, seqs: Varlen) -> Tensor:
-    """The default attention core: flash-attn's varlen kernel (one launch for the whole pack,
-    boundaries from the device copy of ``cu_seqlens``) where installed and the tensors suit it,
-    per-sample SDPA (:func:`sdpa_varlen`) otherwise. Same arguments, same result.
+    """The default attention core: one varlen kernel launch for the whole pack
+    (:func:`gpu_varlen_kernel`, boundaries from the device copy of ``cu_seqlens``) where one
+    exists and the tensors suit it, per-sample SDPA (:func:`sdpa_varlen`) otherwise. Same
+    arguments, same result.
     """
-    flash = _flash_varlen_func()
-    if flash is None or not _flash_serves(q):
+    kernel = gpu_varlen_kernel()
+    if kernel is None or not _kernel_serves(q):
         return sdpa_varlen(q, k, v, seqs)
-    cu = seqs.cu_seqlens(q.device)
-    return flash(q, k, v, cu, cu, seqs.max_seqlen, seqs.max_seqlen, dropout_p=0.0, causal=False)
+    return kernel(q, k, v, seqs.cu_seqlens(q.device), seqs.max_seqlen)
 
 
 def pad_packed(x: Tensor, seqs: Varlen) -> Tensor:
@@ -184,8 +210,8 @@ class TokenMixer:
     run one sample sharded along the sequence across ranks.
 
     Args:
-        core: the attention kernel over full samples (:func:`varlen_attention`: flash-attn's
-            varlen kernel on GPU where installed, per-sample SDPA otherwise).
+        core: the attention kernel over full samples (:func:`varlen_attention`: a one-launch
+            varlen kernel on GPUs, per-sample SDPA otherwise).
     """
 
     def __init__(self, core: AttentionFn = varlen_attention) -> None:
