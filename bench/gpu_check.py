@@ -5,6 +5,9 @@
 
 Parts, each in its own try/except, the JSON rewritten after each (a killed run keeps what ran):
 
+0. ``encoder_varlen``: the encoders' attention core on packed ViT-L images, the one-launch
+   varlen kernel (flash-attn's or PyTorch's) against per-sample SDPA in bf16, outputs and
+   gradients, both timed.
 a. ``te_vs_local``: megatron's TE layer spec against the local spec on the same packed batch
    (samples of several lengths as THD boundaries) and the same weights (name-seeded, canonical
    names): logits and every parameter's gradient, in fp32 and bf16, against stated tolerances.
@@ -73,6 +76,8 @@ class Shapes:
     global_batch: int
     steps: int
     length_scale: float  # synthetic sources' lengths (1.0: the paper's)
+    image_tokens: tuple[int, ...]  # images packed for the encoder attention comparison
+    encoder_heads: tuple[int, int]  # (heads, head dim) of that attention
 
 
 GPU = Shapes(
@@ -84,6 +89,8 @@ GPU = Shapes(
     global_batch=4,
     steps=8,
     length_scale=1.0,
+    image_tokens=(576, 1024, 256, 2304, 49),  # ViT-L/14 grids of several image sizes
+    encoder_heads=(16, 64),
 )
 CPU_SMOKE = Shapes(
     compare_llm={"preset": "tiny"},
@@ -94,6 +101,8 @@ CPU_SMOKE = Shapes(
     global_batch=2,
     steps=2,
     length_scale=0.02,
+    image_tokens=(9, 16, 4),
+    encoder_heads=(2, 8),
 )
 
 
@@ -334,6 +343,67 @@ def part_te_vs_local(shapes: Shapes, smoke: bool) -> dict:
     return out
 
 
+def _timed_ms(fn: Callable[[], torch.Tensor], repeat: int = 5) -> float:
+    fn()  # warm-up
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeat):
+        fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / repeat * 1e3
+
+
+def part_encoder_varlen(shapes: Shapes) -> dict:
+    """The encoders' attention core on packed images: the one-launch varlen kernel (bf16)
+    against per-sample SDPA (the CPU-proven path), outputs and q/k/v gradients, and both
+    timed forward + backward."""
+    from omni_trainer.models.encoders.layers import (
+        Varlen,
+        gpu_varlen_kernel,
+        sdpa_varlen,
+        varlen_attention,
+    )
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    kernel = gpu_varlen_kernel()
+    seqs = Varlen.of(shapes.image_tokens)
+    heads, dim = shapes.encoder_heads
+    gen = torch.Generator(device=device).manual_seed(0)
+    qkv = [
+        torch.randn(seqs.total, heads, dim, generator=gen, device=device, dtype=dtype)
+        for _ in range(3)
+    ]
+
+    def run(core) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        leaves = [t.detach().requires_grad_() for t in qkv]
+        out = core(*leaves, seqs)
+        out.float().square().sum().backward()
+        return out.detach().float(), [t.grad.float() for t in leaves]
+
+    (out, grads), (ref, ref_grads) = run(varlen_attention), run(sdpa_varlen)
+    tol = TOLERANCE[dtype_name(dtype)]
+    result = {
+        "kernel": getattr(kernel, "__name__", None) or "none: sdpa per sample on both sides",
+        "tokens": list(shapes.image_tokens),
+        "dtype": dtype_name(dtype),
+        "out_rel_error": rel_error(out, ref),
+        "grads_worst_rel_error": max(
+            rel_error(g, r) for g, r in zip(grads, ref_grads, strict=True)
+        ),
+        "tolerance": tol,
+        "kernel_fwd_bwd_ms": _timed_ms(lambda: run(varlen_attention)[0]),
+        "sdpa_fwd_bwd_ms": _timed_ms(lambda: run(sdpa_varlen)[0]),
+    }
+    result["mismatch"] = not (
+        result["out_rel_error"] <= tol["logits"] and result["grads_worst_rel_error"] <= tol["grads"]
+    )
+    print(f"[gpu_check]   {result}", flush=True)
+    return result
+
+
 def _save_then_load(tmp: Path, src, dst) -> None:
     from omni_trainer.checkpoint.checkpointer import Checkpointer
     from omni_trainer.checkpoint.config import CheckpointConfig
@@ -482,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="JSON file or folder (default: $OUT, else .)")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes, CPU-capable parts")
     parser.add_argument("--budget-s", type=float, default=450.0, help="whole-run time budget")
-    parser.add_argument("--parts", default="te_vs_local,checkpoint,train")
+    parser.add_argument("--parts", default="encoder_varlen,te_vs_local,checkpoint,train")
     args = parser.parse_args(argv)
     shapes = CPU_SMOKE if args.cpu_smoke else GPU
     report = Report(output_path(args.out), deadline=time.monotonic() + args.budget_s)
@@ -495,6 +565,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gpu_check-") as scratch:
         tmp = Path(scratch)
         runs = {
+            "encoder_varlen": (lambda: part_encoder_varlen(shapes), 20),
             "te_vs_local": (lambda: part_te_vs_local(shapes, args.cpu_smoke), 60),
             "checkpoint": (lambda: part_checkpoint(shapes, args.cpu_smoke, tmp / "ckpt"), 60),
             "train": (lambda: part_train(shapes, args.cpu_smoke, tmp / "train", report), 90),
