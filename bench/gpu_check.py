@@ -532,7 +532,10 @@ def part_train(shapes: Shapes, smoke: bool, tmp: Path, report: Report) -> dict:
     cmd += ["--summary", str(summary)]
     out: dict = {"command": " ".join(cmd[1:]), "timeout_s": round(timeout)}
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+        env = {k: v for k, v in os.environ.items() if k != "NVIDIA_TF32_OVERRIDE"}  # as in prod
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, check=False, env=env
+        )
         out["returncode"], log = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as err:
         out["returncode"], log = "timeout", f"{err.stdout or ''}{err.stderr or ''}"
