@@ -1,7 +1,8 @@
 """``omni export``: the model back in its Hugging Face family, tensor by tensor.
 
 The LLM is written in the family it came from (``model.llm.hf``'s config.json, updated to the
-exported dtype) or, for presets, as a Llama. The output appears atomically: everything is
+exported dtype) or, for presets, as a Llama; a whole LLaVA (``model.hf``) as
+``LlavaForConditionalGeneration`` (``llava_export``). The output appears atomically: everything is
 written into a hidden sibling directory that is renamed to ``--out`` only once complete, so a
 failure never leaves a half-written model where transformers would load it.
 """
@@ -12,6 +13,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +40,7 @@ SIDE_FILES = (
     "processor_config.json",
 )
 SHARD_BYTES = 2 << 30
+EXPORTABLE_VLMS = ("LlavaForConditionalGeneration",)
 
 
 @dataclass
@@ -133,10 +136,50 @@ def check_export(cfg: TrainerConfig, out: Path) -> dict:
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"--out {out}: exists and is not empty (choose a new directory)")
     llm = cfg.model.llm
+    if cfg.model.hf is not None:
+        from omni_trainer.interop.hf_config import architecture
+
+        config = read_config(cfg.model.hf)
+        arch = architecture(config, cfg.model.hf)
+        if arch not in EXPORTABLE_VLMS:
+            raise HFModelError(
+                f"export: model.hf {cfg.model.hf} is a {arch}; whole VLMs are exported only as "
+                f"{', '.join(EXPORTABLE_VLMS)}"
+            )
+    else:
+        config = read_config(llm.hf) if llm.hf else llama_config(llm, torch.float32)
     # Parameters are fp32 in this trainer (bf16 is autocast), so that is what is exported.
-    config = read_config(llm.hf) if llm.hf else llama_config(llm, torch.float32)
     config["dtype"] = "float32"
     return config
+
+
+def _llm_tensors(model, cfg: TrainerConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, tensor) of the LLM as a causal LM."""
+    from omni_trainer.models.init import global_llm_names
+
+    llm = cfg.model.llm
+    (chunk,) = model.llm_chunks
+    for name, param in global_llm_names(chunk).items():
+        yield from split_full(tensor_map(name, llm), llm, param.data).items()
+
+
+def _vlm_tensors(model, cfg: TrainerConfig, config: dict) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name on disk, tensor) of the whole LLaVA, each checked against transformers' shape."""
+    from omni_trainer.interop.llava_export import llava_layout, llava_tensors
+    from omni_trainer.interop.safetensors_io import SafetensorsReader
+    from omni_trainer.interop.source import local_dir
+
+    layout = llava_layout(config, tied=cfg.model.llm.tie_embeddings)
+    reader = SafetensorsReader(local_dir(cfg.model.hf))
+    for name, tensor in llava_tensors(model, cfg, layout, reader):
+        if name not in layout.saved:
+            raise HFModelError(f"export: transformers' LLaVA has no tensor {name!r}")
+        if list(tensor.shape) != layout.shapes[name]:
+            raise HFModelError(
+                f"export: tensor {name!r} has shape {list(tensor.shape)}, transformers' LLaVA "
+                f"expects {layout.shapes[name]}"
+            )
+        yield layout.saved[name], tensor
 
 
 def write_hf(
@@ -144,21 +187,19 @@ def write_hf(
 ) -> ExportResult:
     """Write ``model`` (a TP = PP = 1 ``OmniModel``) to ``out`` in its HF family, atomically."""
     from omni_trainer.interop.runtime import hf_files_dir
-    from omni_trainer.models.init import global_llm_names
 
     config = check_export(cfg, out)
     llm = cfg.model.llm
-    (chunk,) = model.llm_chunks
-    params = global_llm_names(chunk)
+    vlm = cfg.model.hf is not None
+    tensors = _vlm_tensors(model, cfg, config) if vlm else _llm_tensors(model, cfg)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         writer = _ShardWriter(tmp, shard_bytes or SHARD_BYTES)
         count = 0
-        for name, param in params.items():
-            for hf_name, tensor in split_full(tensor_map(name, llm), llm, param.data).items():
-                writer.add(hf_name, tensor)
-                count += 1
+        for hf_name, tensor in tensors:
+            writer.add(hf_name, tensor)
+            count += 1
         files = writer.close()
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
         files.append("config.json")
@@ -173,7 +214,8 @@ def write_hf(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    skipped = [m for m in ("image", "audio") if getattr(cfg.model.encoders, m) is not None]
+    exported = {"image"} if vlm else set()
+    skipped = [m for m, _ in cfg.model.encoders.items() if m not in exported]
     return ExportResult(
         out=out, step=step, tensors=count, bytes=writer.total, files=files, skipped=skipped
     )

@@ -1,0 +1,64 @@
+"""``omni export`` of a whole LLaVA (``model.hf``): transformers loads the result as
+``LlavaForConditionalGeneration`` with the original's logits on image + text."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from omni_trainer.cli import app
+
+from .hf_models import IMAGE_TOKEN, save_llava
+from .test_vlm_import import vlm_job
+
+
+def llava_logits(path, ids: torch.Tensor, pixels: torch.Tensor) -> torch.Tensor:
+    import transformers
+
+    model = transformers.LlavaForConditionalGeneration.from_pretrained(path).eval()
+    with torch.no_grad():
+        return model(input_ids=ids, pixel_values=pixels).logits
+
+
+def image_batch(n: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two images in one sequence of text: (ids [1, len], pixels [2, 3, 28, 28])."""
+    gen = torch.Generator().manual_seed(4)
+    text = torch.randint(0, 290, (1, 10), generator=gen)
+    image = torch.full((1, n), IMAGE_TOKEN)
+    ids = torch.cat([text[:, :2], image, text[:, 2:7], image, text[:, 7:]], dim=1)
+    return ids, torch.randn(2, 3, 28, 28, generator=gen)
+
+
+@pytest.mark.parametrize(("vision", "text"), [("clip", "llama"), ("siglip", "qwen2")])
+def test_llava_round_trip(tmp_path, vision, text, monkeypatch) -> None:
+    import omni_trainer.interop.export as export
+
+    monkeypatch.setattr(export, "SHARD_BYTES", 100_000)  # several shards and an index
+    overrides = {"tie_word_embeddings": True} if text == "qwen2" else {}
+    src = save_llava(tmp_path / "src", vision, text, **overrides)
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(vlm_job(tmp_path / "src")))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["export", str(job), "--out", str(out)])
+    assert result.exit_code == 0, result.output + str(result.exception)
+    assert "note:" not in result.output  # nothing skipped: the tower and projector went too
+
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlavaForConditionalGeneration"]
+    assert (out / "preprocessor_config.json").is_file()
+    # The names save_pretrained of the installed transformers writes, no more, no fewer.
+    index = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+    src_model = src.__class__.from_pretrained(tmp_path / "src")
+    resaved = tmp_path / "resaved"
+    src_model.save_pretrained(resaved)
+    from safetensors import safe_open
+
+    assert sorted(index) == sorted(safe_open(str(resaved / "model.safetensors"), "pt").keys())
+
+    ids, pixels = image_batch()
+    want = llava_logits(tmp_path / "src", ids, pixels)
+    torch.testing.assert_close(llava_logits(out, ids, pixels), want, rtol=0, atol=1e-5)
