@@ -286,12 +286,8 @@ def export_cmd(
         f"exported {source}: {result.tensors} tensors, {result.bytes / 2**20:,.1f} MiB -> {out} "
         f"({', '.join(result.files)})"
     )
-    if result.skipped:
-        err_console.print(
-            f"note: the {', '.join(result.skipped)} encoder(s) are this project's own "
-            "architectures, which no Hugging Face family holds: only the LLM was exported",
-            markup=False,
-        )
+    for part in result.skipped:
+        err_console.print(f"note: not exported: {part}", markup=False)
 
 
 @app.command()

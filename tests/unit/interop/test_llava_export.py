@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from omni_trainer.cli import app
 
-from .hf_models import IMAGE_TOKEN, save_llava
+from .hf_models import IMAGE_TOKEN, save_llava, save_llm, save_tokenizer, save_vision, text_job
 from .test_vlm_import import vlm_job
 
 
@@ -24,11 +24,12 @@ def llava_logits(path, ids: torch.Tensor, pixels: torch.Tensor) -> torch.Tensor:
         return model(input_ids=ids, pixel_values=pixels).logits
 
 
-def image_batch(n: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two images in one sequence of text: (ids [1, len], pixels [2, 3, 28, 28])."""
+def image_batch(n: int = 16, token: int = IMAGE_TOKEN) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two images of ``n`` positions each in one sequence of text: (ids [1, len], pixels
+    [2, 3, 28, 28])."""
     gen = torch.Generator().manual_seed(4)
-    text = torch.randint(0, 290, (1, 10), generator=gen)
-    image = torch.full((1, n), IMAGE_TOKEN)
+    text = torch.randint(4, 290, (1, 10), generator=gen)  # no special token (<image> is 3)
+    image = torch.full((1, n), token)
     ids = torch.cat([text[:, :2], image, text[:, 2:7], image, text[:, 7:]], dim=1)
     return ids, torch.randn(2, 3, 28, 28, generator=gen)
 
@@ -62,3 +63,55 @@ def test_llava_round_trip(tmp_path, vision, text, monkeypatch) -> None:
     ids, pixels = image_batch()
     want = llava_logits(tmp_path / "src", ids, pixels)
     torch.testing.assert_close(llava_logits(out, ids, pixels), want, rtol=0, atol=1e-5)
+
+
+def test_llm_with_an_imported_tower_exports_as_llava(tmp_path) -> None:
+    """LLaVA's own recipe (an HF LLM + an HF CLIP tower + our projector) comes back as one
+    ``LlavaForConditionalGeneration`` whose logits are ours."""
+    import transformers
+
+    from omni_trainer.config import load_manifest
+    from omni_trainer.interop.generate import logits
+    from omni_trainer.interop.runtime import single_process_model
+
+    llm = save_llm(tmp_path / "llm", "llama")
+    save_tokenizer(llm)
+    save_vision(tmp_path / "clip", "clip", dual=True)  # a dual encoder: its text tower stays
+    doc = text_job({"hf": str(llm)}, seed=5)
+    doc["spec"]["trainer"]["model"]["encoders"] = {
+        "image": {"hf": str(tmp_path / "clip"), "featureLayer": -1, "featureSelect": "full"}
+    }
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["export", str(job), "--out", str(out)])
+    assert result.exit_code == 0, result.output + str(result.exception)
+    assert "note:" not in result.output
+
+    config = transformers.AutoConfig.from_pretrained(out)
+    token = transformers.AutoTokenizer.from_pretrained(out).convert_tokens_to_ids("<image>")
+    assert (config.image_token_id, config.vision_feature_layer) == (token, -1)
+    assert config.vision_feature_select_strategy == "full"
+    assert (out / "preprocessor_config.json").is_file() and (out / "tokenizer.json").is_file()
+    ids, pixels = image_batch(n=17, token=token)  # 16 patches + the class token, kept
+    cfg = load_manifest(job).spec.trainer
+    where = (ids[0] == token).nonzero()[:, 0]
+    with single_process_model(cfg, checkpoint=None) as (model, _), torch.no_grad():
+        ours = logits(model, ids, images=list(pixels), image_positions=where)
+    want = ours[..., : cfg.model.llm.vocab_size]
+    torch.testing.assert_close(llava_logits(out, ids, pixels), want, rtol=0, atol=1e-5)
+
+
+def test_parts_no_family_holds_are_named(tmp_path) -> None:
+    doc = text_job({"preset": "tiny"})
+    doc["spec"]["trainer"]["model"]["encoders"] = {"image": {"preset": "vit-tiny"}}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    result = CliRunner().invoke(app, ["export", str(job), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert "note: not exported: the image encoder and projector: the image encoder is this " in (
+        " ".join(result.output.split())
+    )
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["architectures"] == [
+        "LlamaForCausalLM"
+    ]

@@ -51,7 +51,7 @@ class ExportResult:
     bytes: int
     files: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
-    """Parts of the model no HF family here can hold (our own encoders and projectors)."""
+    """Parts of the model left out, each with the reason."""
 
 
 def llama_config(cfg: LLMConfig, dtype: torch.dtype) -> dict:
@@ -128,14 +128,32 @@ class _ShardWriter:
         return [*names, "model.safetensors.index.json"]
 
 
-def check_export(cfg: TrainerConfig, out: Path) -> dict:
-    """The config.json to write, and the checks that need no model: run them before building
-    one (a GPT-shaped preset is refused before its weights are allocated)."""
+@dataclass
+class ExportPlan:
+    """What ``omni export`` writes, decided before any weight is allocated."""
+
+    config: dict
+    """The config.json."""
+    vlm: bool
+    """A whole LLaVA (tower and projector too), not the LLM alone."""
+    skipped: list[str] = field(default_factory=list)
+    """Why each part left out is left out."""
+
+
+def check_export(cfg: TrainerConfig, out: Path) -> ExportPlan:
+    """The plan, and the checks that need no model: run them before building one (a GPT-shaped
+    preset is refused before its weights are allocated).
+
+    A whole VLM (``model.hf``) is written as itself; an LLM with an imported CLIP / SigLIP tower
+    as a LLaVA when the tokenizer has LLaVA's ``<image>`` token; anything else as the LLM's
+    family, the encoders left out with the reason."""
+    from omni_trainer.interop.llava_export import composed_config
     from omni_trainer.interop.source import read_config
 
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"--out {out}: exists and is not empty (choose a new directory)")
     llm = cfg.model.llm
+    why = ""
     if cfg.model.hf is not None:
         from omni_trainer.interop.hf_config import architecture
 
@@ -147,10 +165,16 @@ def check_export(cfg: TrainerConfig, out: Path) -> dict:
                 f"{', '.join(EXPORTABLE_VLMS)}"
             )
     else:
-        config = read_config(llm.hf) if llm.hf else llama_config(llm, torch.float32)
+        text = read_config(llm.hf) if llm.hf else llama_config(llm, torch.float32)
+        composed, why = composed_config(cfg, dict(text))
+        config = composed or text
+    vlm = config["architectures"][0] in EXPORTABLE_VLMS
+    skipped = [f"the image encoder and projector: {why}"] if why else []
+    if cfg.model.encoders.audio is not None:
+        skipped.append("the audio encoder and projector: no exported family here holds audio")
     # Parameters are fp32 in this trainer (bf16 is autocast), so that is what is exported.
     config["dtype"] = "float32"
-    return config
+    return ExportPlan(config=config, vlm=vlm, skipped=skipped)
 
 
 def _llm_tensors(model, cfg: TrainerConfig) -> Iterator[tuple[str, torch.Tensor]]:
@@ -170,7 +194,7 @@ def _vlm_tensors(model, cfg: TrainerConfig, config: dict) -> Iterator[tuple[str,
     from omni_trainer.interop.source import local_dir
 
     layout = llava_layout(config, tied=cfg.model.llm.tie_embeddings)
-    reader = SafetensorsReader(local_dir(cfg.model.hf))
+    reader = SafetensorsReader(local_dir(cfg.model.encoders.image.hf))  # the tower's tail
     for name, tensor in llava_tensors(model, cfg, layout, reader):
         if name not in layout.saved:
             raise HFModelError(f"export: transformers' LLaVA has no tensor {name!r}")
@@ -188,10 +212,12 @@ def write_hf(
     """Write ``model`` (a TP = PP = 1 ``OmniModel``) to ``out`` in its HF family, atomically."""
     from omni_trainer.interop.runtime import hf_files_dir
 
-    config = check_export(cfg, out)
-    llm = cfg.model.llm
-    vlm = cfg.model.hf is not None
-    tensors = _vlm_tensors(model, cfg, config) if vlm else _llm_tensors(model, cfg)
+    plan = check_export(cfg, out)
+    llm, config = cfg.model.llm, plan.config
+    tensors = _vlm_tensors(model, cfg, config) if plan.vlm else _llm_tensors(model, cfg)
+    sources = [(hf_files_dir(cfg.tokenizer), SIDE_FILES), (hf_files_dir(llm.hf), SIDE_FILES)]
+    if plan.vlm:  # the tower's image processor (a dual encoder's text tokenizer stays behind)
+        sources.append((hf_files_dir(cfg.model.encoders.image.hf), ("preprocessor_config.json",)))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -203,8 +229,8 @@ def write_hf(
         files = writer.close()
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
         files.append("config.json")
-        for source in {hf_files_dir(llm.hf), hf_files_dir(cfg.tokenizer)} - {None}:
-            for name in SIDE_FILES:
+        for source, names in sources:
+            for name in names if source is not None else ():
                 if (source / name).is_file() and not (tmp / name).exists():
                     shutil.copyfile(source / name, tmp / name)
                     files.append(name)
@@ -214,8 +240,6 @@ def write_hf(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    exported = {"image"} if vlm else set()
-    skipped = [m for m, _ in cfg.model.encoders.items() if m not in exported]
     return ExportResult(
-        out=out, step=step, tensors=count, bytes=writer.total, files=files, skipped=skipped
+        out=out, step=step, tensors=count, bytes=writer.total, files=files, skipped=plan.skipped
     )

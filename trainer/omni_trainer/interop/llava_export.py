@@ -110,3 +110,40 @@ def llava_tensors(model, cfg, layout: LlavaLayout, reader) -> Iterator[tuple[str
         if not key.startswith(layout.tower):
             raise HFModelError(f"export: the model holds no tensor for the LLaVA's {key!r}")
         yield key, reader.read(source + key[len(layout.tower) :], expect=layout.shapes[key])
+
+
+def composed_config(cfg, text_config: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """A LLaVA config.json for an LLM with an imported CLIP / SigLIP tower and its projector
+    (``model.llm`` + ``model.encoders.image.hf``: LLaVA's own recipe), or (None, why not).
+
+    LLaVA marks image positions with one token, which the job's tokenizer must have
+    (``<image>``); the tower's feature layer and select strategy are the manifest's.
+    """
+    import transformers
+
+    from omni_trainer.interop.media_prompt import placeholder_id
+    from omni_trainer.interop.source import read_config
+
+    image = cfg.model.encoders.image
+    if image is None:
+        return None, ""
+    if image.tower is None:
+        return None, "the image encoder is this project's own architecture (no HF family holds it)"
+    try:
+        from omni_trainer.interop.tokenizer import load_checked_tokenizer
+
+        token = placeholder_id(load_checked_tokenizer(cfg), "image")
+    except ValueError as err:
+        return None, f"a LLaVA needs an image token: {err}"
+    raw = read_config(image.hf)
+    vision = dict(raw.get("vision_config") or raw)
+    vision["model_type"] = f"{image.tower.family}_vision_model"
+    config = transformers.LlavaConfig(
+        text_config=text_config,
+        vision_config=vision,
+        image_token_index=token,
+        vision_feature_layer=image.feature_layer,
+        vision_feature_select_strategy=image.feature_select,
+        tie_word_embeddings=cfg.model.llm.tie_embeddings,
+    )
+    return {**config.to_dict(), "architectures": ["LlavaForConditionalGeneration"]}, ""
