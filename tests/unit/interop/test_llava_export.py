@@ -115,3 +115,65 @@ def test_parts_no_family_holds_are_named(tmp_path) -> None:
     assert json.loads((tmp_path / "out" / "config.json").read_text())["architectures"] == [
         "LlamaForCausalLM"
     ]
+
+
+def test_unsupported_vlm_is_named_with_the_supported_list(tmp_path) -> None:
+    from omni_trainer.config import ManifestError, parse_manifest
+
+    save_llava(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["architectures"] = ["PaliGemmaForConditionalGeneration"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ManifestError) as err:
+        parse_manifest(vlm_job(tmp_path))
+    message = str(err.value)
+    assert "'PaliGemmaForConditionalGeneration' is not supported" in message
+    assert "model.hf: LlavaForConditionalGeneration" in message
+
+
+def resave(path, change) -> None:
+    """Rewrite the checkpoint at ``path`` with ``change(tensors)`` applied."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(path / "model.safetensors")
+    change(tensors)
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+
+
+def test_missing_and_mis_shaped_llava_tensors_are_named(tmp_path) -> None:
+    from omni_trainer.config import parse_manifest
+    from omni_trainer.interop.runtime import single_process_model
+
+    save_llava(tmp_path)
+    cfg = parse_manifest(vlm_job(tmp_path)).spec.trainer
+
+    def build() -> None:
+        with single_process_model(cfg, checkpoint=None):
+            pass
+
+    resave(tmp_path, lambda t: t.pop("multi_modal_projector.linear_2.bias"))
+    with pytest.raises(ValueError, match=r"'multi_modal_projector\.linear_2\.bias' is missing"):
+        build()
+    resave(tmp_path, lambda t: t.update({"multi_modal_projector.linear_2.bias": torch.ones(63)}))
+    with pytest.raises(ValueError, match=r"'multi_modal_projector\.linear_2\.bias' in .* has "
+                       r"shape \[63\], the model expects \[64\]"):  # fmt: skip
+        build()
+
+
+def test_failed_llava_export_names_the_tensor_and_leaves_nothing(tmp_path, monkeypatch) -> None:
+    """The tower's unused last block is read at export only: a mis-shaped one fails the export
+    after shards were written, and nothing is left behind."""
+    import omni_trainer.interop.export as export
+
+    src = tmp_path / "src"
+    save_llava(src)
+    key = "vision_tower.encoder.layers.2.mlp.fc2.weight"  # block 3 of 3: past feature layer -2
+    resave(src, lambda t: t.update({key: t[key][:, :-1].clone()}))
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(vlm_job(src)))
+    monkeypatch.setattr(export, "SHARD_BYTES", 20_000)  # shards are flushed before the failure
+    result = CliRunner().invoke(app, ["export", str(job), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert f"tensor {key!r}" in result.output and "has shape [32, 47]" in result.output
+    assert "the model expects [32, 48]" in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml", "src"]
