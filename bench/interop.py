@@ -93,6 +93,30 @@ def _rss() -> int:
     return psutil.Process().memory_info().rss
 
 
+def _text_job(model: str):
+    """The trainer config of a text-only job around the HF model (what ``omni export`` reads)."""
+    from omni_trainer.config import parse_manifest
+
+    source = {"kind": "synthetic", "name": "text", "modality": "text", "preset": "longtext"}
+    doc = {
+        "apiVersion": "omni.megascale.io/v1alpha1",
+        "kind": "OmniTrainingJob",
+        "metadata": {"name": "bench-interop"},
+        "spec": {
+            "trainer": {
+                "model": {"llm": {"hf": model}},
+                "data": {
+                    "seqLength": 128,
+                    "globalBatchSize": 1,
+                    "microBatchSize": 1,
+                    "sources": [source],
+                },
+            }
+        },
+    }
+    return parse_manifest(doc).spec.trainer
+
+
 def worker(model: str, out: Path, export_dir: str | None) -> None:
     """One torchrun rank: build the TP shard, import it, report; rank 0 of a world of one also
     exports."""
@@ -122,10 +146,7 @@ def worker(model: str, out: Path, export_dir: str | None) -> None:
 
         from omni_trainer.interop.export import write_hf
 
-        job = SimpleNamespace(
-            model=SimpleNamespace(llm=cfg, encoders=SimpleNamespace(image=None, audio=None)),
-            tokenizer=None,
-        )
+        job = _text_job(model)
         t0 = time.perf_counter()
         written = write_hf(SimpleNamespace(llm_chunks=[chunk]), job, Path(export_dir), step=None)
         result.update(
