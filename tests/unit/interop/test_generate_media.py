@@ -133,3 +133,63 @@ def test_media_errors_are_named(tmp_path) -> None:
     assert "the prompt has 0 <image> placeholder(s) for 1 --image item(s)" in fails(
         "--prompt", "hi", "--image", image, "--raw"
     )
+
+
+def test_generate_with_audio_equals_transformers_parts(tmp_path) -> None:
+    """An HF Llama with an imported Whisper encoder and our projector: greedy tokens equal
+    transformers' Llama generating from the same embeddings, the audio positions holding
+    transformers' WhisperEncoder output through our projector."""
+    import copy
+
+    import soundfile as sf
+    import transformers
+
+    from omni_trainer.config import load_manifest
+    from omni_trainer.data.media import AudioSettings
+    from omni_trainer.interop.runtime import single_process_model
+
+    from .hf_models import save_llm, save_whisper, text_job
+
+    llm = save_llm(tmp_path / "llm", "llama")
+    save_tokenizer(llm)
+    tok = transformers.AutoTokenizer.from_pretrained(llm)
+    tok.add_special_tokens({"additional_special_tokens": ["<audio>"]})
+    tok.save_pretrained(llm)
+    whisper = save_whisper(tmp_path / "whisper")  # 16 mels, 12 positions: 24 frames at most
+    doc = text_job({"hf": str(llm)}, seed=3)
+    doc["spec"]["trainer"]["model"]["encoders"] = {"audio": {"hf": str(tmp_path / "whisper")}}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    t = np.arange(3840) / 16000  # 0.24 s: 24 mel frames, as many as WhisperEncoder takes
+    wave = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+    sf.write(tmp_path / "a.wav", wave, 16000)
+    argv = ["generate", job, "--prompt", "hello <audio> world", "--audio", tmp_path / "a.wav",
+            "--raw", "--max-new-tokens", NEW_TOKENS, "--json"]  # fmt: skip
+    result = CliRunner().invoke(app, [str(a) for a in argv])
+    assert result.exit_code == 0, result.output + str(result.exception)
+    got = json.loads(result.stdout)
+
+    audio_id = tok.convert_tokens_to_ids("<audio>")
+    ids = torch.tensor([got["prompt_ids"]])
+    where = (ids[0] == audio_id).nonzero()[:, 0]
+    assert (
+        len(where) == 12 and ids[0].tolist() == tok("hello " + "<audio>" * 12 + " world").input_ids
+    )
+    cfg = load_manifest(job).spec.trainer
+    with single_process_model(cfg, checkpoint=None) as (model, _):
+        projector = copy.deepcopy(model.projectors["audio"])
+    mel = torch.from_numpy(AudioSettings(16, chunk_length=None).log_mel(wave))[None]
+    reference = transformers.LlamaForCausalLM.from_pretrained(llm).eval()
+    with torch.no_grad():
+        features = projector(whisper(mel).last_hidden_state[0])
+        text = reference.get_input_embeddings()(ids)
+        new, silent = (
+            reference.generate(
+                inputs_embeds=text.index_copy(1, where, f[None]), do_sample=False,
+                attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
+                eos_token_id=[tok.eos_token_id],
+            )[0].tolist()
+            for f in (features, features * 0)
+        )  # fmt: skip
+    assert got["output_ids"] == new and len(new) == NEW_TOKENS
+    assert silent != new  # the audio decides the tokens
