@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -92,7 +93,11 @@ def test_llm_with_an_imported_tower_exports_as_llava(tmp_path) -> None:
     token = transformers.AutoTokenizer.from_pretrained(out).convert_tokens_to_ids("<image>")
     assert (config.image_token_id, config.vision_feature_layer) == (token, -1)
     assert config.vision_feature_select_strategy == "full"
-    assert (out / "preprocessor_config.json").is_file() and (out / "tokenizer.json").is_file()
+    processor = transformers.AutoProcessor.from_pretrained(out)  # as serving loads it
+    image = np.random.default_rng(0).integers(0, 256, (40, 30, 3), dtype=np.uint8)
+    inputs = processor(text="hi <image>", images=[image], return_tensors="pt")
+    assert inputs["pixel_values"].shape == (1, 3, 28, 28)
+    assert inputs["input_ids"][0].tolist().count(token) == 17
     ids, pixels = image_batch(n=17, token=token)  # 16 patches + the class token, kept
     cfg = load_manifest(job).spec.trainer
     where = (ids[0] == token).nonzero()[:, 0]

@@ -234,6 +234,10 @@ def write_hf(
                 if (source / name).is_file() and not (tmp / name).exists():
                     shutil.copyfile(source / name, tmp / name)
                     files.append(name)
+        if plan.vlm and not (tmp / "processor_config.json").exists():
+            from omni_trainer.interop.llava_export import write_processor
+
+            files += [name] if (name := write_processor(tmp, cfg)) else []
         if out.exists():
             out.rmdir()
         os.replace(tmp, out)

@@ -12,8 +12,10 @@ our model: they never touch the VLM's outputs, so they are copied from the impor
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,6 +26,7 @@ from omni_trainer.interop.source import HFModelError
 
 _TOWER_KEY = "embeddings.patch_embedding.weight"
 _PROJECTOR_KEY = PROJECTOR["fc1"] + ".weight"
+PROCESSOR_CONFIG = "processor_config.json"
 
 
 @dataclass(frozen=True)
@@ -147,3 +150,28 @@ def composed_config(cfg, text_config: dict[str, Any]) -> tuple[dict[str, Any] | 
         tie_word_embeddings=cfg.model.llm.tie_embeddings,
     )
     return {**config.to_dict(), "architectures": ["LlavaForConditionalGeneration"]}, ""
+
+
+def write_processor(root: Path, cfg) -> str | None:
+    """``processor_config.json`` of a composed LLaVA, written by transformers' own
+    ``LlavaProcessor`` from the tokenizer and image processor already in ``root`` (so
+    ``AutoProcessor`` expands ``<image>`` as training did); None without an image processor or
+    a tokenizer."""
+    import tempfile
+
+    import transformers
+
+    if not all((root / f).is_file() for f in ("preprocessor_config.json", "tokenizer_config.json")):
+        return None
+    image = cfg.model.encoders.image
+    processor = transformers.LlavaProcessor(
+        image_processor=transformers.AutoImageProcessor.from_pretrained(root),
+        tokenizer=transformers.AutoTokenizer.from_pretrained(root),
+        patch_size=image.patch_size,
+        vision_feature_select_strategy=image.feature_select,
+        num_additional_image_tokens=image.prefix_tokens,
+    )
+    with tempfile.TemporaryDirectory(dir=root) as scratch:
+        processor.save_pretrained(scratch)
+        os.replace(Path(scratch) / PROCESSOR_CONFIG, root / PROCESSOR_CONFIG)
+    return PROCESSOR_CONFIG
