@@ -1,11 +1,12 @@
 """HF import and export at scale: time and peak host memory per rank, at tp1 and tp2.
 
-Writes a random Llama (``--size 1b``: Llama-3.2-1B's shape, 1.24B parameters, bf16 safetensors in
-2 GiB shards, as transformers saves it), then, in real torchrun processes with TP = 1 and TP = 2,
-builds megatron's GPTModel and times ``load_llm_chunk`` (each rank reads only its slices); then
-exports the TP = 1 model back to HF safetensors in one process (``omni export`` runs in one
-process; a checkpoint of any layout loads into it first). Peak RSS is ``ru_maxrss`` of each rank
-(model build included); "load RSS" is what the import added to the rank's resident memory.
+Writes a random Llama (``--size 1b``: Llama-3.2-1B's shape with an untied head, 1.50B parameters,
+bf16 safetensors in 2 GiB shards, as transformers saves it), then, in real torchrun processes
+with TP = 1 and TP = 2, builds megatron's GPTModel and times ``load_llm_chunk`` (each rank reads
+only its slices); then exports the TP = 1 model back to HF safetensors in one process (``omni
+export`` runs in one process; a checkpoint of any layout loads into it first). Peak RSS is
+``ru_maxrss`` of each rank (model build included); "import RSS" is what the import added to the
+rank's resident memory.
 Run: ``make bench-interop`` or ``python bench/interop.py [--size small|1b]``.
 """
 
