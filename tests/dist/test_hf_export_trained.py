@@ -102,7 +102,7 @@ def test_llava_export_after_pp2_training_matches_ours(tmp_path) -> None:
         with torch.no_grad():
             losses.append(float(model(input_ids=ids, pixel_values=pixels, labels=labels).loss))
     assert losses[0] == pytest.approx(float(ours_loss), abs=1e-5)
-    assert abs(losses[0] - losses[1]) > 1e-3  # the weights trained
+    assert abs(losses[0] - losses[1]) > 1e-4  # the weights trained: 10x the tolerance above
     from safetensors.torch import load_file
 
     before, after = load_file(src / "model.safetensors"), load_file(out / "model.safetensors")
