@@ -286,12 +286,8 @@ def export_cmd(
         f"exported {source}: {result.tensors} tensors, {result.bytes / 2**20:,.1f} MiB -> {out} "
         f"({', '.join(result.files)})"
     )
-    if result.skipped:
-        err_console.print(
-            f"note: the {', '.join(result.skipped)} encoder(s) are this project's own "
-            "architectures, which no Hugging Face family holds: only the LLM was exported",
-            markup=False,
-        )
+    for part in result.skipped:
+        err_console.print(f"note: not exported: {part}", markup=False)
 
 
 @app.command()
@@ -301,8 +297,12 @@ def generate(
     checkpoint: Annotated[
         str | None, typer.Option(help="as for export (default: latest, else initial)")
     ] = None,
-    image: Annotated[list[Path] | None, typer.Option(help="an image for <image>")] = None,
-    audio: Annotated[list[Path] | None, typer.Option(help="audio for <audio>")] = None,
+    image: Annotated[
+        list[Path] | None, typer.Option(help="an image (repeat for several; <image> marks where)")
+    ] = None,
+    audio: Annotated[
+        list[Path] | None, typer.Option(help="an audio clip (repeat; <audio> marks where)")
+    ] = None,
     max_new_tokens: Annotated[int, typer.Option(min=1)] = 64,
     raw: Annotated[bool, typer.Option("--raw", help="no chat template")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
@@ -310,32 +310,21 @@ def generate(
     """Greedy decoding with the job's model in one process."""
     import json
 
-    from omni_trainer.interop.generate import Generation, eos_ids, greedy, prompt_ids
-    from omni_trainer.interop.runtime import hf_files_dir, single_process_model
-    from omni_trainer.interop.tokenizer import load_checked_tokenizer
+    from omni_trainer.interop.generate import generate as run
 
     cfg = _load(manifest).spec.trainer
-    if image or audio:
-        raise _fail(
-            "--image/--audio need a model whose encoders and processor come from Hugging Face "
-            "(model.hf / model.encoders.*.hf), which this version cannot import yet"
-        )
     try:
-        tok = load_checked_tokenizer(cfg)
-        ids = prompt_ids(tok, prompt, raw=raw)
-        gen_file = hf_files_dir(cfg.tokenizer) / "generation_config.json"
-        gen_cfg = json.loads(gen_file.read_text()) if gen_file.is_file() else None
-        with single_process_model(cfg, checkpoint=checkpoint) as (model, _):
-            out, logprobs = greedy(
-                model.llm_chunks[0],
-                ids,
-                max_new_tokens=max_new_tokens,
-                stop=eos_ids(tok, gen_cfg),
-                vocab_size=cfg.model.llm.vocab_size,
-            )
+        result = run(
+            cfg,
+            prompt,
+            checkpoint=checkpoint,
+            images=image or [],
+            audio=audio or [],
+            raw=raw,
+            max_new_tokens=max_new_tokens,
+        )
     except (ValueError, OSError) as err:
         raise _fail(str(err)) from None
-    result = Generation(ids, out, tok.decode(out, skip_special_tokens=True), logprobs)
     typer.echo(json.dumps(result.as_dict()) if as_json else result.output_text)
 
 
