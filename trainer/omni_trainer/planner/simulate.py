@@ -57,7 +57,7 @@ __all__ = [
     "run_schedule",
 ]
 
-Policy = Literal["uniform", "front_loaded", "stage0"]
+Policy = Literal["auto", "uniform", "front_loaded", "stage0"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -337,7 +337,9 @@ def _work(
                 config, lengths[e.id], llm_hidden=model.llm.hidden_size, layout=layout,
                 device=device,
             )  # fmt: skip
-            mbs.append(replace(e, cost=enc[e.id].forward / unit))
+            mbs.append(
+                replace(e, cost=enc[e.id].forward / unit, activations=enc[e.id].activation_bytes)
+            )
     link = device.inter if _crosses_nodes(layout, device) else device.intra
     static, tail = [], []
     for s in range(layout.pp):
