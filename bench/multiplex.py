@@ -32,12 +32,17 @@ REPO = Path(__file__).resolve().parents[1]
 POLICIES = ("auto", "uniform", "front_loaded", "stage0")
 
 
-def bench_job(pipeline: int, eta: int) -> dict:
-    """An image-heavy job where the encoders cost a real share of the step."""
+def bench_job(pipeline: int, eta: int, encoder_scale: int = 1) -> dict:
+    """An image-heavy job where the encoders cost a real share of the step; ``encoder_scale``
+    multiplies the ViT's layers (its FLOPs and activations grow by exactly that factor)."""
     doc = yaml.safe_load((REPO / "examples" / "tiny-cpu.yaml").read_text())
     t = doc["spec"]["trainer"]
     t["model"]["llm"]["numLayers"] = 4
-    t["model"]["encoders"]["image"] = {"preset": "vit-tiny", "hiddenSize": 128, "numLayers": 4}
+    t["model"]["encoders"]["image"] = {
+        "preset": "vit-tiny",
+        "hiddenSize": 128,
+        "numLayers": 4 * encoder_scale,
+    }
     t["data"].update(seqLength=512, globalBatchSize=8, microBatchSize=1)
     t["data"]["sources"] = [
         {
@@ -178,7 +183,42 @@ def pair_ratios(times: dict[str, dict[int, float]], x: str, y: str) -> Spread:
     return Spread.of([times[y][r] / times[x][r] for r in common])
 
 
-def report(runs: list[dict], policies: tuple[str, ...]) -> list[str]:
+def simulated(job: dict, *, world: int, steps: int, policies: tuple[str, ...]) -> dict:
+    """The time model's view of the same steps (after the first), per policy: mean makespan and
+    per stage encoder / LLM / idle, in LLM forward ops (``omni plan``'s tables and simulation)."""
+    from omni_trainer.config import parse_manifest
+    from omni_trainer.plan import plan_step
+
+    cfg = parse_manifest(job).spec.trainer
+    out = {}
+    for p in policies:
+        sims = [
+            plan_step(cfg, world_size=world, step=s, policy=p).simulation
+            for s in range(1, max(steps, 2))
+        ]
+        out[p] = {
+            "makespan": statistics.mean(sim["makespan"] for sim in sims),
+            "stages": {
+                k: {
+                    key: statistics.mean(sim["stages"][k][name] for sim in sims)
+                    for key, name in (("encoder", "encoder"), ("llm", "llm"), ("waiting", "idle"))
+                }
+                for k in range(len(sims[0]["stages"]))
+            },
+        }
+    return out
+
+
+def seconds_per_unit(runs: list[dict], sim: dict) -> float:
+    """Calibration: measured LLM seconds per simulated LLM unit (the same for every policy)."""
+    measured = statistics.median(
+        sum(s["llm"] for s in per_stage(r["summary"]).values()) for r in runs
+    )
+    units = statistics.mean(sum(s["llm"] for s in v["stages"].values()) for v in sim.values())
+    return measured / units
+
+
+def report(runs: list[dict], policies: tuple[str, ...], sim: dict | None = None) -> list[str]:
     """The printed lines: per policy and stage, then each pair, then the loss check."""
     times: dict[str, dict[int, float]] = {p: {} for p in policies}
     stages: dict[str, list[dict[int, dict[str, float]]]] = {p: [] for p in policies}
@@ -190,6 +230,9 @@ def report(runs: list[dict], policies: tuple[str, ...]) -> list[str]:
         f"{'peak enc act MiB':>18}   (medians over runs, s/step)"
     ]
     peaks = {}
+    unit = seconds_per_unit(runs, sim) if sim is not None else 0.0
+    if sim is not None:
+        lines.insert(0, f"simulated: time model x {unit:.4f} s per LLM forward op (fit on LLM s)")
     for p in policies:
         for stage in sorted(stages[p][0]):
             med = {
@@ -201,11 +244,22 @@ def report(runs: list[dict], policies: tuple[str, ...]) -> list[str]:
                 f"{p:<13}{stage:>6}{med['encoder']:>9.3f}{med['llm']:>8.3f}"
                 f"{med['waiting']:>9.3f}{peak:>18.2f}"
             )
+            if sim is not None:
+                m = {k: v * unit for k, v in sim[p]["stages"][stage].items()}
+                lines.append(
+                    f"{'  simulated':<13}{stage:>6}{m['encoder']:>9.3f}{m['llm']:>8.3f}"
+                    f"{m['waiting']:>9.3f}"
+                    f"{'':>18}   waiting measured/simulated x{med['waiting'] / m['waiting']:.2f}"
+                    if m["waiting"]
+                    else f"{'  simulated':<13}{stage:>6}{m['encoder']:>9.3f}{m['llm']:>8.3f}"
+                    f"{m['waiting']:>9.3f}"
+                )
         peaks[p] = max(run[s]["peak_mib"] for run in stages[p] for s in run)
         t = Spread.of(list(times[p].values()))
         lines.append(
             f"{'':<13}{'step':>6}{t.median:>9.3f} s (min {t.low:.3f}, max {t.high:.3f}, "
             f"{t.n} runs); peak encoder activations {peaks[p]:.2f} MiB"
+            + (f"; simulated makespan {sim[p]['makespan'] * unit:.3f} s" if sim else "")
         )
     for x, y in itertools.combinations(policies, 2):
         r = pair_ratios(times, x, y)
@@ -230,25 +284,46 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--eta", type=int, default=256)
     ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument(
+        "--encoder-scales",
+        default="1",
+        help="robustness: ViT layers x each (comma-separated); step-time growth per policy",
+    )
     ap.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         worker(args.worker)
         return
     policies = tuple(args.policies.split(","))
-    runs = launch(
-        bench_job(args.pipeline, args.eta),
-        nproc=args.nproc,
-        steps=args.steps,
-        repeats=args.repeats,
-        policies=policies,
-    )
-    print(
-        f"pp={args.pipeline} on {args.nproc} processes (1 thread each), policies interleaved "
-        f"{args.repeats} times, {args.steps} steps per run (the first excluded); "
-        "ratio = Y's step time / X's in the same repeat (> 1: X faster)"
-    )
-    print("\n".join(report(runs, policies)))
+    scales = [int(x) for x in args.encoder_scales.split(",")]
+    growth: dict[int, tuple[dict[str, float], dict[str, float]]] = {}
+    for scale in scales:
+        job = bench_job(args.pipeline, args.eta, scale)
+        runs = launch(
+            job, nproc=args.nproc, steps=args.steps, repeats=args.repeats, policies=policies
+        )
+        sim = simulated(job, world=args.nproc, steps=args.steps, policies=policies)
+        print(
+            f"pp={args.pipeline} on {args.nproc} processes (1 thread each), encoder x{scale}, "
+            f"policies interleaved {args.repeats} times, {args.steps} steps per run (the first "
+            "excluded); ratio = Y's step time / X's in the same repeat (> 1: X faster)"
+        )
+        print("\n".join(report(runs, policies, sim)))
+        measured = {
+            p: statistics.median(step_time(r["summary"]) for r in runs if r["policy"] == p)
+            for p in policies
+        }
+        growth[scale] = (measured, {p: sim[p]["makespan"] for p in policies})
+    if len(scales) > 1:
+        base = scales[0]
+        print(f"step-time growth over encoder x{base}: measured (simulated)")
+        for scale in scales[1:]:
+            m, s = growth[scale]
+            cells = [
+                f"{p} x{m[p] / growth[base][0][p]:.2f} ({s[p] / growth[base][1][p]:.2f})"
+                for p in policies
+            ]
+            print(f"  encoder x{scale}: " + ", ".join(cells))
 
 
 if __name__ == "__main__":

@@ -55,3 +55,16 @@ def test_unequal_losses_are_reported(bench) -> None:
         {"repeat": 0, "policy": "b", "summary": summary([1.0, 1.0], loss=6.1)},
     ]
     assert bench.report(runs, ("a", "b"))[-1].endswith("False")
+
+
+def test_simulated_side_is_calibrated_on_llm_seconds(bench) -> None:
+    """Measured LLM is 0.5 s per stage; the model says 10 units per stage: 0.05 s per unit."""
+    runs = [{"repeat": 0, "policy": "a", "summary": summary([1.0, 1.0])}]
+    stage = {"encoder": 2.0, "llm": 10.0, "waiting": 4.0}
+    sim = {"a": {"makespan": 20.0, "stages": {0: stage, 1: stage}}}
+    assert bench.seconds_per_unit(runs, sim) == pytest.approx(0.05)
+    lines = bench.report(runs, ("a",), sim)
+    assert lines[0] == "simulated: time model x 0.0500 s per LLM forward op (fit on LLM s)"
+    # measured waiting 0.1 s per stage, simulated 4 units = 0.2 s
+    assert any(line.endswith("waiting measured/simulated x0.50") for line in lines)
+    assert any(line.endswith("simulated makespan 1.000 s") for line in lines)
