@@ -52,6 +52,7 @@ __all__ = [
     "Prediction",
     "ReplicaWork",
     "ScheduleResult",
+    "encoder_budget",
     "predict",
     "predict_disaggregated",
     "run_schedule",
@@ -364,6 +365,17 @@ def _work(
     return work, mbs
 
 
+def encoder_budget(
+    work: ReplicaWork, *, pp: int, vpp: int, num_microbatches: int, hbm_bytes: float
+) -> list[float]:
+    """Per stage, the bytes encoder activations may hold under ``auto``: the device memory minus
+    the LLM's needs (static bytes and the peak of its own activations in the same schedule
+    without encoders). Encoder working buffers are not counted (they live for one op)."""
+    bare = plan_dataflow("uniform", pp=pp, vpp=vpp, num_microbatches=num_microbatches,
+                         encoder_mbs=[])  # fmt: skip
+    return [max(0.0, hbm_bytes - peak) for peak in run_schedule(bare, work).peak_bytes]
+
+
 def _simulate_replica(
     workload: Workload,
     layout: Layout,
@@ -374,13 +386,13 @@ def _simulate_replica(
     with_encoders: bool = True,
 ) -> ScheduleResult:
     work, mbs = _work(workload, layout, device, replica, with_encoders=with_encoders)
-    table = plan_dataflow(
-        policy,
-        pp=layout.pp,
-        vpp=layout.vpp,
-        num_microbatches=len(replica) // layout.micro_batch_size,
-        encoder_mbs=mbs,
-    )
+    shape = {
+        "pp": layout.pp,
+        "vpp": layout.vpp,
+        "num_microbatches": len(replica) // layout.micro_batch_size,
+    }
+    budget = encoder_budget(work, **shape, hbm_bytes=device.hbm_bytes) if policy == "auto" else None
+    table = plan_dataflow(policy, **shape, encoder_mbs=mbs, budget=budget)
     return run_schedule(table, work)
 
 
