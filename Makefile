@@ -38,8 +38,10 @@ format: setup
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache
 
+# Policies interleaved, 5 repeats, one thread per process: pp2 on 2 processes, pp4 on 4.
 bench-multiplex: setup
-	$(BIN)/python bench/multiplex.py
+	$(BIN)/python bench/multiplex.py --pipeline 2 --nproc 2
+	$(BIN)/python bench/multiplex.py --pipeline 4 --nproc 4
 
 # The CRD is generated from the operator's pydantic models; tests fail when crds/ is stale.
 .PHONY: crds

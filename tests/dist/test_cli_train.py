@@ -98,7 +98,7 @@ def test_plan_prints_the_dataflow_table(tmp_path) -> None:
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "layout pp2xdp2 (world 4)" in out
-    assert "dataflow table (uniform): pp=2 vpp=1 micro-batches=4" in out
+    assert "dataflow table (auto): pp=2 vpp=1 micro-batches=4" in out
     assert "stage 0" in out and "stage 1" in out and "E0" in out
     assert "paper notation" in out
     bad = omni("plan", str(manifest), "--world", "3")

@@ -16,10 +16,12 @@ class EncoderParallelConfig(Spec):
     eta: int = Field(
         4096, ge=0, description="samples longer than this (tokens) encode sequence-parallel"
     )
-    policy: Literal["uniform", "front_loaded", "stage0"] = Field(
-        "uniform",
-        description="where encoder micro-batches enter the LLM pipeline: uniform on-demand "
-        "insertion on every stage (the paper's), all before the pipeline, or all on stage 0",
+    policy: Literal["auto", "uniform", "front_loaded", "stage0"] = Field(
+        "auto",
+        description="where encoder micro-batches enter the LLM pipeline: auto fills idle "
+        "pipeline time first, then front-loads while a stage holds no more encoder activations "
+        "than uniform would, then inserts on demand; uniform on-demand insertion on every stage "
+        "(the paper's), all before the pipeline, or all on stage 0",
     )
     zero: Literal[0, 2] = Field(
         0,

@@ -52,12 +52,13 @@ __all__ = [
     "Prediction",
     "ReplicaWork",
     "ScheduleResult",
+    "encoder_budget",
     "predict",
     "predict_disaggregated",
     "run_schedule",
 ]
 
-Policy = Literal["uniform", "front_loaded", "stage0"]
+Policy = Literal["auto", "uniform", "front_loaded", "stage0"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -337,7 +338,9 @@ def _work(
                 config, lengths[e.id], llm_hidden=model.llm.hidden_size, layout=layout,
                 device=device,
             )  # fmt: skip
-            mbs.append(replace(e, cost=enc[e.id].forward / unit))
+            mbs.append(
+                replace(e, cost=enc[e.id].forward / unit, activations=enc[e.id].activation_bytes)
+            )
     link = device.inter if _crosses_nodes(layout, device) else device.intra
     static, tail = [], []
     for s in range(layout.pp):
@@ -362,6 +365,17 @@ def _work(
     return work, mbs
 
 
+def encoder_budget(
+    work: ReplicaWork, *, pp: int, vpp: int, num_microbatches: int, hbm_bytes: float
+) -> list[float]:
+    """Per stage, the bytes encoder activations may hold under ``auto``: the device memory minus
+    the LLM's needs (static bytes and the peak of its own activations in the same schedule
+    without encoders). Encoder working buffers are not counted (they live for one op)."""
+    bare = plan_dataflow("uniform", pp=pp, vpp=vpp, num_microbatches=num_microbatches,
+                         encoder_mbs=[])  # fmt: skip
+    return [max(0.0, hbm_bytes - peak) for peak in run_schedule(bare, work).peak_bytes]
+
+
 def _simulate_replica(
     workload: Workload,
     layout: Layout,
@@ -372,13 +386,13 @@ def _simulate_replica(
     with_encoders: bool = True,
 ) -> ScheduleResult:
     work, mbs = _work(workload, layout, device, replica, with_encoders=with_encoders)
-    table = plan_dataflow(
-        policy,
-        pp=layout.pp,
-        vpp=layout.vpp,
-        num_microbatches=len(replica) // layout.micro_batch_size,
-        encoder_mbs=mbs,
-    )
+    shape = {
+        "pp": layout.pp,
+        "vpp": layout.vpp,
+        "num_microbatches": len(replica) // layout.micro_batch_size,
+    }
+    budget = encoder_budget(work, **shape, hbm_bytes=device.hbm_bytes) if policy == "auto" else None
+    table = plan_dataflow(policy, **shape, encoder_mbs=mbs, budget=budget)
     return run_schedule(table, work)
 
 
