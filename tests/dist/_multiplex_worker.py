@@ -23,11 +23,12 @@ def full_grads(trainer) -> dict[str, torch.Tensor]:
     groups = trainer.groups
     tp = groups.dims.tp
     grads: dict[str, torch.Tensor] = {}
+    whole = trainer.main.full_grads()  # fp32 main gradients (gathered under ZeRO-1)
     for chunk in trainer.chunks:
         for name, p in global_llm_names(chunk).items():
             if getattr(p, "shared", False) or not p.requires_grad:  # tied copy, or frozen
                 continue
-            g = trainer.main.main_of(p).grad.detach().clone()  # fp32 main gradient
+            g = whole[id(p)].detach().clone()
             if getattr(p, "tensor_model_parallel", False) and tp > 1:
                 shards = [torch.empty_like(g) for _ in range(tp)]
                 dist.all_gather(shards, g, group=ps.get_tensor_model_parallel_group())
@@ -153,10 +154,13 @@ def run_scenario(doc: dict, steps: int, out: Path | None) -> dict:
 
     trainer._prepare = recording_prepare
     contexts: list = []
+    results = []
     for step in range(steps):
-        losses.append(trainer.train_step(step).loss)
+        results.append(trainer.train_step(step))
+        losses.append(results[-1].loss)
         if step == 0:
             grads = full_grads(trainer)
+    memory = trainer._summary(results, wall=0.0).memory  # what --summary reports
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         torch.save(grads, out / f"rank{dist.get_rank()}.pt")
@@ -171,6 +175,9 @@ def run_scenario(doc: dict, steps: int, out: Path | None) -> dict:
                     "sequence_parallel": [c.config.sequence_parallel for c in trainer.chunks],
                     "sequence_parallel_params": len(trainer.sequence_parallel_params),
                     "llm_dtypes": sorted({str(p.dtype) for p in trainer.model.llm_parameters()}),
+                    "zero1": type(trainer.main).__name__ == "DistributedMainParams",
+                    "buckets": len(getattr(trainer.main, "buckets", ())),
+                    "memory": memory,
                 }
             )
         )

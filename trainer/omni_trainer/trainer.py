@@ -14,6 +14,7 @@ from omni_trainer.checkpoint.checkpointer import Checkpointer, SaveResult
 from omni_trainer.checkpoint.config import CheckpointConfig
 from omni_trainer.checkpoint.state import ModelState
 from omni_trainer.components.dataplane import DataPlane
+from omni_trainer.components.distributed_optimizer import DistributedMainParams
 from omni_trainer.components.encoder_zero import EncoderZero
 from omni_trainer.components.graceful_stop import GracefulStop, NullStop, StopDecision
 from omni_trainer.components.memory import (
@@ -168,10 +169,17 @@ class Trainer:
         ).to(self.device)
         self.chunks = list(self.model.llm_chunks)
         # Frozen parameters (``freeze``) take no part: no gradient, optimizer state or all-reduce.
-        self.main = MainParams([p for p in self.model.llm_parameters() if p.requires_grad])
-        self.llm_params = self.main.main  # fp32: what the optimizer, sync and clipping see
+        trainable = [p for p in self.model.llm_parameters() if p.requires_grad]
+        self.main = (
+            DistributedMainParams(
+                trainable, group=groups.dp_cp, bucket_numel=cfg.parallelism.bucket_size
+            )
+            if cfg.parallelism.distributed_optimizer_on(dims.dp)
+            else MainParams(trainable, group=groups.dp_cp)
+        )
+        self.llm_params = self.main.main  # fp32: what the optimizer and clipping see
         self.sequence_parallel_params = [
-            p for p in self.llm_params if getattr(p, "sequence_parallel", False)
+            p for p in trainable if getattr(p, "sequence_parallel", False)
         ]
         self.encoder_params = [p for p in self.model.encoder_parameters() if p.requires_grad]
         self.activations = SavedActivationMeter(self.model.parameters())
@@ -183,13 +191,17 @@ class Trainer:
         # ZeRO-2 for encoders: only owners keep their gradients and optimizer state.
         self.encoder_zero = (
             EncoderZero(self.encoder_params, group=groups.world)
-            if cfg.parallelism.encoder.zero == 2
+            if cfg.parallelism.encoder_zero(dims.dp) == 2
             else None
         )
         owned = self.encoder_zero.owned if self.encoder_zero else self.encoder_params
-        modules = parameter_modules(self.model)  # lrMultipliers, by module: mains included
-        modules |= {id(self.main.main_of(p)): modules[id(p)] for p in self.main.model_params}
-        self.optimizer = build_optimizer([*self.llm_params, *owned], cfg.optimizer, modules=modules)
+        main_ids = {id(m) for m in self.llm_params}
+        self.optimizer = build_optimizer(
+            [*self.llm_params, *owned],
+            cfg.optimizer,
+            modules=parameter_modules(self.model),  # lrMultipliers, by module
+            origin=lambda p: self.main.origin_of(p) if id(p) in main_ids else p,
+        )
         self.timer = PhaseTimer(events=self.device.type == "cuda")
         self.anchor = EncoderAnchor(
             encoders=self.model.encoders,
@@ -236,7 +248,6 @@ class Trainer:
         found = self.checkpointer.load_latest(ModelState.from_trainer(self))
         if found is None:
             return self._init_from()
-        self.main.copy_to_model()
         self.data.load_state_dict(found.loader_state)
         return found.step
 
@@ -247,7 +258,6 @@ class Trainer:
             root, step = find_checkpoint(source)
             weights = dataclasses.replace(ModelState.from_trainer(self), optimizer=None)
             Checkpointer(CheckpointConfig(path=root), cache_plans=False).load(step, weights)
-            self.main.copy_to_model()
         return 0
 
     def _save(self, step: int) -> None:
@@ -334,6 +344,7 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group["lr_multiplier"]
         self.optimizer.zero_grad(set_to_none=False)  # at the start: grads stay inspectable
+        self.main.zero_grad()
         loss = self.forward_backward_step(local)
         with self.timer.span("sync"):
             grad_norm = clip_grad_norm(
@@ -342,11 +353,12 @@ class Trainer:
                 self.cfg.optimizer.clip_grad,
                 tp_rank=self.groups.tp_rank,
                 model_parallel_group=self.groups.model_parallel,
+                sharded_llm_group=self.main.norm_group,
                 sharded_replicated_group=self.groups.world if self.encoder_zero else None,
             )
             check_finite(step + 1, loss, grad_norm)
             self.optimizer.step()
-            self.main.copy_to_model()
+            self.main.step_done()
             if self.encoder_zero:
                 self.encoder_zero.broadcast_parameters()
         if self.checkpointer and self.cfg.checkpoint.due(step + 1):
@@ -505,13 +517,14 @@ class Trainer:
         self.anchor.end_step()
         with self.timer.span("sync"):
             # sequence parallel: each TP rank's norms saw only its positions
-            all_reduce_grads(self.sequence_parallel_params, self.groups.tp)
-            all_reduce_grads(self.llm_params, self.groups.dp_cp)  # CP ranks hold partial sums
-            all_reduce_tied_embedding_grads(self.chunks, main_of=self.main.main_of)
+            grad_of = self.main.grad_of
+            all_reduce_grads([grad_of(p) for p in self.sequence_parallel_params], self.groups.tp)
+            all_reduce_tied_embedding_grads(self.chunks, grad_of=grad_of)
+            self.main.reduce_gradients()  # over dp x cp: CP ranks hold partial sums
             if self.encoder_zero:
                 self.encoder_zero.reduce_gradients()
             else:
-                all_reduce_grads(self.encoder_params, self.groups.world)
+                all_reduce_grads([p.grad for p in self.encoder_params], self.groups.world)
 
     # -- results ----------------------------------------------------------------------------
     def _export(self, r: StepResult) -> None:

@@ -54,7 +54,7 @@ def own_layout(cfg: TrainerConfig, gpus: int) -> tuple[Layout | None, str]:
         vpp=par.virtual_pipeline,
         dp=dp,
         micro_batch_size=cfg.data.micro_batch_size,
-        encoder_zero=par.encoder.zero,
+        encoder_zero=par.encoder_zero(dp),
         eta=par.encoder.eta,
         reorder_group=group,
     )
