@@ -52,8 +52,8 @@ def loader_of(trainer):
 
 
 def every_loader(trainer) -> dict:
-    """Every data-parallel rank's loader shards (as ``Trainer._save`` writes them), so a layout
-    with another data-parallel size can resume them."""
+    """Every data-parallel rank's loader shards (as ``CheckpointSession.save`` writes them), so
+    a layout with another data-parallel size can resume them."""
     everyone = [None] * trainer.groups.dims.dp
     dist.all_gather_object(everyone, loader_of(trainer).state_dict(), group=trainer.groups.dp)
     return {"shards": {k: v for state in everyone for k, v in state["shards"].items()}}

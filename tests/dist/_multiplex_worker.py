@@ -118,7 +118,7 @@ def run_scenario(doc: dict, steps: int, out: Path | None) -> dict:
         return batch
 
     trainer.data.next_local_batch = recording
-    prepare, filtered = trainer._prepare, []
+    prepare, filtered = trainer.runner.prepare, []
 
     def recording_prepare(local: list):
         """The zero-redundancy filter: media on the device, and media read from the sources,
@@ -129,9 +129,10 @@ def run_scenario(doc: dict, steps: int, out: Path | None) -> dict:
         table, works, micro = prepare(local)
         expected = media_encoded_on(table, groups.anchor.stage)
         got = {
-            m: {k for k, v in b.media.items() if v.arrays} for m, b in enumerate(trainer._batches)
+            m: {k for k, v in b.media.items() if v.arrays}
+            for m, b in enumerate(trainer.runner.batches)
         }
-        everywhere = {m: set(b.media) for m, b in enumerate(trainer._batches)}
+        everywhere = {m: set(b.media) for m, b in enumerate(trainer.runner.batches)}
         if groups.dims.cp > 1:
             contexts.append(context_plans(local, micro, cfg.data.micro_batch_size, groups))
         filtered.append(
@@ -152,7 +153,7 @@ def run_scenario(doc: dict, steps: int, out: Path | None) -> dict:
         )
         return table, works, micro
 
-    trainer._prepare = recording_prepare
+    trainer.runner.prepare = recording_prepare
     contexts: list = []
     results = []
     for step in range(steps):
@@ -160,7 +161,7 @@ def run_scenario(doc: dict, steps: int, out: Path | None) -> dict:
         losses.append(results[-1].loss)
         if step == 0:
             grads = full_grads(trainer)
-    memory = trainer._summary(results, wall=0.0).memory  # what --summary reports
+    memory = trainer.summary(results, wall=0.0).memory  # what --summary reports
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         torch.save(grads, out / f"rank{dist.get_rank()}.pt")
@@ -173,7 +174,7 @@ def run_scenario(doc: dict, steps: int, out: Path | None) -> dict:
                     "filter": filtered,
                     "context": contexts,
                     "sequence_parallel": [c.config.sequence_parallel for c in trainer.chunks],
-                    "sequence_parallel_params": len(trainer.sequence_parallel_params),
+                    "sequence_parallel_params": len(trainer.parts.sequence_parallel_params),
                     "llm_dtypes": sorted({str(p.dtype) for p in trainer.model.llm_parameters()}),
                     "zero1": type(trainer.main).__name__ == "DistributedMainParams",
                     "buckets": len(getattr(trainer.main, "buckets", ())),

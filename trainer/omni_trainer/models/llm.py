@@ -110,7 +110,8 @@ def build_gpt(
         params_dtype=params_dtype,
         bf16=params_dtype == torch.bfloat16,
         pipeline_dtype=params_dtype,  # what the layers emit: no autocast around the LLM
-        batch_p2p_comm=False,  # batched p2p + interleaving gives wrong grads on gloo (ENV.md)
+        # batched p2p + interleaving gives wrong grads on gloo (shared/ENVIRONMENT.md)
+        batch_p2p_comm=False,
         calculate_per_token_loss=True,  # the trainer pre-normalises by global text targets
         **_parallel_sizes(),
         bias_dropout_fusion=False,
