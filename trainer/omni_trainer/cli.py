@@ -340,13 +340,20 @@ def _tune(
     """Predict the job on ``gpus`` GPUs for many configurations; print the best few beside the
     manifest's own layout (ties share a rank), and a proxy configuration of the best to
     validate it on a small cluster."""
+    import json
     import time
 
     from rich.progress import Progress
 
-    from omni_trainer.planner.manifest import device_for, own_layout, tie_ranks
+    from omni_trainer.planner.manifest import (
+        device_for,
+        manifest_fields,
+        own_layout,
+        tie_ranks,
+        trainer_problems,
+    )
     from omni_trainer.planner.simulate import predict
-    from omni_trainer.planner.tune import propose_proxy, tune
+    from omni_trainer.planner.tune import layouts, propose_proxy, tune
     from omni_trainer.planner.workloads import workload_from_config
 
     try:
@@ -361,7 +368,14 @@ def _tune(
         def progress(done: int, total: int, what: str) -> None:
             bar.update(task, completed=done, total=total, description=what[:60])
 
-        best = tune(workload, device=device, progress=progress)
+        runnable = [  # only what ``omni train`` accepts with this manifest
+            lay for lay in layouts(workload, device=device) if not trainer_problems(cfg, lay)
+        ]
+        best = [
+            c
+            for c in tune(workload, device=device, candidates=runnable, progress=progress)
+            if not trainer_problems(cfg, c.layout, policy=c.prediction.policy)
+        ]
         own, why = own_layout(cfg, gpus)
         mine = None
         if own is not None:
@@ -395,6 +409,8 @@ def _tune(
     for rank, c in zip(ranks, best, strict=True):
         console.print(f"{rank}. {c.reason}", highlight=False)
     top = best[0].prediction
+    fields = manifest_fields(top.layout, policy=top.policy)
+    console.print(f"#1 as spec.trainer fields: {json.dumps(fields)}", highlight=False)
     if mine is None:
         console.print(f"own: the manifest's layout is not scored ({why})", highlight=False)
     elif mine.oom:

@@ -23,10 +23,11 @@ class EncoderParallelConfig(Spec):
         "than uniform would, then inserts on demand; uniform on-demand insertion on every stage "
         "(the paper's), all before the pipeline, or all on stage 0",
     )
-    zero: Literal[0, 2] = Field(
-        0,
+    zero: Literal[0, 2] | None = Field(
+        None,
         description="2: shard encoder gradients and optimizer state over all encoder replicas "
-        "(ZeRO-2); 0: every rank keeps full copies",
+        "(ZeRO-2); 0: every rank keeps full copies; default: 2 when the LLM's "
+        "distributedOptimizer is on, so the whole model's optimizer state is sharded",
     )
 
 
@@ -43,6 +44,18 @@ class ParallelismConfig(Spec):
         "residuals and the stage-0 embeddings sharded along the sequence); default: on when "
         "tensor > 1 (and context is 1)",
     )
+    distributed_optimizer: bool | None = Field(
+        None,
+        description="ZeRO-1 for the LLM: each data-parallel rank keeps the optimizer state "
+        "(and fp32 main weights with bf16) of its slice only; gradients are reduce-scattered "
+        "and the updated slices all-gathered; default: on when data parallel > 1",
+    )
+    bucket_size: int = Field(
+        40_000_000,
+        ge=1,
+        description="elements per gradient bucket of the LLM's reduce-scatter / all-gather "
+        "(distributedOptimizer)",
+    )
     encoder: EncoderParallelConfig = EncoderParallelConfig()
 
     @model_validator(mode="after")
@@ -58,6 +71,18 @@ class ParallelismConfig(Spec):
                 "or context: 1"
             )
         return self
+
+    def distributed_optimizer_on(self, data_parallel: int) -> bool:
+        """ZeRO-1 for the LLM at this data-parallel size (the default follows it)."""
+        if self.distributed_optimizer is None:
+            return data_parallel > 1
+        return self.distributed_optimizer
+
+    def encoder_zero(self, data_parallel: int) -> int:
+        """The encoders' ZeRO stage at this data-parallel size (0 or 2)."""
+        if self.encoder.zero is None:
+            return 2 if self.distributed_optimizer_on(data_parallel) else 0
+        return self.encoder.zero
 
     @property
     def sequence_parallel_on(self) -> bool:

@@ -119,7 +119,8 @@ def build_gpt(
         params_dtype=params_dtype,
         bf16=params_dtype == torch.bfloat16,
         pipeline_dtype=params_dtype,  # what the layers emit: no autocast around the LLM
-        batch_p2p_comm=False,  # batched p2p + interleaving gives wrong grads on gloo (ENV.md)
+        # batched p2p + interleaving gives wrong grads on gloo (shared/ENVIRONMENT.md)
+        batch_p2p_comm=False,
         calculate_per_token_loss=True,  # the trainer pre-normalises by global text targets
         **_parallel_sizes(),
         bias_dropout_fusion=False,
@@ -173,11 +174,11 @@ def build_gpt(
     return model
 
 
-def all_reduce_tied_embedding_grads(chunks: list, *, main_of=lambda p: p) -> None:
+def all_reduce_tied_embedding_grads(chunks: list, *, grad_of=lambda p: p.grad) -> None:
     """With tied embeddings and several pipeline stages, the first stage's embedding and the last
-    stage's output layer are two copies of one weight: sum their gradients (those of their
-    ``main_of`` parameters: fp32 main copies with bf16) over megatron's embedding group so both
-    copies take the step a single process would."""
+    stage's output layer are two copies of one weight: sum their gradients (``grad_of``: the fp32
+    main gradient) over megatron's embedding group so both copies take the step a single process
+    would. Call it before the data-parallel reduction (ZeRO-1 keeps only slices after it)."""
     from megatron.core import parallel_state as ps
 
     from omni_trainer.distributed import comm
@@ -186,9 +187,9 @@ def all_reduce_tied_embedding_grads(chunks: list, *, main_of=lambda p: p) -> Non
         return
     for chunk in chunks:
         if chunk.share_embeddings_and_output_weights and (chunk.pre_process or chunk.post_process):
-            weight = main_of(chunk.shared_embedding_or_output_weight())
-            if weight.grad is not None:  # None: the LLM is frozen
-                comm.all_reduce(weight.grad, group=ps.get_embedding_group())
+            grad = grad_of(chunk.shared_embedding_or_output_weight())
+            if grad is not None:  # None: the LLM is frozen
+                comm.all_reduce(grad, group=ps.get_embedding_group())
 
 
 def padded_vocab_size(vocab_size: int, tp: int) -> int:

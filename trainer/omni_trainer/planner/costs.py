@@ -56,6 +56,9 @@ BF16 = 2
 ACT_BYTES_PER_HIDDEN = 34
 """Korthikanti et al. 2022: bytes per token per hidden unit per layer kept for backward (bf16,
 dropout masks included), with TP+SP and attention scores not stored."""
+ACT_BYTES_REPLICATED = 10
+"""Of those, the bytes every TP rank keeps whole without sequence parallelism (norms, dropouts,
+residuals: ``10 s b h + 24 s b h / t``, Korthikanti Table 2 without the attention scores)."""
 OFFLOAD_RESIDENT_LAYERS = 2
 """Activation offload keeps two layers of one micro-batch on the device while a virtual stage
 runs it: the layer being computed and the one whose copy (to the host in F, back in B) is in
@@ -81,17 +84,22 @@ class Layout:
     back before its backward (``OFFLOAD_RESIDENT_LAYERS`` stay on the device)."""
     encoder_recompute: Literal["selective", "full"] = "selective"
     llm_zero: Literal[0, 1] = 1
-    """1: Megatron's distributed optimizer (optimizer state sharded over dp)."""
+    """1: the distributed optimizer, ZeRO-1 (``parallelism.distributedOptimizer``: fp32 main
+    weights and Adam moments sharded over dp)."""
+    sequence_parallel: bool = True
+    """``parallelism.sequenceParallel`` with tp > 1: norms, dropouts and residuals sharded
+    along the sequence; off, each TP rank keeps them whole."""
     encoder_zero: Literal[0, 2, 3] = 2
     """Encoder gradients/optimizer (2) and parameters too (3) sharded over every replica."""
     eta: int = 4096
     """LSSP: encoder samples longer than this run sequence parallel over the stage's tp ranks."""
     reorder_group: int = 1
     """Data-parallel ranks per reorder group (1: no reordering)."""
-    overlap_grad_reduce: bool = True
+    overlap_grad_reduce: bool = False
     """Megatron DDP's ``overlap_grad_reduce``: the LLM gradient reduce-scatter runs bucket by
     bucket during the last micro-batch's backward (:func:`exposed_bucketed_sync`); False prices
-    the whole sync after the backward (the pessimistic bound)."""
+    the whole sync after the backward, which is what the trainer runs (its ZeRO-1 reduces the
+    buckets after the backward: ``components/distributed_optimizer.py``)."""
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "vpp", "dp", "micro_batch_size", "reorder_group"):
@@ -197,8 +205,15 @@ def llm_op_costs(
     )
     comm *= 1.0 - tp_overlap
     head_f = device.compute_time(2.0 * h * llm.vocab_size * tokens / tp, "gemm", width=width)
-    selective_act = ACT_BYTES_PER_HIDDEN * tokens * h / tp
-    per_layer_act = BF16 * tokens * h / tp if layout.recompute == "full" else selective_act
+    sharded = layout.sequence_parallel or tp == 1
+    per_token = (
+        ACT_BYTES_PER_HIDDEN / tp
+        if sharded
+        else ACT_BYTES_REPLICATED + (ACT_BYTES_PER_HIDDEN - ACT_BYTES_REPLICATED) / tp
+    )
+    selective_act = per_token * tokens * h
+    layer_input = BF16 * tokens * h / (tp if sharded else 1)
+    per_layer_act = layer_input if layout.recompute == "full" else selective_act
     redo = 1.0 if layout.recompute == "full" else 0.0
     layer_fwd = layer_f + comm
     layer_bwd = (2.0 + redo) * layer_f + (1.0 + redo) * comm
@@ -222,7 +237,7 @@ def llm_op_costs(
             f += head_f
             b += 2.0 * head_f
             act += 4.0 * tokens * llm.vocab_size / tp  # fp32 logits for the loss backward
-        out.append(LLMOpCost(f, b, act, BF16 * tokens * h / tp, working))
+        out.append(LLMOpCost(f, b, act, layer_input, working))
     return out
 
 

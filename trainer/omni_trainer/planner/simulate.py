@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from omni_trainer.balance.reorder import ItemMeta, plan_reorder
+from omni_trainer.components.flops import mfu
 from omni_trainer.components.model_flops import step_flops
 from omni_trainer.data.packing import PackedSequence, split_micro_batches
 from omni_trainer.multiplex.dataflow import (
@@ -464,7 +465,7 @@ def predict(
         layout=layout,
         step_time=step_time,
         tokens_per_s=tokens / step_time,
-        mfu=model_flops / (step_time * workload.world_size * device.peak_flops),
+        mfu=mfu(model_flops / step_time, workload.world_size * device.peak_flops),
         bubble=bubble,
         peak_bytes=tuple(peaks),
         hbm_bytes=device.hbm_bytes,
@@ -553,7 +554,7 @@ def predict_disaggregated(
         layout=llm_layout,
         step_time=step,
         tokens_per_s=flops.tokens * scale / step,
-        mfu=flops.training * scale / (step * n * device.peak_flops),
+        mfu=mfu(flops.training * scale / step, n * device.peak_flops),
         bubble=llm.bubble,
         peak_bytes=llm.peak_bytes,
         hbm_bytes=device.hbm_bytes,
