@@ -129,3 +129,11 @@ bench-operator: setup
 # the same run, predicts the tiny example's step time at world 1/2/4; omni train measures it.
 bench-calibrate: setup
 	$(BIN)/python bench/calibrate.py $(BENCH_ARGS)
+
+.PHONY: bench-faults
+
+# Each fault kind injected into the tiny job in the sandbox (crash, container killed, hang,
+# SIGTERM, node lost, image missing on restart): detection, first step, steps recomputed and
+# training time lost, restartPolicy.mode in-place side by side with recreate.
+bench-faults: setup
+	$(BIN)/python bench/faults.py $(BENCH_ARGS)

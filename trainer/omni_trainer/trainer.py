@@ -293,6 +293,7 @@ class Trainer:
                     loss=r.loss,
                     tokens_per_s=r.tokens / r.seconds,
                     mfu=r.flops / r.seconds / self.peak_flops,
+                    fingerprint=r.fingerprint,
                 )
                 decision = self.stop.decide(save_estimate_s=self._save_seconds)
                 if decision is not None:

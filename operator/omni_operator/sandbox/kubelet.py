@@ -648,9 +648,11 @@ class Kubelet:
                 pod_env[item["name"]] = fields.get(item["valueFrom"]["fieldRef"]["fieldPath"], "")
         map_service_ports(words, pod_env, self.net)
         words = [localize(w, mounts) for w in words]
-        if words[0] == "torchrun":
-            words = [sys.executable, "-m", "torch.distributed.run", *words[1:]]
-        elif not os.path.isabs(words[0]):
+        # torchrun, also as the command a supervisor runs (after its `--`): this Python's
+        words = [x for w in words
+                 for x in ([sys.executable, "-m", "torch.distributed.run"] if w == "torchrun"
+                           else [w])]  # fmt: skip
+        if not os.path.isabs(words[0]):
             local = Path(sys.executable).parent / words[0]
             words[0] = str(local) if local.exists() else words[0]
         env = {**os.environ, **{k: localize(v, mounts) for k, v in pod_env.items()}}
