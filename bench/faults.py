@@ -59,6 +59,7 @@ def _args() -> argparse.Namespace:
     p.add_argument("--faults", nargs="+", default=list(FAULTS), choices=FAULTS)
     p.add_argument("--interval", type=int, default=5, help="checkpoint every this many steps")
     p.add_argument("--timeout", type=float, default=400, help="seconds per wait")
+    p.add_argument("--dir", type=Path, help="keep the sandbox, logs and checkpoints here")
     return p.parse_args()
 
 
@@ -295,7 +296,8 @@ def main() -> None:
     args = _args()
     os.environ.setdefault("PYTHONPATH", f"{REPO / 'trainer'}:{REPO / 'operator'}")
     with tempfile.TemporaryDirectory(prefix="omni-faults-") as tmp:
-        cwd = Path(tmp)
+        cwd = args.dir.resolve() if args.dir else Path(tmp)
+        cwd.mkdir(parents=True, exist_ok=True)
         sb = Sandbox(cwd)
         costs: list[Cost] = []
         try:

@@ -540,12 +540,15 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
         started = False
     starting = st.phase == "Starting" or (s.obs.tracks_progress and st.first_step_time is None)
     starting_since = recovery.parse_time(st.attempt_start_time) if starting else None
+    # Until its first step an attempt is bounded by the start timeout, not the hang timeout:
+    # imports and rendezvous of a restart on a busy node are no hang.
+    progress_time = None if starting else recovery.parse_time(st.last_progress_time)
     failure = recovery.classify(
         pods,
         s.nodes,
         spec=spec,
         now=s.now,
-        last_progress_time=recovery.parse_time(st.last_progress_time),
+        last_progress_time=progress_time,
         started_steps=started,
         placement=st.placement,
         starting_since=starting_since,
@@ -557,7 +560,7 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
             s.nodes,
             spec=spec,
             now=s.now,
-            last_progress_time=recovery.parse_time(st.last_progress_time),
+            last_progress_time=progress_time,
             placement=st.placement,
             starting_since=starting_since,
         )

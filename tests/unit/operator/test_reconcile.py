@@ -394,3 +394,23 @@ def test_a_container_death_before_the_attempt_is_not_its_failure() -> None:
                 last["message"], last["exitCode"] = "", 137
         a = reconcile(_obs(job, status, pods, progress=Progress(step=3)))
         assert (a.status.get("phase") == "Restarting") is restarts, (finished, a.status)
+
+
+def test_a_slow_start_is_the_start_timeout_s_business_not_a_hang() -> None:
+    """Running pods whose trainers have not reached their first step (imports, rendezvous of
+    a restart on a busy node) are not hung; the start timeout bounds them. After the first
+    step, no progress for hangTimeoutSeconds is a hang."""
+    job = _job(restartPolicy={"hangTimeoutSeconds": 60, "startTimeoutSeconds": 300})
+    status, owned = _start(job)
+    status = {**status, **reconcile(_obs(job, status, owned, tracks_progress=True)).status}
+    slow = reconcile(_obs(job, status, owned, tracks_progress=True,
+                          now=NOW + dt.timedelta(seconds=120)))  # fmt: skip
+    assert slow.status.get("phase") != "Restarting" and slow.requeue_after == 180
+    later = NOW + dt.timedelta(seconds=130)
+    p = Progress(step=1, attempt=0)
+    status = {**status, **reconcile(_obs(job, status, owned, tracks_progress=True,
+                                         now=later, progress=p)).status}  # fmt: skip
+    hung = reconcile(_obs(job, status, owned, tracks_progress=True, progress=p,
+                          now=later + dt.timedelta(seconds=61)))  # fmt: skip
+    assert hung.status["phase"] == "Restarting"
+    assert hung.status["restartHistory"][-1]["reason"] == "Hang"
