@@ -189,7 +189,10 @@ def run_mode(sb: Sandbox, mode: str, faults: list[str], args: argparse.Namespace
     costs: list[Cost] = []
     try:
         for fault in faults:
-            cost = _measure(sb, Cost(fault, mode), step_log, args)
+            try:
+                cost = _measure(sb, Cost(fault, mode), step_log, args)
+            except TimeoutError as err:  # the table shows what was measured
+                cost = Cost(fault, mode, note=str(err))
             costs.append(cost)
             if cost.first_step_s is None:
                 break
@@ -207,7 +210,7 @@ def _measure(sb: Sandbox, cost: Cost, step_log: Path, args: argparse.Namespace) 
     def ready() -> bool:
         recs = [r for r in _records(step_log) if r["attempt"] == attempt]
         step = max((r["step"] for r in recs), default=0)
-        return len(recs) >= args.interval + 2 and step % args.interval == 2
+        return len(recs) >= args.interval + 2 and step % args.interval >= 2
 
     sb.wait(f"{cost.mode}: attempt {attempt} training", ready, timeout=args.timeout)
     if cost.fault == "image-missing":
