@@ -18,7 +18,9 @@ Phases::
 ``Starting`` means the attempt's pods exist but not all trainers run yet: condition
 ``PodsRunning`` names what the scheduler or the kubelet says (Unschedulable, ErrImagePull...),
 and ``restartPolicy.startTimeoutSeconds`` bounds the time to the trainer's first step.
-``Running``: every trainer container runs. Pods are named per attempt
+``Running``: every trainer container runs. An in-place restart keeps the pods (``podAttempt``
+names the attempt that created them) and, after the backoff, writes the new attempt into the
+job's ConfigMap for their supervisors. Pods are named per attempt
 (``<job>-a<attempt>-n<rank>``), so a restart never waits for a pod stuck Terminating on a lost
 node: those are force-deleted (grace 0) instead.
 """

@@ -10,7 +10,11 @@ not exist fails the job at once; the others are waited for up to
 ``restartPolicy.startTimeoutSeconds`` from the pods' creation, then the attempt is restarted.
 
 :func:`decide_restart` turns a failure into a decision: a whole-job restart after exponential
-backoff, or failing the job (a user error, or the restart budget is spent). The budget counts
+backoff, or failing the job (a user error, or the restart budget is spent). :func:`restart_mode`
+says how: with ``restartPolicy.mode: in-place`` a crashed or hung trainer whose pods all still
+run restarts inside them (the pods' supervisors start the new attempt); pods that are gone, or
+``mode: recreate``, mean new pods. A container the kubelet restarted in place keeps its end in
+``lastState``: :class:`Current` tells this attempt's ends from older ones. The budget counts
 restarts *without progress*: a checkpoint newer than the one the last restart resumed from
 refills it, so a week-long job survives many unrelated failures while a crash loop stops soon.
 
