@@ -138,3 +138,11 @@ bench-calibrate: setup
 # (tokens/s, MFU), checkpoints across specs; JSON to $(OUT) (CPU: GPU_CHECK_ARGS=--cpu-smoke).
 gpu-check: setup
 	$(BIN)/python bench/gpu_check.py --out $(or $(OUT),.) $(GPU_CHECK_ARGS)
+
+.PHONY: bench-faults
+
+# Each fault kind injected into the tiny job in the sandbox (crash, container killed, hang,
+# SIGTERM, node lost, image missing on restart): detection, first step, steps recomputed and
+# training time lost, restartPolicy.mode in-place side by side with recreate.
+bench-faults: setup
+	$(BIN)/python bench/faults.py $(BENCH_ARGS)

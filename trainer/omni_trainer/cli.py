@@ -435,6 +435,27 @@ def _tune(
     console.print(proxy.reason, highlight=False)
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def supervise(
+    ctx: typer.Context,
+    attempt_file: Annotated[
+        Path, typer.Option(help="the file naming the restart attempt to run (from the operator)")
+    ],
+    state_dir: Annotated[
+        Path, typer.Option(help="a directory that outlives the container (an emptyDir)")
+    ],
+) -> None:
+    """A trainer pod's init: run the command after `--` for the operator's restart attempt, and
+    restart it in place when the operator names a newer one (restartPolicy.mode: in-place)."""
+    from omni_trainer.supervisor import ATTEMPT_ENV, Supervisor
+
+    if not ctx.args:
+        raise _fail("omni supervise needs the command to run after `--`")
+    pods = int(os.environ.get(ATTEMPT_ENV, "0"))  # the attempt that created this pod
+    code = Supervisor(ctx.args, attempt_file=attempt_file, state_dir=state_dir, pods=pods).run()
+    raise typer.Exit(code)
+
+
 def _is_rank0() -> bool:
     return os.environ.get("RANK", "0") == "0"
 

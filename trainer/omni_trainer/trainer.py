@@ -134,6 +134,7 @@ class Trainer:
                     loss=r.loss,
                     tokens_per_s=r.tokens / r.seconds,
                     mfu=mfu(r.flops / r.seconds, self.peak_flops),
+                    fingerprint=r.fingerprint,
                 )
                 decision = self.stop.decide(save_estimate_s=self.checkpoints.save_seconds)
                 if decision is not None:
