@@ -52,6 +52,7 @@ def plan_step(
         vpp=dims.vpp,
         num_microbatches=len(micro),
         encoder_mbs=mbs,
+        budget=cfg.parallelism.encoder.memory_budget_bytes,
     )
     eta = cfg.parallelism.encoder.eta
     sp = sum(n > eta for items in lengths.values() for n in items)

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from omni_trainer.components.activation_bytes import BF16, kept_bytes_per_token
 from omni_trainer.components.flops import attention_flops, transformer_matmul_params
 from omni_trainer.data.packing import PackedSequence
 from omni_trainer.models.config import LLMConfig, ModelConfig
@@ -46,16 +47,13 @@ __all__ = [
     "encoder_params",
     "exposed_bucketed_sync",
     "layers_per_virtual_stage",
+    "llm_activation_bytes",
     "llm_op_costs",
     "llm_stage_params",
     "static_memory",
 ]
 
 EncoderConfig = VisionEncoderConfig | AudioEncoderConfig
-BF16 = 2
-ACT_BYTES_PER_HIDDEN = 34
-"""Korthikanti et al. 2022: bytes per token per hidden unit per layer kept for backward (bf16,
-dropout masks included), with TP+SP and attention scores not stored."""
 OFFLOAD_RESIDENT_LAYERS = 2
 """Activation offload keeps two layers of one micro-batch on the device while a virtual stage
 runs it: the layer being computed and the one whose copy (to the host in F, back in B) is in
@@ -197,8 +195,6 @@ def llm_op_costs(
     )
     comm *= 1.0 - tp_overlap
     head_f = device.compute_time(2.0 * h * llm.vocab_size * tokens / tp, "gemm", width=width)
-    selective_act = ACT_BYTES_PER_HIDDEN * tokens * h / tp
-    per_layer_act = BF16 * tokens * h / tp if layout.recompute == "full" else selective_act
     redo = 1.0 if layout.recompute == "full" else 0.0
     layer_fwd = layer_f + comm
     layer_bwd = (2.0 + redo) * layer_f + (1.0 + redo) * comm
@@ -206,23 +202,41 @@ def llm_op_costs(
     if layout.recompute == "offload":
         if device.host is None:
             raise ValueError(f"{device.name} has no host link to offload activations over")
-        copy = device.host.time(selective_act)
+        copy = device.host.time(kept_bytes_per_token(h, 1) * tokens / tp)
         exposed_f = max(0.0, copy - layer_fwd)
         exposed_b = max(0.0, copy - layer_bwd)
     layers = layers_per_virtual_stage(llm.num_layers, layout.pp, layout.vpp)
+    memory = llm_activation_bytes(llm, tokens, layout)
     out = []
-    for v, n in enumerate(layers):
+    for v, (n, (act, working)) in enumerate(zip(layers, memory, strict=True)):
         f = n * (layer_fwd + exposed_f)
         b = n * (layer_bwd + exposed_b)
+        if v == len(layers) - 1:
+            f += head_f
+            b += 2.0 * head_f
+        out.append(LLMOpCost(f, b, act, BF16 * tokens * h / tp, working))
+    return out
+
+
+def llm_activation_bytes(
+    llm: LLMConfig, tokens: float, layout: Layout
+) -> list[tuple[float, float]]:
+    """Per virtual stage, the bytes per rank one micro-batch of ``tokens`` keeps from F to B and
+    those resident only while F or B runs (offload's layers in flight); see :func:`llm_op_costs`."""
+    tp = layout.tp
+    full = layout.recompute == "full"
+    selective_act = kept_bytes_per_token(llm.hidden_size, 1) * tokens / tp
+    per_layer_act = kept_bytes_per_token(llm.hidden_size, 1, full_recompute=full) * tokens / tp
+    layers = layers_per_virtual_stage(llm.num_layers, layout.pp, layout.vpp)
+    out = []
+    for v, n in enumerate(layers):
         if layout.recompute == "offload":
             act, working = 0.0, min(n, OFFLOAD_RESIDENT_LAYERS) * selective_act
         else:
             act, working = n * per_layer_act, 0.0
         if v == len(layers) - 1:
-            f += head_f
-            b += 2.0 * head_f
             act += 4.0 * tokens * llm.vocab_size / tp  # fp32 logits for the loss backward
-        out.append(LLMOpCost(f, b, act, BF16 * tokens * h / tp, working))
+        out.append((act, working))
     return out
 
 
@@ -286,10 +300,8 @@ def encoder_mb_cost(
     tokens_on = sum(lengths[i] for i in plan.short[busiest]) + sum(
         lengths[i] / g for i in plan.long
     )
-    per_token = (
-        ACT_BYTES_PER_HIDDEN * he * enc.num_layers
-        if layout.encoder_recompute == "selective"
-        else BF16 * he * enc.num_layers
+    per_token = kept_bytes_per_token(
+        he, enc.num_layers, full_recompute=layout.encoder_recompute == "full"
     )
     redo = 1.0 if layout.encoder_recompute == "full" else 0.0
     return EncoderMBCost(
