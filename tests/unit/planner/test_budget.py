@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from functools import partial
 
 import pytest
 import torch
@@ -12,13 +13,15 @@ from omni_trainer.config import ManifestError, parse_manifest
 from omni_trainer.data.packing import PackedSequence, Segment
 from omni_trainer.distributed.config import ParallelDims, memory_bytes
 from omni_trainer.multiplex.workload import encoder_micro_batches
+from omni_trainer.plan import plan_step
 from omni_trainer.planner import budget as budget_mod
 from omni_trainer.planner.budget import encoder_budget, planning_budget, trainer_layout
 from omni_trainer.planner.costs import llm_activation_bytes, static_memory
 
 
-def _cfg(manifest: dict, **encoder):
+def _cfg(manifest: dict, micro_batch_size: int = 4, **encoder):
     doc = copy.deepcopy(manifest)
+    doc["spec"]["trainer"]["data"]["microBatchSize"] = micro_batch_size
     doc["spec"]["trainer"].setdefault("parallelism", {})["pipeline"] = 2
     doc["spec"]["trainer"]["parallelism"].setdefault("encoder", {}).update(encoder)
     return parse_manifest(doc).spec.trainer
@@ -47,21 +50,40 @@ def test_budget_is_the_device_minus_llm_static_bytes_and_activation_peak(tiny_ma
 
 def test_planning_budget_reads_the_manifest_else_the_device(tiny_manifest, monkeypatch) -> None:
     dims = ParallelDims(world_size=2, pp=2)
-    cpu = torch.device("cpu")
     mbs = _micro_batches(4)
-    assert planning_budget(_cfg(tiny_manifest, memoryBudget="1Ki"), dims, mbs, cpu) == 1024.0
-    assert planning_budget(_cfg(tiny_manifest, policy="uniform"), dims, mbs, cpu) is None
+
+    def unused() -> float:
+        raise AssertionError("the manifest's budget needs no device")
+
+    assert planning_budget(_cfg(tiny_manifest, memoryBudget="1Ki"), dims, mbs, unused) == 1024.0
     # CPU: the host's available memory over the local processes (measured once per process)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    monkeypatch.setattr(budget_mod, "_host_available_bytes", lambda: 8e9)
+    monkeypatch.setattr(budget_mod, "host_available_bytes", lambda: 8e9)
     budget_mod.device_memory_bytes.cache_clear()
     try:
         cfg = _cfg(tiny_manifest)
-        assert budget_mod.device_memory_bytes(cpu) == 4e9
-        assert planning_budget(cfg, dims, mbs, cpu) == encoder_budget(cfg, dims, mbs, 4e9)
+        device = partial(budget_mod.device_memory_bytes, torch.device("cpu"))
+        assert device() == 4e9
+        assert planning_budget(cfg, dims, mbs, device) == encoder_budget(cfg, dims, mbs, 4e9)
     finally:
         budget_mod.device_memory_bytes.cache_clear()
-    assert budget_mod._host_available_bytes() > 0  # the real /proc/meminfo reading
+    monkeypatch.undo()
+    assert budget_mod.host_available_bytes() > 0  # the real /proc/meminfo reading
+
+
+def test_omni_plan_budgets_auto_like_the_trainer(tiny_manifest) -> None:
+    """``omni plan`` on the tiny job at pp2: with a device large enough auto is as fast as
+    front_loaded in the time model; with a 1-byte memoryBudget (nothing fits) it holds no more
+    than any fixed policy's least peak."""
+
+    def run(policy: str, **encoder) -> tuple[float, float]:
+        cfg = _cfg(tiny_manifest, micro_batch_size=1, **encoder)  # 8 micro-batches
+        sim = plan_step(cfg, world_size=2, policy=policy, device_bytes=1e12).simulation
+        return max(s["peak_encoder_activations"] for s in sim["stages"]), sim["makespan"]
+
+    assert run("auto")[1] <= run("front_loaded")[1] + 1e-9
+    least = min(run(p)[0] for p in ("uniform", "front_loaded", "stage0"))
+    assert run("auto", memoryBudget=1)[0] <= least
 
 
 def test_encoder_micro_batches_carry_activation_bytes(tiny_manifest) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from omni_trainer.data.packing import PackedSequence
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "device_memory_bytes",
     "encoder_budget",
+    "host_available_bytes",
     "llm_activation_peaks",
     "planning_budget",
     "trainer_layout",
@@ -81,7 +82,8 @@ def encoder_budget(
     ]
 
 
-def _host_available_bytes() -> float:
+def host_available_bytes() -> float:
+    """The host's available memory (``MemAvailable``), in bytes."""
     with open("/proc/meminfo") as f:
         for line in f:
             if line.startswith("MemAvailable:"):
@@ -100,7 +102,7 @@ def device_memory_bytes(device: torch.device) -> float:
     if device.type == "cuda":
         mine = float(torch.cuda.get_device_properties(device).total_memory)
     else:
-        mine = _host_available_bytes() / int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        mine = host_available_bytes() / int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if dist.is_available() and dist.is_initialized():
         t = torch.tensor([mine], dtype=torch.float64, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
@@ -112,13 +114,11 @@ def planning_budget(
     cfg: TrainerConfig,
     dims: ParallelDims,
     micro_batches: Sequence[Sequence[PackedSequence]],
-    device: torch.device,
-) -> float | list[float] | None:
+    device_bytes: Callable[[], float],
+) -> float | list[float]:
     """``auto``'s budget for this step: the manifest's ``memoryBudget``, else derived from the
-    device (:func:`encoder_budget`); None for the other policies (they read none)."""
-    enc = cfg.parallelism.encoder
-    if enc.policy != "auto":
-        return None
-    if enc.memory_budget_bytes is not None:
-        return float(enc.memory_budget_bytes)
-    return encoder_budget(cfg, dims, micro_batches, device_memory_bytes(device))
+    memory ``device_bytes()`` gives (:func:`encoder_budget`; called only then)."""
+    manifest = cfg.parallelism.encoder.memory_budget_bytes
+    if manifest is not None:
+        return float(manifest)
+    return encoder_budget(cfg, dims, micro_batches, device_bytes())
