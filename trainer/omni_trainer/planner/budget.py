@@ -33,13 +33,14 @@ __all__ = [
 
 
 def trainer_layout(cfg: TrainerConfig, dims: ParallelDims) -> Layout:
-    """The cost model's view of a run (context parallel shards tokens like tensor parallel)."""
+    """The cost model's view of a run (context parallel ranks shard the optimizer state like
+    data parallel ones; their share of the tokens is :func:`llm_activation_peaks`')."""
     recompute = "full" if cfg.train.recompute == "full" else "selective"
     return Layout(
-        tp=dims.tp * dims.cp,
+        tp=dims.tp,
         pp=dims.pp,
         vpp=dims.vpp,
-        dp=dims.dp,
+        dp=dims.dp * dims.cp,
         micro_batch_size=cfg.data.micro_batch_size,
         recompute=recompute,
         encoder_zero=2 if cfg.parallelism.encoder.zero == 2 else 0,
@@ -47,11 +48,16 @@ def trainer_layout(cfg: TrainerConfig, dims: ParallelDims) -> Layout:
 
 
 def llm_activation_peaks(
-    cfg: TrainerConfig, layout: Layout, micro_batches: Sequence[Sequence[PackedSequence]]
+    cfg: TrainerConfig,
+    layout: Layout,
+    micro_batches: Sequence[Sequence[PackedSequence]],
+    *,
+    context: int = 1,
 ) -> list[float]:
     """Per stage, the peak bytes of LLM activations held in the step's 1F1B order (each op's
-    activations from its forward to its backward, offload's resident layers while it runs)."""
-    tokens = [sum(g.length for s in mb for g in s.segments) for mb in micro_batches]
+    activations from its forward to its backward, offload's resident layers while it runs);
+    ``context`` ranks share each micro-batch's tokens."""
+    tokens = [sum(g.length for s in mb for g in s.segments) / context for mb in micro_batches]
     memory = [llm_activation_bytes(cfg.model.llm, t, layout) for t in tokens]
     peaks = []
     for stage in range(layout.pp):
@@ -75,7 +81,7 @@ def encoder_budget(
     """Per stage, ``device_bytes`` minus the LLM's static bytes and activation peak (at least
     0: then ``auto`` holds as few encoder activations as it can)."""
     layout = trainer_layout(cfg, dims)
-    peaks = llm_activation_peaks(cfg, layout, micro_batches)
+    peaks = llm_activation_peaks(cfg, layout, micro_batches, context=dims.cp)
     return [
         max(0.0, device_bytes - sum(static_memory(cfg.model, layout, s).values()) - peak)
         for s, peak in enumerate(peaks)
