@@ -235,6 +235,25 @@ def test_auto_is_never_worse_than_a_fixed_policy_within_its_budget(pp, vpp, m, c
             assert auto_time <= makespan + 1e-9, policy
 
 
+@pytest.mark.parametrize(("pp", "vpp", "m"), [(2, 1, 4), (2, 1, 5), (2, 1, 8), (4, 1, 8)])
+def test_auto_in_bytes_front_loads_where_that_fits_and_stays_within_where_not(pp, vpp, m) -> None:
+    """Activations in bytes (as the trainer's mbs carry them), costs differing from them: with
+    front_loaded's own peak as the budget auto is at least as fast; with a budget front_loaded
+    exceeds (uniform's peak), auto keeps within it."""
+    mbs = [
+        EncoderMicroBatch(e.id, e.microbatch, e.modality, 0.5 + e.id % 3, 1e6 * (1 + e.id % 2))
+        for e in mbs_for(m)
+    ]
+    kw = {"pp": pp, "vpp": vpp, "num_microbatches": m, "encoder_mbs": mbs}
+    front_peak, front_time = _peak_and_makespan(plan_dataflow("front_loaded", **kw))
+    uniform_peak, _ = _peak_and_makespan(plan_dataflow("uniform", **kw))
+    peak, makespan = _peak_and_makespan(plan_dataflow("auto", **kw, budget=front_peak))
+    assert peak <= front_peak and makespan <= front_time + 1e-9
+    assert front_peak > uniform_peak  # front_loaded does not fit the tighter budget
+    peak, _ = _peak_and_makespan(plan_dataflow("auto", **kw, budget=uniform_peak))
+    assert peak <= uniform_peak
+
+
 def test_planner_rejects_bad_input() -> None:
     with pytest.raises(DataflowError, match="appears twice"):
         plan_dataflow(

@@ -27,6 +27,8 @@ from omni_trainer.models.omni import first_stage_input
 from omni_trainer.multiplex.anchor import EncoderAnchor, EncoderWork, build_works
 from omni_trainer.multiplex.dataflow import PRE, DataflowTable, plan_dataflow
 from omni_trainer.multiplex.workload import encoder_micro_batches, media_encoded_on
+from omni_trainer.planner.budget import device_memory_bytes as device_bytes
+from omni_trainer.planner.budget import planning_budget
 
 
 class StepRunner:
@@ -115,6 +117,9 @@ class StepRunner:
             vpp=dims.vpp,
             num_microbatches=len(micro),
             encoder_mbs=encoder_mbs,
+            budget=planning_budget(
+                self.cfg, dims, groups_of_seqs, partial(device_bytes, self.device)
+            ),
         )
         mine = media_encoded_on(table, self.groups.anchor.stage)
         self.data.media.prefetch(  # decoded in parallel by the workers while this thread waits

@@ -2,12 +2,34 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from omni_trainer.config_base import Spec
+
+_BYTES = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
+_SCALE = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
+_SCALE |= {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
+
+
+def memory_bytes(value: int | str) -> int:
+    """Bytes from an integer or a Kubernetes-style quantity (``20Gi``, ``1.5G``, ``512Mi``).
+
+    Raises:
+        ValueError: not a positive byte count.
+    """
+    match = None if isinstance(value, bool) else _BYTES.match(str(value).strip())
+    size = float(match[1]) * _SCALE.get(match[2] or "", 1) if match else 0.0
+    if size < 1:
+        raise ValueError(
+            f"parallelism.encoder.memoryBudget {value!r} is not a positive byte count: give bytes "
+            "(e.g. 21474836480) or a quantity such as 20Gi, 512Mi or 1.5G, or drop it to derive "
+            "the budget from the device's memory"
+        )
+    return int(size)
 
 
 class EncoderParallelConfig(Spec):
@@ -19,9 +41,16 @@ class EncoderParallelConfig(Spec):
     policy: Literal["auto", "uniform", "front_loaded", "stage0"] = Field(
         "auto",
         description="where encoder micro-batches enter the LLM pipeline: auto fills idle "
-        "pipeline time first, then front-loads while a stage holds no more encoder activations "
-        "than uniform would, then inserts on demand; uniform on-demand insertion on every stage "
+        "pipeline time first, then front-loads while a stage's encoder activations fit "
+        "memoryBudget, then inserts on demand; uniform on-demand insertion on every stage "
         "(the paper's), all before the pipeline, or all on stage 0",
+    )
+    memory_budget: int | str | None = Field(
+        None,
+        description="auto: the bytes of encoder activations one rank may hold (bytes or a "
+        "quantity such as 20Gi); default: the device's memory (a GPU's total, or the host's "
+        "available memory divided by the local processes) minus the LLM's static bytes and "
+        "activation peak",
     )
     zero: Literal[0, 2] | None = Field(
         None,
@@ -29,6 +58,18 @@ class EncoderParallelConfig(Spec):
         "(ZeRO-2); 0: every rank keeps full copies; default: 2 when the LLM's "
         "distributedOptimizer is on, so the whole model's optimizer state is sharded",
     )
+
+    @field_validator("memory_budget")
+    @classmethod
+    def _budget_in_bytes(cls, v: int | str | None) -> int | str | None:
+        if v is not None:
+            memory_bytes(v)
+        return v
+
+    @property
+    def memory_budget_bytes(self) -> int | None:
+        """The manifest's budget in bytes; None: derive it from the device."""
+        return None if self.memory_budget is None else memory_bytes(self.memory_budget)
 
 
 class ParallelismConfig(Spec):

@@ -886,8 +886,10 @@ def plan_dataflow(
       does not grow), is front-loaded where that shortens the step and the budget allows, and
       is otherwise inserted on demand. A mb that fits nowhere takes the slot exceeding the
       budget least. ``budget``: per stage (or one for all), in :attr:`EncoderMicroBatch.memory`
-      units; None: the largest stage peak of the ``uniform`` table, so ``auto`` never holds more
-      encoder activations than on-demand insertion. Only ``auto`` reads it.
+      units (bytes in the trainer and simulator: the device's memory less the LLM's, see
+      :mod:`omni_trainer.planner.budget`); where ``front_loaded`` fits it, ``auto`` is at least
+      as fast; None: the largest stage peak of the ``uniform`` table, so ``auto`` never holds
+      more encoder activations than on-demand insertion. Only ``auto`` reads it.
 
     - ``stage0``: the unimodal-like baseline; every encoder mb on stage 0 just before F(m,0),
       backward at the first stage-0 slot after B(m,0) (or POST).
