@@ -8,6 +8,7 @@ with full gradients: test_multiplex_equivalence.py.)
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -123,7 +124,8 @@ def test_plan_tune_recommends_fitting_configurations() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "paper-a on 64 x H100" in proc.stdout
-    assert "1. #1 of" in proc.stdout and "GiB" in proc.stdout
+    # rank 1, or 1= when the next prediction is within the tie margin
+    assert re.search(r"^1=?\. #1 of", proc.stdout, re.M) and "GiB" in proc.stdout
     assert "device: H100" in proc.stdout and "default; the manifest names no GPU" in proc.stdout
     assert "own: the manifest's layout (tp4 pp2 vpp1 dp8" in proc.stdout  # beside the best
     assert "switching to #1 gains" in proc.stdout
