@@ -392,8 +392,8 @@ def _simulate_replica(
         "vpp": layout.vpp,
         "num_microbatches": len(replica) // layout.micro_batch_size,
     }
-    budget = encoder_budget(work, **shape, hbm_bytes=device.hbm_bytes) if policy == "auto" else None
-    table = plan_dataflow(policy, **shape, encoder_mbs=mbs, budget=budget)
+    room = encoder_budget(work, **shape, hbm_bytes=device.hbm_bytes) if policy == "auto" else None
+    table = plan_dataflow(policy, **shape, encoder_mbs=mbs, device_budget=room)
     return run_schedule(table, work)
 
 
