@@ -748,13 +748,8 @@ def _plan_auto(
     fixed = [plan_dataflow(p, **kw, encoder_mbs=proto.encoder_mbs) for p in _FIXED]
     uniform = max(s["peak_encoder_activations"] for s in simulate(fixed[0])["stages"])
     budgets = _auto_budgets(uniform, budget, device_budget, proto.pp)
-    greedy = [  # the greedy is not monotone in its budget: also try it at uniform's peak
-        DataflowTable(**kw, encoder_mbs=proto.encoder_mbs, forward=f, backward=b)
-        for f, b in (
-            _AutoPlanner(proto, limits).plan()
-            for limits in (budgets, [min(x, uniform) for x in budgets])
-        )
-    ]
+    fwd, bwd = _AutoPlanner(proto, budgets).plan()
+    greedy = DataflowTable(**kw, encoder_mbs=proto.encoder_mbs, forward=fwd, backward=bwd)
 
     def rank(table: DataflowTable) -> tuple[float, float, float]:
         sim = simulate(table)
@@ -762,7 +757,7 @@ def _plan_auto(
         excess = max(p - b for p, b in zip(peaks, budgets, strict=True))  # the worst device
         return round(max(excess, 0.0), 9), round(sim["makespan"], 9), max(peaks)
 
-    best = min([*greedy, *fixed], key=rank)  # min keeps the first of ties: a greedy plan
+    best = min([greedy, *fixed], key=rank)  # min keeps the first of ties: the greedy plan
     return dict(best.forward), dict(best.backward)
 
 
