@@ -4,7 +4,8 @@ One launch per world size (2 and 4 ranks) runs every scenario of ``_ulysses_work
 a long image (5x7 = 35 patches) and a long clip (37 tokens, conv kernel 15 wider than a shard),
 both split unevenly; samples with fewer tokens than ranks (empty shards); a mixed LSSP batch
 (short samples data parallel, long ones sequence parallel, the same encoder instance), for the ViT
-and the Conformer; and the heads-divisibility error.
+and the Conformer, also with full and selective recompute (blocks rerun in the backward with the
+mixer's sharded state restored); and the heads-divisibility error.
 
 Tolerance (fp32): 1e-5 absolute on the outputs (post-LayerNorm, O(1)) concatenated in rank order
 against the single-rank encoding, and 1e-5 absolute on every parameter gradient of
@@ -26,7 +27,10 @@ pytestmark = pytest.mark.dist
 
 TOLERANCE = 1e-5
 WORKER = Path(__file__).with_name("_ulysses_worker.py")
-SCENARIOS = ["vision_35", "audio_37", "vision_1", "audio_3", "lssp_vision", "lssp_audio"]
+SCENARIOS = [
+    *("vision_35", "audio_37", "vision_1", "audio_3", "lssp_vision", "lssp_audio"),
+    *("lssp_vision_full", "lssp_audio_full", "lssp_audio_selective"),  # train.recompute
+]
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["sp2", "sp4"])

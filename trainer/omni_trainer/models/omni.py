@@ -74,6 +74,7 @@ class OmniModel(nn.Module):
             if enc_cfg is None:
                 continue
             self.encoders[modality] = build_encoder(modality, enc_cfg)
+            self.encoders[modality].mixer.recompute = llm_runtime.recompute  # train.recompute
             self.projectors[modality] = Projector(enc_cfg.hidden_size, cfg.llm.hidden_size)
         if cfg.hf is not None:  # a whole VLM: its projector too
             from omni_trainer.interop.encoders import load_projector
