@@ -33,9 +33,9 @@ def plan_step(
 ) -> StepPlan:
     """The dataflow table of data-parallel replica 0 at ``step``, as the trainer would plan it.
 
-    ``auto``'s budget: the manifest's ``memoryBudget``, else derived from ``device_bytes`` per
-    rank (None: the host's available memory over ``world_size`` processes, as the trainer
-    derives it on one CPU node)."""
+    ``auto``'s budget: the manifest's ``memoryBudget``, else ``uniform``'s peak x HEADROOM within
+    the room beside the LLM on ``device_bytes`` per rank (None: the host's available memory over
+    ``world_size`` processes, as the trainer derives it on one CPU node)."""
     dims = layout_for(cfg, world_size)
     num_shards = cfg.data.shards_for(dims.dp)
     streams = [  # replica 0's loaders; reordering between replicas is not shown
@@ -62,7 +62,7 @@ def plan_step(
         vpp=dims.vpp,
         num_microbatches=len(micro),
         encoder_mbs=mbs,
-        budget=planning_budget(
+        **planning_budget(
             cfg, dims, micro, lambda: device_bytes or host_available_bytes() / world_size
         ),
     )

@@ -68,3 +68,31 @@ def test_simulated_side_is_calibrated_on_llm_seconds(bench) -> None:
     # measured waiting 0.1 s per stage, simulated 4 units = 0.2 s
     assert any(line.endswith("waiting measured/simulated x0.50") for line in lines)
     assert any(line.endswith("simulated makespan 1.000 s") for line in lines)
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+def test_auto_plans_the_bench_job_within_budgets_front_loaded_exceeds(bench, pp) -> None:
+    """The bench's own job, ``omni plan``'s tables for its first steps: without memoryBudget auto
+    holds at most uniform's peak x HEADROOM (the ranking bench's memory target) and is never
+    slower than uniform in the time model; with memoryBudget = uniform's peak, which
+    front_loaded exceeds at pp2, auto plans within it where front_loaded cannot."""
+    from omni_trainer.config import parse_manifest
+    from omni_trainer.multiplex.dataflow import HEADROOM
+    from omni_trainer.plan import plan_step
+
+    def run(policy: str, step: int, **encoder) -> tuple[float, float]:
+        job = bench.bench_job(pp, 256)
+        job["spec"]["trainer"]["parallelism"]["encoder"].update(encoder)
+        cfg = parse_manifest(job).spec.trainer
+        sim = plan_step(cfg, world_size=pp, step=step, policy=policy, device_bytes=1e12)
+        stages = sim.simulation["stages"]
+        return max(s["peak_encoder_activations"] for s in stages), sim.simulation["makespan"]
+
+    exceeded = 0
+    for step in (1, 2, 3):
+        uniform, front, auto = (run(p, step) for p in ("uniform", "front_loaded", "auto"))
+        assert auto[0] <= HEADROOM * uniform[0] + 1e-6 and auto[1] <= uniform[1] + 1e-9
+        budget = int(uniform[0])
+        exceeded += front[0] > budget
+        assert run("auto", step, memoryBudget=budget)[0] <= budget
+    assert exceeded == (3 if pp == 2 else 1)

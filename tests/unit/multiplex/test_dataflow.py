@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from omni_trainer.multiplex.dataflow import (
+    HEADROOM,
     POLICIES,
     POST,
     PRE,
@@ -204,7 +205,8 @@ def _peak_and_makespan(table: DataflowTable) -> tuple[float, float]:
 
 def test_auto_front_loads_only_as_far_as_the_budget_allows() -> None:
     """pp2, 8 micro-batches of cost-1 images: front-loading is fastest (39) but holds 4 mbs'
-    activations per stage, uniform holds 2 (41). auto's default budget is uniform's peak."""
+    activations per stage, uniform holds 2 (41). auto's default budget is uniform's peak x 1.1
+    (2.2: no third mb fits), an explicit one overrides it."""
     kw = {"pp": 2, "vpp": 1, "num_microbatches": 8, "encoder_mbs": mbs_for(8, ("image",))}
     assert _peak_and_makespan(plan_dataflow("front_loaded", **kw)) == (4.0, 39.0)
     assert _peak_and_makespan(plan_dataflow("uniform", **kw)) == (2.0, 41.0)
@@ -220,14 +222,46 @@ def test_auto_front_loads_only_as_far_as_the_budget_allows() -> None:
         plan_dataflow("auto", **kw, budget=[1.0, 1.0, 1.0])
 
 
+def test_auto_default_budget_is_uniforms_peak_with_headroom_within_the_device() -> None:
+    """The same pipeline (uniform 2 mbs per stage, front-loading 4). The device's room never
+    loosens the default (a large one still gives 2.0 and 40); a small one tightens it (room for
+    1.5 mbs on stage 0: auto keeps the table whose stage 0 exceeds least, at most uniform's); an
+    explicit budget overrides both."""
+    kw = {"pp": 2, "vpp": 1, "num_microbatches": 8, "encoder_mbs": mbs_for(8, ("image",))}
+    assert HEADROOM == 1.1
+    assert _peak_and_makespan(plan_dataflow("auto", **kw, device_budget=1e9)) == (2.0, 40.0)
+    tight = plan_dataflow("auto", **kw, device_budget=[1.5, 1e9])
+    assert simulate(tight)["stages"][0]["peak_encoder_activations"] <= 2.0
+    both = plan_dataflow("auto", **kw, budget=4.0, device_budget=1.0)
+    assert _peak_and_makespan(both) == (4.0, 39.0)
+
+
+def test_auto_headroom_buys_step_time_within_it() -> None:
+    """pp2, 4 micro-batches of image + audio, costs and bytes differing by up to 30% and 10%:
+    with uniform's peak x 1.1 (4.565) auto holds 4.2 (one more mb before its backward) and the
+    step is 30.6, front_loaded's; held to uniform's peak (4.15) it is 31.6; uniform 32."""
+    mbs = [
+        EncoderMicroBatch(e.id, e.microbatch, e.modality, 1 + 0.3 * (e.id % 3), 1 + e.id % 3 / 20)
+        for e in mbs_for(4, ("image", "audio"))
+    ]
+    kw = {"pp": 2, "vpp": 1, "num_microbatches": 4, "encoder_mbs": mbs}
+    uniform = _peak_and_makespan(plan_dataflow("uniform", **kw))
+    assert uniform == pytest.approx((4.15, 32.0))
+    assert _peak_and_makespan(plan_dataflow("front_loaded", **kw)) == pytest.approx((4.2, 30.6))
+    assert _peak_and_makespan(plan_dataflow("auto", **kw)) == pytest.approx((4.2, 30.6))
+    held = plan_dataflow("auto", **kw, budget=uniform[0])
+    assert _peak_and_makespan(held)[0] <= uniform[0]
+    assert _peak_and_makespan(held)[1] == pytest.approx(31.6)
+
+
 @pytest.mark.parametrize(("pp", "vpp", "m"), GRID)
 @pytest.mark.parametrize("cost", [0.5, 1.5, 3.0])
 def test_auto_is_never_worse_than_a_fixed_policy_within_its_budget(pp, vpp, m, cost) -> None:
     """Time model: auto's makespan <= that of every fixed policy whose peak fits the budget
-    (uniform's peak by default), and its own peak stays within it."""
+    (uniform's peak x HEADROOM by default), and its own peak stays within it."""
     kw = {"pp": pp, "vpp": vpp, "num_microbatches": m, "encoder_mbs": mbs_for(m, cost=cost)}
     auto_peak, auto_time = _peak_and_makespan(plan_dataflow("auto", **kw))
-    budget, _ = _peak_and_makespan(plan_dataflow("uniform", **kw))
+    budget = HEADROOM * _peak_and_makespan(plan_dataflow("uniform", **kw))[0]
     assert auto_peak <= budget + 1e-9
     for policy in ("uniform", "front_loaded", "stage0"):
         peak, makespan = _peak_and_makespan(plan_dataflow(policy, **kw))

@@ -117,9 +117,7 @@ class StepRunner:
             vpp=dims.vpp,
             num_microbatches=len(micro),
             encoder_mbs=encoder_mbs,
-            budget=planning_budget(
-                self.cfg, dims, groups_of_seqs, partial(device_bytes, self.device)
-            ),
+            **planning_budget(self.cfg, dims, groups_of_seqs, partial(device_bytes, self.device)),
         )
         mine = media_encoded_on(table, self.groups.anchor.stage)
         self.data.media.prefetch(  # decoded in parallel by the workers while this thread waits

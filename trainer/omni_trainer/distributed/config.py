@@ -48,9 +48,9 @@ class EncoderParallelConfig(Spec):
     memory_budget: int | str | None = Field(
         None,
         description="auto: the bytes of encoder activations one rank may hold (bytes or a "
-        "quantity such as 20Gi); default: the device's memory (a GPU's total, or the host's "
-        "available memory divided by the local processes) minus the LLM's static bytes and "
-        "activation peak",
+        "quantity such as 20Gi); default: 1.1 x the peak of the uniform policy's table, at "
+        "most the device's memory (a GPU's total, or the host's available memory divided by "
+        "the local processes) minus the LLM's static bytes and activation peak",
     )
     zero: Literal[0, 2] | None = Field(
         None,

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from functools import cached_property
 from typing import Any, Final, Literal
 
 __all__ = [
+    "HEADROOM",
     "POLICIES",
     "POST",
     "PRE",
@@ -62,6 +64,10 @@ Direction = Literal["forward", "backward"]
 Policy = Literal["auto", "stage0", "front_loaded", "uniform"]
 POLICIES: Final[tuple[str, ...]] = ("auto", "stage0", "front_loaded", "uniform")
 _FIXED: Final = ("uniform", "front_loaded", "stage0")  # the first: auto's default budget
+HEADROOM: Final = 1.1
+"""``auto`` without an explicit budget holds at most this times ``uniform``'s peak of encoder
+activations: it fills idle time first (which costs no step time), then front-loads only within
+that headroom, so multiplexing's memory saving over front-loading is kept."""
 _EPS = 1e-9
 
 
@@ -716,17 +722,32 @@ def _stage_budgets(budget: float | Sequence[float], pp: int) -> list[float]:
     return [float(b) for b in budget]
 
 
+def _auto_budgets(
+    uniform: float,
+    budget: float | Sequence[float] | None,
+    device_budget: float | Sequence[float] | None,
+    pp: int,
+) -> list[float]:
+    """Per stage, what ``auto`` may hold: the explicit ``budget``, else :data:`HEADROOM` x
+    ``uniform`` (the largest stage peak of the ``uniform`` table), within ``device_budget``."""
+    if budget is not None:
+        return _stage_budgets(budget, pp)
+    room = [math.inf] * pp if device_budget is None else _stage_budgets(device_budget, pp)
+    return [min(HEADROOM * uniform, r) for r in room]
+
+
 def _plan_auto(
-    proto: DataflowTable, budget: float | Sequence[float] | None
+    proto: DataflowTable,
+    budget: float | Sequence[float] | None,
+    device_budget: float | Sequence[float] | None,
 ) -> tuple[dict[int, Slot], dict[int, Slot]]:
     """The greedy plan, or the fixed policy's table where that one is better in the time model
     (least excess of a stage over its budget, then makespan, then peak): never worse than any
     of them."""
     kw = {"pp": proto.pp, "vpp": proto.vpp, "num_microbatches": proto.num_microbatches}
     fixed = [plan_dataflow(p, **kw, encoder_mbs=proto.encoder_mbs) for p in _FIXED]
-    if budget is None:
-        budget = max(s["peak_encoder_activations"] for s in simulate(fixed[0])["stages"])
-    budgets = _stage_budgets(budget, proto.pp)
+    uniform = max(s["peak_encoder_activations"] for s in simulate(fixed[0])["stages"])
+    budgets = _auto_budgets(uniform, budget, device_budget, proto.pp)
     fwd, bwd = _AutoPlanner(proto, budgets).plan()
     greedy = DataflowTable(**kw, encoder_mbs=proto.encoder_mbs, forward=fwd, backward=bwd)
 
@@ -874,6 +895,7 @@ def plan_dataflow(
     num_microbatches: int,
     encoder_mbs: Iterable[EncoderMicroBatch],
     budget: float | Sequence[float] | None = None,
+    device_budget: float | Sequence[float] | None = None,
 ) -> DataflowTable:
     """Build a valid table with one of the policies (the result always passes validation).
 
@@ -886,10 +908,11 @@ def plan_dataflow(
       does not grow), is front-loaded where that shortens the step and the budget allows, and
       is otherwise inserted on demand. A mb that fits nowhere takes the slot exceeding the
       budget least. ``budget``: per stage (or one for all), in :attr:`EncoderMicroBatch.memory`
-      units (bytes in the trainer and simulator: the device's memory less the LLM's, see
-      :mod:`omni_trainer.planner.budget`); where ``front_loaded`` fits it, ``auto`` is at least
-      as fast; None: the largest stage peak of the ``uniform`` table, so ``auto`` never holds
-      more encoder activations than on-demand insertion. Only ``auto`` reads it.
+      units (bytes in the trainer and simulator: the manifest's ``memoryBudget``); where
+      ``front_loaded`` fits it, ``auto`` is at least as fast; None: :data:`HEADROOM` x the
+      largest stage peak of the ``uniform`` table, and at most ``device_budget`` (what the
+      device leaves beside the LLM, see :mod:`omni_trainer.planner.budget`), so ``auto`` holds
+      barely more encoder activations than on-demand insertion. Only ``auto`` reads them.
 
     - ``stage0``: the unimodal-like baseline; every encoder mb on stage 0 just before F(m,0),
       backward at the first stage-0 slot after B(m,0) (or POST).
@@ -927,7 +950,7 @@ def plan_dataflow(
     elif policy == "uniform":
         fwd, bwd = _plan_uniform(proto, _lpt(mbs, pp))
     elif policy == "auto":
-        fwd, bwd = _plan_auto(proto, budget)
+        fwd, bwd = _plan_auto(proto, budget, device_budget)
     else:
         raise DataflowError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
     table = DataflowTable(pp, vpp, num_microbatches, mbs, fwd, bwd, policy=policy)

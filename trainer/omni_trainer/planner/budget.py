@@ -123,10 +123,12 @@ def planning_budget(
     dims: ParallelDims,
     micro_batches: Sequence[Sequence[PackedSequence]],
     device_bytes: Callable[[], float],
-) -> float | list[float]:
-    """``auto``'s budget for this step: the manifest's ``memoryBudget``, else derived from the
-    memory ``device_bytes()`` gives (:func:`encoder_budget`; called only then)."""
+) -> dict[str, float | list[float]]:
+    """``auto``'s budget keywords for :func:`~omni_trainer.multiplex.dataflow.plan_dataflow`
+    this step: ``budget``, the manifest's ``memoryBudget`` (it overrides the default), else
+    ``device_budget``, the room ``device_bytes()`` leaves beside the LLM (:func:`encoder_budget`;
+    called only then), which caps the default (``uniform``'s peak x ``HEADROOM``)."""
     manifest = cfg.parallelism.encoder.memory_budget_bytes
     if manifest is not None:
-        return float(manifest)
-    return encoder_budget(cfg, dims, micro_batches, device_bytes())
+        return {"budget": float(manifest)}
+    return {"device_budget": encoder_budget(cfg, dims, micro_batches, device_bytes())}

@@ -392,6 +392,8 @@ def _simulate_replica(
         "vpp": layout.vpp,
         "num_microbatches": len(replica) // layout.micro_batch_size,
     }
+    # ours as tuned for throughput: memoryBudget = all the device leaves beside the LLM (the
+    # trainer's default keeps auto within uniform's peak x HEADROOM instead)
     budget = encoder_budget(work, **shape, hbm_bytes=device.hbm_bytes) if policy == "auto" else None
     table = plan_dataflow(policy, **shape, encoder_mbs=mbs, budget=budget)
     return run_schedule(table, work)
