@@ -515,7 +515,7 @@ def _synthetic(preset: str, modality: str, scale: float) -> dict:
             "lengthScale": scale}  # fmt: skip
 
 
-def training_manifest(shapes: Shapes, tmp: Path) -> dict:
+def training_manifest(shapes: Shapes, tmp: Path, recompute: str = "none") -> dict:
     scale = shapes.length_scale
     return {
         "apiVersion": "omni.megascale.io/v1alpha1",
@@ -544,6 +544,7 @@ def training_manifest(shapes: Shapes, tmp: Path) -> dict:
                 "train": {
                     "steps": shapes.steps,
                     "precision": "bf16",
+                    "recompute": recompute,
                     "stepLog": str(tmp / "steps.jsonl"),
                 },
             },
@@ -551,12 +552,14 @@ def training_manifest(shapes: Shapes, tmp: Path) -> dict:
     }
 
 
-def part_train(shapes: Shapes, smoke: bool, tmp: Path, report: Report) -> dict:
+def part_train(
+    shapes: Shapes, smoke: bool, tmp: Path, report: Report, recompute: str = "none"
+) -> dict:
     if not torch.cuda.is_available() and not smoke:
         raise _Skip("no CUDA: the ~1B + ViT-L run needs a GPU (--cpu-smoke runs a tiny one)")
     tmp.mkdir(parents=True, exist_ok=True)
     manifest, summary = tmp / "job.yaml", tmp / "summary.json"
-    manifest.write_text(yaml.safe_dump(training_manifest(shapes, tmp), sort_keys=False))
+    manifest.write_text(yaml.safe_dump(training_manifest(shapes, tmp, recompute), sort_keys=False))
     timeout = max(30.0, report.remaining() - 15)
     cmd = [sys.executable, "-m", "omni_trainer.cli", "train", str(manifest)]
     cmd += ["--summary", str(summary)]
@@ -603,7 +606,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="JSON file or folder (default: $OUT, else .)")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny shapes, CPU-capable parts")
     parser.add_argument("--budget-s", type=float, default=450.0, help="whole-run time budget")
-    parser.add_argument("--parts", default="encoder_varlen,te_vs_local,checkpoint,train")
+    parser.add_argument(
+        "--parts",
+        default="encoder_varlen,te_vs_local,checkpoint,train",
+        help="comma-separated; train:selective / train:full run the training part with that "
+        "train.recompute (LLM and encoders)",
+    )
     args = parser.parse_args(argv)
     shapes = CPU_SMOKE if args.cpu_smoke else GPU
     report = Report(output_path(args.out), deadline=time.monotonic() + args.budget_s)
@@ -619,9 +627,16 @@ def main(argv: list[str] | None = None) -> int:
             "encoder_varlen": (lambda: part_encoder_varlen(shapes), 20, 60),
             "te_vs_local": (lambda: part_te_vs_local(shapes, args.cpu_smoke), 60, 150),
             "checkpoint": (lambda: part_checkpoint(shapes, args.cpu_smoke, tmp / "ckpt"), 60, 120),
-            "train": (lambda: part_train(shapes, args.cpu_smoke, tmp / "train", report), 90, 1e9),
         }
+        for mode in ("none", "selective", "full"):
+            runs["train" if mode == "none" else f"train:{mode}"] = (
+                lambda m=mode: part_train(shapes, args.cpu_smoke, tmp / f"train-{m}", report, m),
+                90,
+                1e9,
+            )
         for name in wanted:
+            if name not in runs:
+                parser.error(f"--parts: no part {name!r} (parts: {', '.join(runs)})")
             fn, need_s, cap_s = runs[name]
             if args.cpu_smoke:  # tiny shapes on a loaded CI machine: only the budget bounds
                 need_s, cap_s = 5, 1e9
