@@ -21,8 +21,11 @@ def build_encoder(modality: str, cfg) -> nn.Module:
             PretrainedVisionTower,
             WhisperAudioEncoder,
         )
+        from omni_trainer.models.encoders.qwen_vision import QwenVisionTower
 
-        tower_cls = PretrainedVisionTower if modality == "image" else WhisperAudioEncoder
+        tower_cls = {"whisper": WhisperAudioEncoder, "qwen2_5_vl": QwenVisionTower}.get(
+            cfg.tower.family, PretrainedVisionTower
+        )
         encoder = tower_cls(cfg, mixer=UlyssesMixer())
         load_encoder(encoder, cfg.hf, cfg.tower.family)
         return encoder
@@ -74,7 +77,7 @@ class OmniModel(nn.Module):
             if enc_cfg is None:
                 continue
             self.encoders[modality] = build_encoder(modality, enc_cfg)
-            self.projectors[modality] = Projector(enc_cfg.hidden_size, cfg.llm.hidden_size)
+            self.projectors[modality] = Projector(enc_cfg.output_size, cfg.llm.hidden_size)
         if cfg.hf is not None:  # a whole VLM: its projector too
             from omni_trainer.interop.encoders import load_projector
 

@@ -273,7 +273,7 @@ def encoder_mb_cost(
 
     def seconds(n: int) -> float:
         gemm, attn = _encoder_split(enc, [n])
-        gemm += 2.0 * n * llm_hidden * (he + llm_hidden)
+        gemm += 2.0 * n * llm_hidden * (enc.output_size + llm_hidden)
         return device.compute_time(gemm, "gemm", width=he) + device.compute_time(attn, "attention")
 
     plan = plan_lssp(lengths, eta=layout.eta, group_size=g, cost=seconds)
@@ -321,7 +321,7 @@ def encoder_params(model: ModelConfig) -> float:
         enc = getattr(model.encoders, modality)
         if enc is not None:
             h = model.llm.hidden_size
-            total += enc.params() + enc.hidden_size * h + h * h
+            total += enc.params() + enc.output_size * h + h * h
     return total
 
 

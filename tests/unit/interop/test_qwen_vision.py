@@ -1,0 +1,88 @@
+"""The imported Qwen2.5-VL vision tower (``model.encoders.image.hf``) equals transformers' on
+images of different sizes and video frames, data-parallel and batch-composition invariant."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from omni_trainer.data.media import ImageSettings, qwen2vl_patches
+from omni_trainer.models.encoders.config import VisionEncoderConfig
+from omni_trainer.models.omni import build_encoder
+from tests.unit.interop.hf_models import QWEN_VISION, save_qwen2_5_vl
+
+
+def _close(ours: torch.Tensor, ref: torch.Tensor) -> None:
+    assert ours.shape == ref.shape
+    rel = (ours - ref).norm() / ref.norm()
+    assert rel < 1e-4, float(rel)
+
+
+def _video_patches(frames: torch.Tensor, p: int, m: int, tp: int) -> torch.Tensor:
+    """Qwen2VLVideoProcessor's flattening of [F, C, H, W] frames (from its source)."""
+    f, c, h, w = frames.shape
+    x = frames.reshape(f // tp, tp, c, h // p // m, m, p, w // p // m, m, p)
+    x = x.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
+    return x.reshape(f // tp * (h // p) * (w // p), c * tp * p * p)
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    path = tmp_path_factory.mktemp("qwen")
+    ref = save_qwen2_5_vl(path)
+    return path, ref.model.visual
+
+
+def test_config_reads_the_tower(qwen) -> None:
+    path, _ = qwen
+    cfg = VisionEncoderConfig(hf=str(path))
+    assert (cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.patch_size) == (32, 3, 4, 4)
+    assert cfg.qwen.window_units == 2 and cfg.qwen.full_attention_blocks == (1,)
+    assert cfg.output_size == 64 and cfg.position_side == 8 and cfg.drop_prefix == 0
+    assert cfg.num_tokens(40, 56) == 35
+    enc = build_encoder("image", cfg)
+    assert sum(p.numel() for p in enc.parameters()) == cfg.params()
+    with pytest.raises(ValueError, match="not a multiple of patch_size x merge size 8"):
+        cfg.num_tokens(36, 56)
+    with pytest.raises(ValueError, match=r"featureLayer: a Qwen2\.5-VL tower outputs"):
+        VisionEncoderConfig(hf=str(path), feature_layer=-1)
+
+
+def test_tower_equals_transformers_on_images_and_video(qwen) -> None:
+    path, ref = qwen
+    cfg = VisionEncoderConfig(hf=str(path))
+    ours = build_encoder("image", cfg).eval()
+    torch.manual_seed(1)
+    big = torch.randn(3, 40, 56)  # 5 x 7 merged tokens: windows cut at both edges
+    small = torch.randn(3, 24, 32)  # 3 x 4
+    video = torch.randn(4, 3, 16, 24)  # 2 temporal patches of 2 x 3 merged tokens
+    s = ImageSettings(patch_size=4, merge_size=2, temporal_patch_size=2)
+    pixels, grids = [], []
+    for img in (big, small):
+        patches, grid = qwen2vl_patches(img.numpy(), s)  # the processor's layout (tested)
+        pixels.append(torch.from_numpy(np.ascontiguousarray(patches)))
+        grids.append(grid)
+    pixels.append(_video_patches(video, 4, 2, 2))
+    grids.append([2, 4, 6])
+    with torch.no_grad():
+        want = ref(torch.cat(pixels), grid_thw=torch.tensor(grids)).pooler_output
+        got = ours([big, small, video])
+        alone = ours([small])
+    counts = [35, 12, 12]
+    assert got.shape == (sum(counts), 64)
+    _close(got, want)
+    _close(alone, got.split(counts)[1])  # an image's features do not depend on its batch-mates
+
+
+def test_tower_patches_equal_the_processor(qwen) -> None:
+    path, _ = qwen
+    tower = build_encoder("image", VisionEncoderConfig(hf=str(path)))
+    img = torch.randn(3, 24, 40)
+    want, grid = qwen2vl_patches(img.numpy(), ImageSettings(patch_size=4, merge_size=2))
+    got, got_grid = tower.patchify(img)
+    assert list(got_grid) == grid
+    torch.testing.assert_close(got, torch.from_numpy(np.ascontiguousarray(want)))
+    with pytest.raises(ValueError, match="3 video frames is not a multiple of 2"):
+        tower.patchify(torch.randn(3, 3, 16, 16))
+    assert QWEN_VISION["window_size"] == 16

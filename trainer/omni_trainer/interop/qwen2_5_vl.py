@@ -1,0 +1,127 @@
+"""Qwen2.5-VL's vision tower: its config.json read into our encoder fields (torch-free: the
+manifest validates with it) and its image processor's settings.
+
+A Qwen2.5-VL checkpoint (``Qwen2_5_VLForConditionalGeneration``) saves the tower as ``visual.*``
+and the LLM as ``model.layers.*``; a tower saved alone
+(``Qwen2_5_VisionTransformerPretrainedModel``) has no prefix. Our module
+(``models/encoders/qwen_vision.py``) names its parameters as transformers does, so the weight map
+is the tower's prefix and nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from omni_trainer.interop.source import HFModelError
+
+FAMILY = "qwen2_5_vl"
+ARCHITECTURES = ("Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VisionTransformerPretrainedModel")
+MODEL_TYPES = ("qwen2_5_vl", "qwen2_5_vl_vision")
+ANCHOR = "patch_embed.proj.weight"
+"""The tensor whose prefix locates the tower in a checkpoint."""
+_ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "quick_gelu")
+# transformers' Qwen2_5_VLVisionConfig defaults, for keys a config.json leaves out.
+_DEFAULTS = dict(
+    depth=32,
+    hidden_size=3584,
+    hidden_act="silu",
+    intermediate_size=3420,
+    num_heads=16,
+    in_channels=3,
+    patch_size=14,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
+    window_size=112,
+    out_hidden_size=3584,
+    fullatt_block_indexes=(7, 15, 23, 31),
+)
+
+
+@dataclass(frozen=True)
+class QwenVision:
+    """What a Qwen2.5-VL tower's config says beyond our shape fields."""
+
+    merge_size: int
+    """Patches merged into one output token along each side (2: 2x2 patches per token)."""
+    temporal_patch_size: int
+    """Frames per patch; a still image is repeated over it."""
+    window_units: int
+    """Window side in merged tokens of the windowed-attention blocks (transformers'
+    ``vit_merger_window_size``: ``window_size // merge_size // patch_size``)."""
+    full_attention_blocks: tuple[int, ...]
+    """Blocks attending over whole frames (the others attend within windows)."""
+    out_hidden_size: int
+    """The merger's output width (the LLM's hidden size)."""
+    rope_theta: float
+    """Base of the 2D rotary embedding."""
+
+
+def is_qwen_vision(config: dict[str, Any]) -> bool:
+    """Whether a config.json is a Qwen2.5-VL model or its vision tower."""
+    vision = config.get("vision_config") or config
+    return vision.get("model_type", config.get("model_type")) in MODEL_TYPES
+
+
+def vision_fields(config: dict[str, Any], where: str) -> tuple[dict[str, Any], str, QwenVision]:
+    """Our vision encoder's shape fields, the activation name and the tower's settings."""
+    vision = config.get("vision_config") or config
+    v = {**_DEFAULTS, **{k: x for k, x in vision.items() if x is not None}}
+    act = str(v["hidden_act"])
+    if act not in _ACTIVATIONS:
+        raise HFModelError(
+            f"{where}: vision hidden_act {act!r} is not supported "
+            f"(supported: {', '.join(_ACTIVATIONS)})"
+        )
+    patch, merge = int(v["patch_size"]), int(v["spatial_merge_size"])
+    depth = int(v["depth"])
+    full = tuple(int(i) for i in v["fullatt_block_indexes"])
+    if any(not 0 <= i < depth for i in full):
+        raise HFModelError(f"{where}: fullatt_block_indexes {list(full)} outside 0..{depth - 1}")
+    if int(v["window_size"]) < patch * merge:
+        raise HFModelError(
+            f"{where}: window_size {v['window_size']} is smaller than one merged token "
+            f"({patch * merge} pixels)"
+        )
+    rope = v.get("rope_parameters") or {}
+    settings = QwenVision(
+        merge_size=merge,
+        temporal_patch_size=int(v["temporal_patch_size"]),
+        window_units=int(v["window_size"]) // merge // patch,
+        full_attention_blocks=full,
+        out_hidden_size=int(v["out_hidden_size"]),
+        rope_theta=float(rope.get("rope_theta", v.get("rope_theta", 10000.0))),
+    )
+    fields = dict(
+        hidden_size=int(v["hidden_size"]),
+        num_layers=depth,
+        num_heads=int(v["num_heads"]),
+        ffn_hidden_size=int(v["intermediate_size"]),
+        patch_size=patch,
+        in_channels=int(v["in_channels"]),
+    )
+    return fields, act, settings
+
+
+def image_settings(raw: dict[str, Any], *, patch_size: int, merge_size: int, temporal: int):
+    """The data side's :class:`~omni_trainer.data.media.ImageSettings` from a Qwen2-VL
+    ``preprocessor_config.json`` (``raw``; empty: Qwen2VLImageProcessor's defaults): the pixel
+    bounds as ``min_pixels``/``max_pixels`` or ``size: {shortest_edge, longest_edge}``."""
+    from omni_trainer.data.media import ImageSettings
+
+    size = raw.get("size") or {}
+    defaults = ImageSettings()
+    tower = {"patch_size": patch_size, "merge_size": merge_size, "temporal_patch_size": temporal}
+    for key, value in tower.items():
+        if int(raw.get(key, value)) != value:
+            raise HFModelError(
+                f"preprocessor_config.json: {key} {raw[key]} differs from the tower's {value}"
+            )
+    return ImageSettings(
+        min_pixels=int(raw.get("min_pixels") or size.get("shortest_edge") or defaults.min_pixels),
+        max_pixels=int(raw.get("max_pixels") or size.get("longest_edge") or defaults.max_pixels),
+        **tower,
+        image_mean=tuple(raw.get("image_mean", defaults.image_mean)),
+        image_std=tuple(raw.get("image_std", defaults.image_std)),
+        resample=int(raw.get("resample", defaults.resample)),
+    )
