@@ -86,3 +86,62 @@ def test_tower_patches_equal_the_processor(qwen) -> None:
     with pytest.raises(ValueError, match="3 video frames is not a multiple of 2"):
         tower.patchify(torch.randn(3, 3, 16, 16))
     assert QWEN_VISION["window_size"] == 16
+
+
+def test_conversations_feed_the_tower_what_transformers_would(tmp_path, qwen) -> None:
+    """Images are sized as Qwen2VLImageProcessor sizes them (smart_resize within the pixel
+    bounds of the model's preprocessor_config.json), each <image> expands to the merged token
+    count, and the tower's features of our pixels equal transformers' on its processor's."""
+    from PIL import Image
+    from transformers import AutoImageProcessor
+
+    from omni_trainer.config import TrainerConfig
+    from omni_trainer.data.loader import MultimodalStream
+    from omni_trainer.data.tinyset import make_tiny_dataset
+
+    path, ref = qwen
+    data = make_tiny_dataset(str(tmp_path / "data"), images=4, audio=0)
+    cfg = TrainerConfig.model_validate(
+        {
+            "tokenizer": data["tokenizer"],
+            "model": {"llm": {"preset": "tiny"}, "encoders": {"image": {"hf": str(path)}}},
+            "data": {
+                "seqLength": 256,
+                "globalBatchSize": 2,
+                "microBatchSize": 1,
+                "sources": [
+                    {"kind": "conversations", "name": "tiny", "url": data["annotations"],
+                     "modality": "image"},
+                ],
+            },
+        }
+    )  # fmt: skip
+    image_cfg = cfg.model.encoders.image
+    geometry = cfg.media_geometry()
+    assert geometry.patch_size == 8 and geometry.image_settings.min_pixels == 256
+    stream = MultimodalStream(
+        cfg.data, seed=0, vocab_size=512, geometry=geometry, tokenizer=cfg.tokenizer
+    )
+    source = stream.sources[0]
+    tower = build_encoder("image", image_cfg).eval()
+    hf_processor = AutoImageProcessor.from_pretrained(path)
+    sizes = set()
+    for index in range(4):
+        sample = source.get(index)
+        (span,) = sample.spans
+        pixels = torch.from_numpy(source.load_media(span.ref))
+        with Image.open(f"{source.root}/{source.records[index]['image']}") as img:
+            want = hf_processor(images=[img], return_tensors="pt")
+        grid = want["image_grid_thw"][0].tolist()
+        assert list(pixels.shape[1:]) == [grid[1] * 4, grid[2] * 4]
+        assert span.tokens == grid[1] * grid[2] // 4 == image_cfg.num_tokens(*pixels.shape[1:])
+        sizes.add(tuple(pixels.shape))
+        torch.testing.assert_close(
+            tower.patchify(pixels)[0], want["pixel_values"], atol=1e-5, rtol=0
+        )
+        with torch.no_grad():
+            features = tower([pixels])
+            expected = ref(want["pixel_values"], grid_thw=want["image_grid_thw"]).pooler_output
+        assert features.shape[0] == span.tokens
+        _close(features, expected)
+    assert len(sizes) > 1  # native resolution: the images keep different sizes

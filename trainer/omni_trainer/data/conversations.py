@@ -123,7 +123,7 @@ class ConversationSource:
         self.encoders = set(encoders)
         self.num_samples: int | None = self._index()
         self.renderer = ChatRenderer(tokenizer, system_prompt=config.system_prompt)
-        self.image = ImageSettings(
+        self.image = geometry.image_settings or ImageSettings(
             min_pixels=media.min_pixels,
             max_pixels=media.max_pixels,
             patch_size=geometry.patch_size,

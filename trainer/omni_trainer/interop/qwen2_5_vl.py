@@ -1,5 +1,5 @@
 """Qwen2.5-VL's vision tower: its config.json read into our encoder fields (torch-free: the
-manifest validates with it) and its image processor's settings.
+manifest validates with it).
 
 A Qwen2.5-VL checkpoint (``Qwen2_5_VLForConditionalGeneration``) saves the tower as ``visual.*``
 and the LLM as ``model.layers.*``; a tower saved alone
@@ -101,27 +101,3 @@ def vision_fields(config: dict[str, Any], where: str) -> tuple[dict[str, Any], s
         in_channels=int(v["in_channels"]),
     )
     return fields, act, settings
-
-
-def image_settings(raw: dict[str, Any], *, patch_size: int, merge_size: int, temporal: int):
-    """The data side's :class:`~omni_trainer.data.media.ImageSettings` from a Qwen2-VL
-    ``preprocessor_config.json`` (``raw``; empty: Qwen2VLImageProcessor's defaults): the pixel
-    bounds as ``min_pixels``/``max_pixels`` or ``size: {shortest_edge, longest_edge}``."""
-    from omni_trainer.data.media import ImageSettings
-
-    size = raw.get("size") or {}
-    defaults = ImageSettings()
-    tower = {"patch_size": patch_size, "merge_size": merge_size, "temporal_patch_size": temporal}
-    for key, value in tower.items():
-        if int(raw.get(key, value)) != value:
-            raise HFModelError(
-                f"preprocessor_config.json: {key} {raw[key]} differs from the tower's {value}"
-            )
-    return ImageSettings(
-        min_pixels=int(raw.get("min_pixels") or size.get("shortest_edge") or defaults.min_pixels),
-        max_pixels=int(raw.get("max_pixels") or size.get("longest_edge") or defaults.max_pixels),
-        **tower,
-        image_mean=tuple(raw.get("image_mean", defaults.image_mean)),
-        image_std=tuple(raw.get("image_std", defaults.image_std)),
-        resample=int(raw.get("resample", defaults.resample)),
-    )
