@@ -195,14 +195,16 @@ class QwenVisionAttention(nn.Module):
     def __init__(self, hidden_size: int, num_heads: int, mixer: TokenMixer) -> None:
         super().__init__()
         self.num_heads = num_heads
+        self.head_dim = hidden_size // num_heads
         self.qkv = nn.Linear(hidden_size, 3 * hidden_size)
         self.proj = nn.Linear(hidden_size, hidden_size)
         self.mixer = mixer
 
     def forward(self, x: Tensor, cu_seqlens: Tensor) -> Tensor:
         n = x.shape[0]
-        q, k, v = self.qkv(x).view(n, 3, self.num_heads, -1).unbind(1)
-        return self.proj(self.mixer.attention(q, k, v, cu_seqlens).reshape(n, -1))
+        q, k, v = self.qkv(x).view(n, 3, self.num_heads, self.head_dim).unbind(1)
+        out = self.mixer.attention(q, k, v, cu_seqlens)
+        return self.proj(out.reshape(n, self.num_heads * self.head_dim))
 
 
 class QwenVisionBlock(nn.Module):
@@ -235,7 +237,8 @@ class PatchMerger(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """[patches, hidden] (whole merge blocks) -> [patches / merge^2, out_hidden_size]."""
-        return self.mlp(self.ln_q(x).view(-1, self.mlp[0].in_features))
+        merged = self.mlp[0].in_features
+        return self.mlp(self.ln_q(x).view(x.shape[0] * x.shape[1] // merged, merged))
 
 
 class QwenVisionTower(nn.Module):
@@ -255,7 +258,7 @@ class QwenVisionTower(nn.Module):
             raise ValueError("QwenVisionTower needs an imported Qwen2.5-VL config (hf)")
         self.cfg = cfg
         self.merge_unit = cfg.qwen.merge_size**2
-        """Block tokens per output token: shards of a long sample are multiples of it."""
+        """Block tokens per output token: Ulysses shards of a long sample are multiples of it."""
         self.mixer = mixer if mixer is not None else TokenMixer()
         """Cross-token ops of every block; its kernel becomes the tower's windowed rotary one."""
         self.core = WindowedRotaryCore(self.mixer.core)
