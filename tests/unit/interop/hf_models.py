@@ -239,7 +239,7 @@ def save_qwen2_5_vl(path: Path, *, min_pixels: int = 8 * 8 * 4, max_pixels: int 
     )
 
     text = {**_SMALL, "num_hidden_layers": 2, "bos_token_id": 1, "eos_token_id": 2,
-            "rope_parameters": {"rope_type": "default", "mrope_section": [1, 1, 2],
+            "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3],
                                 "rope_theta": 10000.0}}  # fmt: skip
     config = transformers.Qwen2_5_VLConfig(
         vision_config=QWEN_VISION,

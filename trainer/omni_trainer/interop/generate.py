@@ -74,6 +74,26 @@ def greedy(
     return out, logprobs
 
 
+def rope_positions(
+    cfg, length: int, images: list[torch.Tensor], image_positions: torch.Tensor | None
+) -> torch.Tensor:
+    """The LLM's ``position_ids`` of one sequence: [1, len], or with M-RoPE [3, 1, len] (each
+    image's merged tokens on its grid, ``interop.qwen2_5_vl.mrope_positions``)."""
+    if cfg.llm.mrope_section is None:
+        return torch.arange(length)[None]
+    from omni_trainer.interop.qwen2_5_vl import mrope_positions
+
+    side = cfg.encoders.image.position_side if images else 1
+    grids = [(img.shape[-2] // side, img.shape[-1] // side) for img in images]
+    starts = (
+        torch.cumsum(torch.tensor([0] + [r * c for r, c in grids[:-1]]), 0).tolist()
+        if grids
+        else []
+    )
+    spans = [(int(image_positions[i]), r, c) for i, (r, c) in zip(starts, grids, strict=True)]
+    return torch.from_numpy(mrope_positions(length, spans))[:, None]
+
+
 def logits(
     model,
     ids: torch.Tensor,
@@ -84,7 +104,8 @@ def logits(
     """One forward of a TP = PP = 1 ``OmniModel`` on one sequence: [1, len] ids, the images'
     projected features written at ``image_positions`` (in order), -> [1, len, padded vocab]."""
     (chunk,) = model.llm_chunks
-    positions = torch.arange(ids.shape[1], device=ids.device)[None]
+    positions = rope_positions(model.cfg, ids.shape[1], images or [], image_positions)
+    positions = positions.to(ids.device)
     emb = chunk.embedding(input_ids=ids, position_ids=positions)  # [len, 1, hidden]
     if images:
         features = model.projectors["image"](model.encoders["image"](images))

@@ -13,7 +13,7 @@ from omni_trainer.interop import qwen2_5_vl
 from omni_trainer.interop.source import HFModelError
 
 SUPPORTED_LLMS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
-SUPPORTED_VLMS = ("LlavaForConditionalGeneration",)
+SUPPORTED_VLMS = ("LlavaForConditionalGeneration", qwen2_5_vl.VLM)
 _TEXT_ARCHS = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
@@ -36,11 +36,11 @@ def rope_settings(config: dict[str, Any], where: str) -> tuple[float, dict[str, 
     theta = float(params.pop("rope_theta", config.get("rope_theta", 10000.0)))
     scaling = params or dict(config.get("rope_scaling") or {})
     kind = scaling.pop("rope_type", scaling.pop("type", "default"))
-    if kind not in _ROPE_TYPES:
+    if kind not in (*_ROPE_TYPES, "mrope"):
         raise HFModelError(
             f"{where}: rope type {kind!r} is not supported (supported: {', '.join(_ROPE_TYPES)})"
         )
-    if kind == "default":
+    if kind in ("default", "mrope"):  # M-RoPE's sections: qwen2_5_vl.mrope_section
         return theta, None
     keep = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
     return theta, {"type": kind, **{k: float(scaling[k]) for k in keep if k in scaling}}
@@ -72,7 +72,10 @@ def llm_fields(config: dict[str, Any], where: str) -> dict[str, Any]:
     """The LLM config fields (snake_case) a Llama/Mistral/Qwen2 ``config.json`` describes (or
     the language model of a LLaVA one)."""
     arch = architecture(config, where)
-    if arch in SUPPORTED_VLMS:
+    if arch == qwen2_5_vl.VLM:
+        config = qwen2_5_vl.text_config(config)
+        arch = config["architectures"][0]
+    elif arch in SUPPORTED_VLMS:
         config = vlm_text_config(config, where)
         arch = config["architectures"][0]
     if arch not in SUPPORTED_LLMS:
@@ -112,6 +115,7 @@ def llm_fields(config: dict[str, Any], where: str) -> dict[str, Any]:
         sliding_window=int(config["sliding_window"])
         if use_window and config.get("sliding_window")
         else None,
+        mrope_section=qwen2_5_vl.mrope_section(config, where),
     )
 
 

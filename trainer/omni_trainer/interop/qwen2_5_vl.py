@@ -1,5 +1,6 @@
-"""Qwen2.5-VL's vision tower: its config.json read into our encoder fields (torch-free: the
-manifest validates with it).
+"""Qwen2.5-VL: its vision tower's config.json read into our encoder fields, its language model's
+as a Qwen2 with M-RoPE, and the 3D positions M-RoPE takes (torch-free: the manifest validates
+with it and the data side packs with it).
 
 A Qwen2.5-VL checkpoint (``Qwen2_5_VLForConditionalGeneration``) saves the tower as ``visual.*``
 and the LLM as ``model.layers.*``; a tower saved alone
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from omni_trainer.interop.source import HFModelError
 
@@ -101,3 +104,58 @@ def vision_fields(config: dict[str, Any], where: str) -> tuple[dict[str, Any], s
         in_channels=int(v["in_channels"]),
     )
     return fields, act, settings
+
+
+# -- the whole VLM: its language model and M-RoPE positions --------------------------------------
+
+VLM = "Qwen2_5_VLForConditionalGeneration"
+
+
+def text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A Qwen2.5-VL ``config.json``'s language model as a Qwen2 causal LM's config.json (a v4
+    config keeps the text keys at the top level)."""
+    text = dict(config.get("text_config") or config)
+    tied = bool(config.get("tie_word_embeddings") or text.get("tie_word_embeddings"))
+    return text | {"architectures": ["Qwen2ForCausalLM"], "tie_word_embeddings": tied}
+
+
+def mrope_section(config: dict[str, Any], where: str) -> list[int] | None:
+    """M-RoPE's rotary channel pairs for (time, height, width), from ``rope_parameters`` (v5)
+    or ``rope_scaling`` (v4); None for a 1D-RoPE model."""
+    for key in ("rope_parameters", "rope_scaling"):
+        section = (config.get(key) or {}).get("mrope_section")
+        if section is not None:
+            section = [int(s) for s in section]
+            half = int(config["hidden_size"]) // int(config["num_attention_heads"]) // 2
+            if len(section) != 3 or sum(section) != half:
+                raise HFModelError(
+                    f"{where}: mrope_section {section} must be 3 numbers summing to head_dim / 2 "
+                    f"({half})"
+                )
+            return section
+    return None
+
+
+def mrope_positions(length: int, images: list[tuple[int, int, int]]) -> np.ndarray:
+    """[3, length] (time, height, width) positions of one sample as transformers'
+    ``get_rope_index`` computes them: text counts on in all three; an image of ``rows x cols``
+    merged tokens at ``offset`` takes time = p, height = p + row, width = p + col (p: the
+    position it starts at), and the text after it continues from p + max(rows, cols).
+
+    Args:
+        length: tokens in the sample.
+        images: ``(offset, rows, cols)`` of each image, in order, not overlapping.
+    """
+    pos = np.zeros((3, length), dtype=np.int64)
+    at = nxt = 0  # next token index, next position
+    for offset, rows, cols in [*sorted(images), (length, 0, 0)]:
+        pos[:, at:offset] = nxt + np.arange(offset - at)
+        nxt += offset - at
+        n = rows * cols
+        if n:
+            pos[0, offset : offset + n] = nxt
+            pos[1, offset : offset + n] = nxt + np.repeat(np.arange(rows), cols)
+            pos[2, offset : offset + n] = nxt + np.tile(np.arange(cols), rows)
+            nxt += max(rows, cols)
+        at = offset + n
+    return pos

@@ -119,6 +119,7 @@ def build_gpt(
         persist_layer_norm=False,
         gradient_accumulation_fusion=False,
         sequence_parallel=sequence_parallel,
+        mrope_section=cfg.mrope_section,
         **runtime.recompute.megatron_kwargs(),
     )
     if use_te:
@@ -144,7 +145,7 @@ def build_gpt(
         pre_process=pre_process,
         post_process=post_process,
         share_embeddings_and_output_weights=cfg.tie_embeddings,
-        position_embedding_type="rope",
+        position_embedding_type="rope" if cfg.mrope_section is None else "mrope",
         rotary_base=cfg.rotary_base,
         vp_stage=vp_stage,
     )

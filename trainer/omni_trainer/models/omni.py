@@ -78,7 +78,10 @@ class OmniModel(nn.Module):
                 continue
             self.encoders[modality] = build_encoder(modality, enc_cfg)
             self.projectors[modality] = Projector(enc_cfg.output_size, cfg.llm.hidden_size)
-        if cfg.hf is not None:  # a whole VLM: its projector too
+        qwen = cfg.encoders.image is not None and cfg.encoders.image.qwen is not None
+        if cfg.hf is not None and qwen:  # Qwen2.5-VL: the tower's merger is the projector
+            self.projectors["image"] = nn.Identity()
+        elif cfg.hf is not None:  # a whole LLaVA: its projector too
             from omni_trainer.interop.encoders import load_projector
 
             load_projector(self.projectors["image"], cfg.hf)

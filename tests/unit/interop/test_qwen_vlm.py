@@ -1,0 +1,72 @@
+"""``model.hf``: a whole Qwen2.5-VL (tower + merger, Qwen2 LLM with M-RoPE) from one field,
+against transformers' ``Qwen2_5_VLForConditionalGeneration``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from omni_trainer.config import parse_manifest
+from omni_trainer.data.media import ImageSettings, qwen2vl_patches
+from omni_trainer.interop.generate import logits
+from omni_trainer.interop.qwen2_5_vl import mrope_positions
+from omni_trainer.interop.runtime import single_process_model
+
+from .hf_models import QWEN_TOKENS, save_qwen2_5_vl
+from .test_vlm_import import _close, vlm_job
+
+IMAGE = QWEN_TOKENS["image"]
+
+
+def test_mrope_positions_follow_get_rope_index() -> None:
+    """Text counts on; an image of 2 x 3 tokens starting at position 2 spans rows 2..3 and
+    columns 2..4 at time 2; the text after it resumes at 2 + max(2, 3) = 5."""
+    pos = mrope_positions(10, [(2, 2, 3)])
+    assert pos[:, :2].tolist() == [[0, 1]] * 3
+    assert pos[0, 2:8].tolist() == [2] * 6
+    assert pos[1, 2:8].tolist() == [2, 2, 2, 3, 3, 3]
+    assert pos[2, 2:8].tolist() == [2, 3, 4, 2, 3, 4]
+    assert pos[:, 8:].tolist() == [[5, 6]] * 3
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    path = tmp_path_factory.mktemp("qwen_vlm")
+    return path, save_qwen2_5_vl(path)
+
+
+def test_qwen_vlm_logits_equal_transformers(qwen) -> None:
+    path, ref = qwen
+    cfg = parse_manifest(vlm_job(path)).spec.trainer
+    llm, image = cfg.model.llm, cfg.model.encoders.image
+    assert llm.mrope_section == [2, 3, 3] and llm.qkv_bias and image.output_size == 64
+    torch.manual_seed(3)
+    big, small = torch.randn(3, 40, 56), torch.randn(3, 24, 32)  # 5 x 7 and 3 x 4 tokens
+    text_ids = torch.randint(0, 290, (1, 12))
+    ids = torch.cat(
+        [text_ids[:, :3], torch.full((1, 35), IMAGE), text_ids[:, 3:8],
+         torch.full((1, 12), IMAGE), text_ids[:, 8:]], dim=1,
+    )  # fmt: skip
+    with single_process_model(cfg, checkpoint=None) as (model, _), torch.no_grad():
+        vocab = llm.vocab_size
+        assert isinstance(model.projectors["image"], torch.nn.Identity)
+        ours_text = logits(model, text_ids)[..., :vocab]
+        where = (ids[0] == IMAGE).nonzero()[:, 0]
+        ours_image = logits(model, ids, images=[big, small], image_positions=where)[..., :vocab]
+    s = ImageSettings(patch_size=4, merge_size=2)
+    pixels = torch.cat(
+        [
+            torch.from_numpy(np.ascontiguousarray(qwen2vl_patches(x.numpy(), s)[0]))
+            for x in (big, small)
+        ]
+    )
+    grids = torch.tensor([[1, 10, 14], [1, 6, 8]])
+    with torch.no_grad():
+        want_text = ref(input_ids=text_ids).logits
+        kwargs = dict(input_ids=ids, image_grid_thw=grids, mm_token_type_ids=(ids == IMAGE).int())
+        want_image = ref(pixel_values=pixels, **kwargs).logits
+        flat = ref(pixel_values=pixels, **{**kwargs, "mm_token_type_ids": None}).logits
+    _close(ours_text, want_text)
+    _close(ours_image, want_image)
+    assert (want_image - flat).abs().max() > 1e-3  # the 3D positions matter in this test
