@@ -151,6 +151,15 @@ class TrainerConfig(Spec):
         )
 
     @model_validator(mode="after")
+    def _positions_fit_layout(self) -> TrainerConfig:
+        if self.model.llm.mrope_section is not None and self.parallelism.context > 1:
+            raise ValueError(
+                "parallelism.context: the LLM's M-RoPE (Qwen2.5-VL) positions are not sharded "
+                "for context parallelism; set context: 1"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _data_fits_model(self) -> TrainerConfig:
         if self.tokenizer is None and self.model.llm.hf is not None:  # the model's own
             object.__setattr__(self, "tokenizer", self.model.llm.hf)

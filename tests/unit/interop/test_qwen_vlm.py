@@ -70,3 +70,47 @@ def test_qwen_vlm_logits_equal_transformers(qwen) -> None:
     _close(ours_text, want_text)
     _close(ours_image, want_image)
     assert (want_image - flat).abs().max() > 1e-3  # the 3D positions matter in this test
+
+
+def test_greedy_text_generation_equals_transformers(qwen) -> None:
+    from omni_trainer.interop.generate import greedy
+
+    path, ref = qwen
+    cfg = parse_manifest(vlm_job(path)).spec.trainer
+    prompt = [5, 17, 42, 99, 7]
+    with single_process_model(cfg, checkpoint=None) as (model, _):
+        ours, _ = greedy(model.llm_chunks[0], prompt, max_new_tokens=6, stop=set(), vocab_size=512)
+    with torch.no_grad():
+        want = ref.generate(
+            torch.tensor([prompt]), max_new_tokens=6, min_new_tokens=6, do_sample=False
+        )
+    assert ours == want[0, len(prompt) :].tolist()
+
+
+def test_batch_positions_restart_per_sample_and_place_images() -> None:
+    from omni_trainer.data.packing import MediaItem, MicroBatch
+    from omni_trainer.data.sample import MediaRef
+    from omni_trainer.interop.qwen2_5_vl import batch_positions
+
+    seg = np.array([[0, 0, 0, 0, 0, 1, 1, 1, -1, -1]], dtype=np.int32)
+    zeros = np.zeros(seg.shape, dtype=np.int64)
+    image = MediaItem("image", 0, 6, 2, MediaRef(0, 0, (3, 8, 16)), "b")  # 1 x 2 tokens
+    mb = MicroBatch(zeros, zeros, zeros.astype(np.float32), seg, zeros, [image], ["a", "b"])
+    pos = batch_positions(mb, side=8)
+    assert pos.shape == (3, 1, 10)
+    assert pos[:, 0, :5].tolist() == [[0, 1, 2, 3, 4]] * 3  # sample a: text only
+    assert pos[:, 0, 5:8].tolist() == [[0, 1, 1], [0, 1, 1], [0, 1, 2]]  # b: text, 1x2 image
+    assert pos[:, 0, 8:].tolist() == [[0, 0]] * 3  # padding
+    wrong = MediaItem("image", 0, 6, 3, MediaRef(0, 0, (3, 8, 16)), "b")
+    bad = MicroBatch(zeros, zeros, zeros.astype(np.float32), seg, zeros, [wrong], [])
+    with pytest.raises(ValueError, match="b: an image of 1 x 2 merged tokens holds 3 positions"):
+        batch_positions(bad, side=8)
+
+
+def test_context_parallel_is_refused_with_mrope(qwen) -> None:
+    from omni_trainer.config import ManifestError
+
+    doc = vlm_job(qwen[0])
+    doc["spec"]["trainer"]["parallelism"] = {"context": 2}
+    with pytest.raises(ManifestError, match=r"parallelism\.context: the LLM's M-RoPE"):
+        parse_manifest(doc)

@@ -59,9 +59,12 @@ def greedy(
     logprobs: list[float] = []
     for _ in range(max_new_tokens):
         tokens = torch.tensor([seq], device=device)
+        positions = torch.arange(len(seq), device=device)[None]
+        if chunk.position_embedding_type == "mrope":  # text: one position on all three axes
+            positions = positions.expand(3, 1, -1)
         logits = chunk(
             input_ids=tokens,
-            position_ids=torch.arange(len(seq), device=device)[None],
+            position_ids=positions,
             attention_mask=None,  # one causal sequence: no boundaries needed
         )
         last = logits[0, -1, :vocab_size].float().log_softmax(-1)

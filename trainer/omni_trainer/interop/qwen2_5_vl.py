@@ -159,3 +159,31 @@ def mrope_positions(length: int, images: list[tuple[int, int, int]]) -> np.ndarr
             nxt += max(rows, cols)
         at = offset + n
     return pos
+
+
+def batch_positions(mb, *, side: int) -> np.ndarray:
+    """[3, b, s] M-RoPE positions of a collated micro-batch (``data.packing.MicroBatch``): each
+    packed sample's own :func:`mrope_positions` (its images' grids from their shapes, ``side``
+    pixels per merged token), 0 on padding. Media other than images count as text."""
+    b, s = mb.segment_ids.shape
+    pos = np.zeros((3, b, s), dtype=np.int64)
+    images: dict[int, list[tuple[int, int, int]]] = {}
+    for item in mb.media:
+        if item.modality != "image":
+            continue
+        rows, cols = item.ref.shape[-2] // side, item.ref.shape[-1] // side
+        if rows * cols != item.num_tokens:
+            raise ValueError(
+                f"{item.sample_id}: an image of {rows} x {cols} merged tokens holds "
+                f"{item.num_tokens} positions"
+            )
+        images.setdefault(item.row, []).append((item.offset, rows, cols))
+    for row in range(b):
+        seg = mb.segment_ids[row]
+        starts = np.flatnonzero(np.diff(seg, prepend=seg[0] - 1))
+        for start, end in zip(starts, [*starts[1:], s], strict=True):
+            if seg[start] < 0:
+                continue
+            spans = [(o - start, r, c) for o, r, c in images.get(row, []) if start <= o < end]
+            pos[:, row, start:end] = mrope_positions(int(end - start), spans)
+    return pos
