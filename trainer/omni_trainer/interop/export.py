@@ -1,9 +1,10 @@
 """``omni export``: the model back in its Hugging Face family, tensor by tensor.
 
 The LLM is written in the family it came from (``model.llm.hf``'s config.json, updated to the
-exported dtype) or, for presets, as a Llama. The output appears atomically: everything is
-written into a hidden sibling directory that is renamed to ``--out`` only once complete, so a
-failure never leaves a half-written model where transformers would load it.
+exported dtype) or, for presets, as a Llama; a whole Qwen2.5-VL's tower too. The output appears
+atomically: everything is written into a hidden sibling directory that is renamed to ``--out``
+only once complete, so a failure never leaves a half-written model where transformers would load
+it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 import torch
 
 from omni_trainer.config import TrainerConfig
+from omni_trainer.interop import qwen2_5_vl
 from omni_trainer.interop.llm import split_full, tensor_map
 from omni_trainer.interop.source import HFModelError
 from omni_trainer.models.config import LLMConfig
@@ -159,6 +161,9 @@ def write_hf(
             for hf_name, tensor in split_full(tensor_map(name, llm), llm, param.data).items():
                 writer.add(hf_name, tensor)
                 count += 1
+        for hf_name, tensor in qwen2_5_vl.tower_tensors(model, cfg):
+            writer.add(hf_name, tensor)
+            count += 1
         files = writer.close()
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
         files.append("config.json")
@@ -173,7 +178,12 @@ def write_hf(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    skipped = [m for m in ("image", "audio") if getattr(cfg.model.encoders, m) is not None]
+    written = {"image"} if qwen2_5_vl.exports_tower(cfg) else set()
+    skipped = [
+        m
+        for m in ("image", "audio")
+        if getattr(cfg.model.encoders, m) is not None and m not in written
+    ]
     return ExportResult(
         out=out, step=step, tensors=count, bytes=writer.total, files=files, skipped=skipped
     )

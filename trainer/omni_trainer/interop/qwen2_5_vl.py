@@ -11,6 +11,7 @@ is the tower's prefix and nothing else.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -187,3 +188,23 @@ def batch_positions(mb, *, side: int) -> np.ndarray:
             spans = [(o - start, r, c) for o, r, c in images.get(row, []) if start <= o < end]
             pos[:, row, start:end] = mrope_positions(int(end - start), spans)
     return pos
+
+
+# -- export ---------------------------------------------------------------------------------------
+
+VISUAL = "visual."
+"""Where ``Qwen2_5_VLForConditionalGeneration.save_pretrained`` puts the tower."""
+
+
+def exports_tower(cfg) -> bool:
+    """Whether ``omni export`` writes the image tower: a whole Qwen2.5-VL (``model.hf``)."""
+    image = cfg.model.encoders.image
+    return cfg.model.hf is not None and image is not None and image.qwen is not None
+
+
+def tower_tensors(model, cfg) -> Iterator[tuple[str, Any]]:
+    """(HF name, tensor) of the tower of a whole Qwen2.5-VL, named as transformers saves it
+    (our module's names under ``visual.``); nothing for other models."""
+    if exports_tower(cfg):
+        for name, param in model.encoders["image"].named_parameters():
+            yield VISUAL + name, param.data
