@@ -147,6 +147,7 @@ class TrainerConfig(Spec):
             image_extra_tokens=image.prefix_tokens - image.drop_prefix if imported else 0,
             image_processor=processor,
             image_settings=settings,
+            image_wrap=qwen.image_wrap if qwen and self.model.hf else None,
             audio_max_frames=audio.max_frames if audio else None,
         )
 

@@ -37,15 +37,18 @@ def save_llm(path: Path, family: str, **overrides) -> Path:
     return path
 
 
-def save_tokenizer(path: Path, vocab_size: int = 300) -> Path:
-    """A byte-level BPE trained in-process, with a chat template, saved beside a model."""
+def save_tokenizer(
+    path: Path, vocab_size: int = 300, *, extra_special: tuple[str, ...] = ()
+) -> Path:
+    """A byte-level BPE trained in-process, with a chat template (and ``extra_special``
+    tokens), saved beside a model."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    special = ["<|user|>", "<|assistant|>", "<|end|>", "<image>"]
+    special = ["<|user|>", "<|assistant|>", "<|end|>", "<image>", *extra_special]
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         special_tokens=special,

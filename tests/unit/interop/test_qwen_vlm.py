@@ -151,3 +151,40 @@ def test_import_export_round_trip(qwen, tmp_path) -> None:
             torch.testing.assert_close(
                 back(**model_kwargs).logits, ref(**model_kwargs).logits, rtol=0, atol=1e-5
             )
+
+
+def test_images_are_wrapped_in_vision_start_and_end(tmp_path) -> None:
+    """A whole Qwen2.5-VL renders each image as its processor does: <|vision_start|>, the
+    image's positions, <|vision_end|> (ids from its config.json); the text and M-RoPE treat
+    the two as text."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from omni_trainer.config import TrainerConfig
+    from omni_trainer.data.chat import ChatRenderer
+
+    from .hf_models import save_tokenizer
+
+    path = tmp_path / "qwen"
+    save_qwen2_5_vl(path)
+    save_tokenizer(path, extra_special=("<|vision_start|>", "<|vision_end|>"))
+    tok = AutoTokenizer.from_pretrained(path)
+    start, end = tok.convert_tokens_to_ids(["<|vision_start|>", "<|vision_end|>"])
+    config = json.loads((path / "config.json").read_text())
+    config |= {"vision_start_token_id": start, "vision_end_token_id": end}
+    (path / "config.json").write_text(json.dumps(config))
+    trainer = vlm_job(path)["spec"]["trainer"]
+    geometry = TrainerConfig.model_validate(trainer).media_geometry()
+    assert geometry.image_wrap == (start, end)
+    rendered = ChatRenderer(tok, image_wrap=geometry.image_wrap).render(
+        [{"from": "human", "value": "<image>\nwhat is it"}, {"from": "gpt", "value": "a fox"}],
+        media=[("image", 6)],
+    )
+    ((modality, offset, n),) = rendered.spans
+    assert (modality, n) == ("image", 6)
+    assert rendered.tokens[offset - 1] == start and rendered.tokens[offset + n] == end
+    assert not rendered.targets[offset - 1 : offset + n + 1].any()
+    messages = [{"from": "human", "value": "<image>\nhi"}, {"from": "gpt", "value": "ok"}]
+    plain = ChatRenderer(tok).render(messages, [("image", 6)])
+    assert start not in plain.tokens.tolist()  # tower-only imports and other models: no wrap

@@ -83,9 +83,21 @@ def normalize_messages(raw: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
 class ChatRenderer:
     """Renders conversations with one tokenizer's chat template."""
 
-    def __init__(self, tokenizer: Any, *, system_prompt: str | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        system_prompt: str | None = None,
+        image_wrap: tuple[int, int] | None = None,
+    ) -> None:
         self.tok = tokenizer
         self.system_prompt = system_prompt
+        self._image = "<image>"
+        """What each ``<image>`` becomes before rendering: itself, or itself between the
+        ``image_wrap`` tokens (Qwen2.5-VL's ``<|vision_start|>``, ``<|vision_end|>``)."""
+        if image_wrap is not None:
+            start, end = tokenizer.convert_ids_to_tokens(list(image_wrap))
+            self._image = f"{start}<image>{end}"
         self._special = sorted(
             {t for t in tokenizer.all_special_tokens if t}
             | {t.content for t in tokenizer.added_tokens_decoder.values() if t.special},
@@ -149,6 +161,10 @@ class ChatRenderer:
         if self.system_prompt and messages[0]["role"] != "system":
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         messages = self._place_missing(messages, [m for m, _ in media])
+        if self._image != "<image>":
+            messages = [
+                m | {"content": m["content"].replace("<image>", self._image)} for m in messages
+            ]
         text, loss_spans = self.loss_char_spans(messages)
         queues: dict[str, list[int]] = {}
         for modality, n in media:

@@ -63,6 +63,9 @@ class MediaGeometry:
     image_settings: ImageSettings | None = None
     """An imported dynamic-resolution tower's processor (Qwen2.5-VL): its pixel bounds, patch
     and merge sizes replace ``data.media``'s (``patch_size`` is then its merged patch)."""
+    image_wrap: tuple[int, int] | None = None
+    """Token ids the chat renderer writes before and after each image's positions (a whole
+    Qwen2.5-VL's ``vision_start_token_id`` and ``vision_end_token_id``)."""
     audio_max_frames: int | None = None
     """Longest clip the audio encoder takes (Whisper's position table); longer clips are cut."""
 

@@ -59,12 +59,20 @@ class QwenVision:
     """The merger's output width (the LLM's hidden size)."""
     rope_theta: float
     """Base of the 2D rotary embedding."""
+    image_wrap: tuple[int, int] | None = None
+    """A whole VLM's ``vision_start_token_id`` and ``vision_end_token_id``: the text around
+    each image's positions."""
 
 
 def is_qwen_vision(config: dict[str, Any]) -> bool:
     """Whether a config.json is a Qwen2.5-VL model or its vision tower."""
     vision = config.get("vision_config") or config
     return vision.get("model_type", config.get("model_type")) in MODEL_TYPES
+
+
+def _image_wrap(config: dict[str, Any]) -> tuple[int, int] | None:
+    ids = config.get("vision_start_token_id"), config.get("vision_end_token_id")
+    return None if None in ids else (int(ids[0]), int(ids[1]))
 
 
 def vision_fields(config: dict[str, Any], where: str) -> tuple[dict[str, Any], str, QwenVision]:
@@ -95,6 +103,7 @@ def vision_fields(config: dict[str, Any], where: str) -> tuple[dict[str, Any], s
         full_attention_blocks=full,
         out_hidden_size=int(v["out_hidden_size"]),
         rope_theta=float(rope.get("rope_theta", v.get("rope_theta", 10000.0))),
+        image_wrap=_image_wrap(config),
     )
     fields = dict(
         hidden_size=int(v["hidden_size"]),
