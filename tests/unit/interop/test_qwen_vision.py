@@ -41,6 +41,7 @@ def test_config_reads_the_tower(qwen) -> None:
     assert cfg.qwen.window_units == 2 and cfg.qwen.full_attention_blocks == (1,)
     assert cfg.output_size == 64 and cfg.position_side == 8 and cfg.drop_prefix == 0
     assert cfg.num_tokens(40, 56) == 35
+    assert cfg.merge_unit == 4 and VisionEncoderConfig(preset="vit-tiny").merge_unit == 1
     enc = build_encoder("image", cfg)
     assert sum(p.numel() for p in enc.parameters()) == cfg.params()
     with pytest.raises(ValueError, match="not a multiple of patch_size x merge size 8"):
@@ -145,3 +146,19 @@ def test_conversations_feed_the_tower_what_transformers_would(tmp_path, qwen) ->
         assert features.shape[0] == span.tokens
         _close(features, expected)
     assert len(sizes) > 1  # native resolution: the images keep different sizes
+
+
+def test_bad_tower_configs_are_named() -> None:
+    from omni_trainer.interop.qwen2_5_vl import vision_fields
+    from omni_trainer.interop.source import HFModelError
+
+    base = {"model_type": "qwen2_5_vl_vision", **QWEN_VISION}
+    for change, message in [
+        ({"hidden_act": "relu"}, "vision hidden_act 'relu' is not supported"),
+        ({"fullatt_block_indexes": [3]}, r"fullatt_block_indexes \[3\] outside 0\.\.2"),
+        ({"window_size": 4}, r"window_size 4 is smaller than one merged token \(8 pixels\)"),
+    ]:
+        with pytest.raises(HFModelError, match=message):
+            vision_fields(base | change, "m")
+    fields, act, settings = vision_fields({"vision_config": base}, "m")
+    assert (fields["num_layers"], act, settings.window_units) == (3, "silu", 2)

@@ -227,12 +227,13 @@ def llm_op_costs(
 
 
 def _encoder_split(enc: EncoderConfig, lengths: Sequence[int]) -> tuple[float, float]:
-    """(GEMM FLOPs, attention FLOPs) of one encoder forward over independent samples."""
+    """(GEMM FLOPs, attention FLOPs) of one encoder forward over independent samples (of
+    these output token counts; the blocks see ``merge_unit`` times as many)."""
     attn = attention_flops(
         num_layers=enc.num_layers,
         num_heads=enc.num_heads,
         head_dim=enc.hidden_size // enc.num_heads,
-        seq_lengths=lengths,
+        seq_lengths=[n * enc.merge_unit for n in lengths],
     )
     return enc.flops(lengths) - attn, attn
 
@@ -269,7 +270,7 @@ def encoder_mb_cost(
     as encoder GEMM work.
     """
     g = layout.tp
-    he = enc.hidden_size
+    he, unit = enc.hidden_size, enc.merge_unit  # unit: block tokens per output token
 
     def seconds(n: int) -> float:
         gemm, attn = _encoder_split(enc, [n])
@@ -281,10 +282,11 @@ def encoder_mb_cost(
     compute = plan.rank_cost[busiest]
     link = device.link(g)
     a2a = sum(
-        enc.num_layers * 4 * all_to_all_time(lengths[i] / g * he * BF16, g, link) for i in plan.long
+        enc.num_layers * 4 * all_to_all_time(lengths[i] * unit / g * he * BF16, g, link)
+        for i in plan.long
     )
-    tokens_on = sum(lengths[i] for i in plan.short[busiest]) + sum(
-        lengths[i] / g for i in plan.long
+    tokens_on = unit * (
+        sum(lengths[i] for i in plan.short[busiest]) + sum(lengths[i] / g for i in plan.long)
     )
     per_token = (
         ACT_BYTES_PER_HIDDEN * he * enc.num_layers

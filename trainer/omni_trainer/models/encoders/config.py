@@ -156,6 +156,12 @@ class ImportableEncoder(Spec):
         return self._tower
 
     @property
+    def merge_unit(self) -> int:
+        """Block tokens per output token (Qwen2.5-VL's 2x2 merger: 4; otherwise 1)."""
+        qwen = self._tower.qwen if self._tower is not None else None
+        return qwen.merge_size**2 if qwen else 1
+
+    @property
     def output_size(self) -> int:
         """Width of the encoder's output, the projector's input (Qwen2.5-VL's merger: the LLM's
         hidden size; otherwise the blocks' width)."""
