@@ -115,7 +115,9 @@ def build_gpt(
         **_parallel_sizes(),
         bias_dropout_fusion=False,
         masked_softmax_fusion=False,
-        apply_rope_fusion=use_te,  # TE's fused THD RoPE: no host sync per layer on GPU
+        # TE's fused THD RoPE: no host sync per layer on GPU; it reads each sample's angles
+        # from position 0, so M-RoPE's per-token angles take megatron's unfused THD path
+        apply_rope_fusion=use_te and cfg.mrope_section is None,
         persist_layer_norm=False,
         gradient_accumulation_fusion=False,
         sequence_parallel=sequence_parallel,
