@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -55,6 +55,10 @@ class TokenLayout:
     @property
     def tokens(self) -> int:
         return self.cos.shape[0]
+
+    def to(self, device: torch.device) -> TokenLayout:
+        """The layout on ``device`` (once per batch, not once per block)."""
+        return TokenLayout(*(getattr(self, f.name).to(device) for f in fields(self)))
 
 
 def grid_positions(grid: Grid, merge: int) -> Tensor:
@@ -151,14 +155,12 @@ class WindowedRotaryCore:
                 f"the Qwen2.5-VL attention got {q.shape[0]} tokens but {got}: encode_tokens "
                 "must run on whole samples from the last embed (or their Ulysses shards)"
             )
-        dev = q.device
-        cos, sin = lay.cos.to(dev), lay.sin.to(dev)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        q, k = _rotate(q, lay.cos, lay.sin), _rotate(k, lay.cos, lay.sin)
         if not self.windowed:
-            return self.inner(q, k, v, lay.frames.to(dev))
-        order = lay.window_order.to(dev)
-        out = self.inner(q[order], k[order], v[order], lay.windows.to(dev))
-        return out[lay.window_inverse.to(dev)]
+            return self.inner(q, k, v, lay.frames)
+        order = lay.window_order
+        out = self.inner(q[order], k[order], v[order], lay.windows)
+        return out[lay.window_inverse]
 
 
 class RMSNorm(nn.Module):
@@ -312,7 +314,7 @@ class QwenVisionTower(nn.Module):
             window_units=q.window_units,
             head_dim=self.cfg.hidden_size // self.cfg.num_heads,
             theta=q.rope_theta,
-        )
+        ).to(x.device)
         return x, [t * h * w for t, h, w in grids]
 
     def encode_tokens(self, x: Tensor, cu_seqlens: Tensor) -> Tensor:
