@@ -1,6 +1,7 @@
 """Qwen2.5-VL: its vision tower's config.json read into our encoder fields, its language model's
 as a Qwen2 with M-RoPE, and the 3D positions M-RoPE takes (torch-free: the manifest validates
-with it and the data side packs with it).
+with it and the data side packs with it; numpy is imported where positions are computed, since
+the operator's image has none).
 
 A Qwen2.5-VL checkpoint (``Qwen2_5_VLForConditionalGeneration``) saves the tower as ``visual.*``
 and the LLM as ``model.layers.*``; a tower saved alone
@@ -13,9 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 from omni_trainer.interop.source import HFModelError
 
@@ -156,6 +158,8 @@ def mrope_positions(length: int, images: list[tuple[int, int, int]]) -> np.ndarr
         length: tokens in the sample.
         images: ``(offset, rows, cols)`` of each image, in order, not overlapping.
     """
+    import numpy as np
+
     pos = np.zeros((3, length), dtype=np.int64)
     at = nxt = 0  # next token index, next position
     for offset, rows, cols in [*sorted(images), (length, 0, 0)]:
@@ -175,6 +179,8 @@ def batch_positions(mb, *, side: int) -> np.ndarray:
     """[3, b, s] M-RoPE positions of a collated micro-batch (``data.packing.MicroBatch``): each
     packed sample's own :func:`mrope_positions` (its images' grids from their shapes, ``side``
     pixels per merged token), 0 on padding. Media other than images count as text."""
+    import numpy as np
+
     b, s = mb.segment_ids.shape
     pos = np.zeros((3, b, s), dtype=np.int64)
     images: dict[int, list[tuple[int, int, int]]] = {}
