@@ -38,8 +38,10 @@ format: setup
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache
 
+# Policies interleaved, 5 repeats, one thread per process: pp2 on 2 processes, pp4 on 4.
 bench-multiplex: setup
-	$(BIN)/python bench/multiplex.py
+	$(BIN)/python bench/multiplex.py --pipeline 2 --nproc 2
+	$(BIN)/python bench/multiplex.py --pipeline 4 --nproc 4
 
 # The CRD is generated from the operator's pydantic models; tests fail when crds/ is stale.
 .PHONY: crds
@@ -129,3 +131,18 @@ bench-operator: setup
 # the same run, predicts the tiny example's step time at world 1/2/4; omni train measures it.
 bench-calibrate: setup
 	$(BIN)/python bench/calibrate.py $(BENCH_ARGS)
+
+.PHONY: gpu-check
+
+# The GPU path on one GPU in under 8 minutes: TE vs local spec, a ~1B LLM + ViT-L bf16 run at 8K
+# (tokens/s, MFU), checkpoints across specs; JSON to $(OUT) (CPU: GPU_CHECK_ARGS=--cpu-smoke).
+gpu-check: setup
+	$(BIN)/python bench/gpu_check.py --out $(or $(OUT),.) $(GPU_CHECK_ARGS)
+
+.PHONY: bench-faults
+
+# Each fault kind injected into the tiny job in the sandbox (crash, container killed, hang,
+# SIGTERM, node lost, image missing on restart): detection, first step, steps recomputed and
+# training time lost, restartPolicy.mode in-place side by side with recreate.
+bench-faults: setup
+	$(BIN)/python bench/faults.py $(BENCH_ARGS)

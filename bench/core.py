@@ -2,8 +2,10 @@
 
 Runs ``omni train`` (real torchrun processes) on one job with two source trees, alternating
 (before, after, before, after, ...) so that the shared machine's noise hits both alike, and
-prints the median tokens/s of each and their ratio. Then, on this tree only, the same job with
-bf16 and with activation recompute, and the summary's ``memory`` of each, so the trade-offs show.
+prints the median tokens/s of each and their ratio, per layout (pp2, and dp2 where this tree
+runs ZeRO-1 by default). Then, on this tree only, the same job with bf16, with activation
+recompute, and at dp2 with and without the distributed optimizer, and the summary's ``memory``
+of each, so the trade-offs show.
 
     git worktree add /tmp/omni-before main   # the baseline tree (any commit)
     python bench/core.py --before /tmp/omni-before --rounds 3
@@ -25,11 +27,15 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 
 
+LAYOUTS = {"pp2": 2, "dp2": 1}  # name -> pipeline stages, on --nproc 2
+
+
 def bench_job(pipeline: int) -> dict:
     """The tiny example with 4 LLM layers at a fixed layout (fields every tree understands)."""
     doc = yaml.safe_load((REPO / "examples" / "tiny-cpu.yaml").read_text())
     t = doc["spec"]["trainer"]
     t["model"]["llm"]["numLayers"] = 4
+    t["data"]["microBatchSize"] = 2  # 8 sequences: 4 micro-batches per replica at dp 1, 2 at dp 2
     t["parallelism"] = {"pipeline": pipeline}
     return doc
 
@@ -49,49 +55,50 @@ def run(tree: Path, doc: dict, *, nproc: int, steps: int, name: str, workdir: Pa
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", type=Path, required=True, help="the baseline source tree")
-    ap.add_argument("--pipeline", type=int, default=2)
-    ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--layouts", nargs="+", choices=sorted(LAYOUTS), default=sorted(LAYOUTS))
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    doc = bench_job(args.pipeline)
     trees = {"before": args.before.resolve(), "after": REPO}
-    rates: dict[str, list[float]] = {k: [] for k in trees}
-    kw = {"nproc": args.nproc, "steps": args.steps}
+    rates = {(lay, k): [] for lay in args.layouts for k in trees}
+    kw = {"nproc": 2, "steps": args.steps}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.rounds):
-            for label, tree in trees.items():
-                s = run(tree, doc, **kw, name=f"{label}{i}", workdir=Path(tmp))
-                rates[label].append(s["tokens_per_second"])
+            for lay in args.layouts:
+                for label, tree in trees.items():
+                    s = run(tree, bench_job(LAYOUTS[lay]), **kw, name=f"{lay}-{label}{i}",
+                            workdir=Path(tmp))  # fmt: skip
+                    rates[lay, label].append(s["tokens_per_second"])
         variants = {}
-        for label, train in [
-            ("fp32", {}),
-            ("bf16", {"precision": "bf16"}),
-            ("fp32 selective", {"recompute": "selective"}),
-            ("fp32 full", {"recompute": "full"}),
+        for label, pipeline, train, parallelism in [
+            ("pp2 fp32", 2, {}, {}),
+            ("pp2 bf16", 2, {"precision": "bf16"}, {}),
+            ("pp2 selective", 2, {"recompute": "selective"}, {}),
+            ("pp2 full", 2, {"recompute": "full"}, {}),
+            ("dp2 plain", 1, {}, {"distributedOptimizer": False}),
+            ("dp2 ZeRO-1", 1, {}, {"distributedOptimizer": True}),
+            ("dp2 ZeRO-1 bf16", 1, {"precision": "bf16"}, {"distributedOptimizer": True}),
         ]:
-            d = json.loads(json.dumps(doc))
+            d = bench_job(pipeline)
             d["spec"]["trainer"]["train"].update(train)
+            d["spec"]["trainer"]["parallelism"].update(parallelism)
             variants[label] = run(REPO, d, **kw, name=label.replace(" ", "-"), workdir=Path(tmp))
-    before, after = (statistics.median(rates[k]) for k in ("before", "after"))
-    print(
-        f"pp{args.pipeline} on {args.nproc} processes, {args.steps} steps (first excluded), "
-        f"{args.rounds} alternating rounds"
-    )
-    for label in trees:
-        print(
-            f"{label:<7} {before if label == 'before' else after:>10,.0f} tok/s (median of "
-            f"{', '.join(f'{r:,.0f}' for r in rates[label])})"
+    print(f"2 processes, {args.steps} steps (first excluded), {args.rounds} alternating rounds")
+    for lay in args.layouts:
+        before, after = (statistics.median(rates[lay, k]) for k in trees)
+        cells = "   ".join(
+            f"{k} {m:,.0f} tok/s ({', '.join(f'{r:,.0f}' for r in rates[lay, k])})"
+            for k, m in (("before", before), ("after", after))
         )
-    print(f"after / before = {after / before:.3f}")
+        print(f"{lay}: {cells}   after / before = {after / before:.3f}")
     print(
-        f"{'this tree':<16}{'tok/s':>10}{'final loss':>12}{'params MB':>11}{'grads MB':>10}"
+        f"{'this tree':<18}{'tok/s':>10}{'final loss':>12}{'params MB':>11}{'grads MB':>10}"
         f"{'optim MB':>10}{'act peak MB':>13}"
     )
     for label, s in variants.items():
         m = s["memory"]
         print(
-            f"{label:<16}{s['tokens_per_second']:>10,.0f}{s['final_loss']:>12.4f}"
+            f"{label:<18}{s['tokens_per_second']:>10,.0f}{s['final_loss']:>12.4f}"
             f"{m['params_bytes'] / 1e6:>11.2f}{m['grads_bytes'] / 1e6:>10.2f}"
             f"{m['optimizer_state_bytes'] / 1e6:>10.2f}{m['activation_peak_bytes'] / 1e6:>13.2f}"
         )

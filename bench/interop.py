@@ -1,11 +1,12 @@
 """HF import and export at scale: time and peak host memory per rank, at tp1 and tp2.
 
-Writes a random Llama (``--size 1b``: Llama-3.2-1B's shape, 1.24B parameters, bf16 safetensors in
-2 GiB shards, as transformers saves it), then, in real torchrun processes with TP = 1 and TP = 2,
-builds megatron's GPTModel and times ``load_llm_chunk`` (each rank reads only its slices); then
-exports the TP = 1 model back to HF safetensors in one process (``omni export`` runs in one
-process; a checkpoint of any layout loads into it first). Peak RSS is ``ru_maxrss`` of each rank
-(model build included); "load RSS" is what the import added to the rank's resident memory.
+Writes a random Llama (``--size 1b``: Llama-3.2-1B's shape with an untied head, 1.50B parameters,
+bf16 safetensors in 2 GiB shards, as transformers saves it), then, in real torchrun processes
+with TP = 1 and TP = 2, builds megatron's GPTModel and times ``load_llm_chunk`` (each rank reads
+only its slices); then exports the TP = 1 model back to HF safetensors in one process (``omni
+export`` runs in one process; a checkpoint of any layout loads into it first). Peak RSS is
+``ru_maxrss`` of each rank (model build included); "import RSS" is what the import added to the
+rank's resident memory.
 Run: ``make bench-interop`` or ``python bench/interop.py [--size small|1b]``.
 """
 
@@ -93,6 +94,30 @@ def _rss() -> int:
     return psutil.Process().memory_info().rss
 
 
+def _text_job(model: str):
+    """The trainer config of a text-only job around the HF model (what ``omni export`` reads)."""
+    from omni_trainer.config import parse_manifest
+
+    source = {"kind": "synthetic", "name": "text", "modality": "text", "preset": "longtext"}
+    doc = {
+        "apiVersion": "omni.megascale.io/v1alpha1",
+        "kind": "OmniTrainingJob",
+        "metadata": {"name": "bench-interop"},
+        "spec": {
+            "trainer": {
+                "model": {"llm": {"hf": model}},
+                "data": {
+                    "seqLength": 128,
+                    "globalBatchSize": 1,
+                    "microBatchSize": 1,
+                    "sources": [source],
+                },
+            }
+        },
+    }
+    return parse_manifest(doc).spec.trainer
+
+
 def worker(model: str, out: Path, export_dir: str | None) -> None:
     """One torchrun rank: build the TP shard, import it, report; rank 0 of a world of one also
     exports."""
@@ -122,10 +147,7 @@ def worker(model: str, out: Path, export_dir: str | None) -> None:
 
         from omni_trainer.interop.export import write_hf
 
-        job = SimpleNamespace(
-            model=SimpleNamespace(llm=cfg, encoders=SimpleNamespace(image=None, audio=None)),
-            tokenizer=None,
-        )
+        job = _text_job(model)
         t0 = time.perf_counter()
         written = write_hf(SimpleNamespace(llm_chunks=[chunk]), job, Path(export_dir), step=None)
         result.update(

@@ -1,35 +1,48 @@
-"""Insertion policies side by side: where each pipeline stage spends a step, and encoder memory.
+"""Insertion policies ranked: interleaved repeats, medians with min and max, paired ratios.
 
-Runs ``omni train`` (real torchrun processes) on the same job once per policy and prints, per
-stage, the mean seconds per step in encoder work, LLM compute, waiting (for encoder outputs or
-gradients, and for pipeline neighbours), and the peak bytes encoder forwards keep for backward.
-The machine is shared and noisy: compare the ratios of one run, not absolute figures.
+One torchrun launch of real processes (gloo, one compute thread each) trains the same job with
+every policy in turn, A B C D A B C D ..., ``--repeats`` times: a burst of load from the other
+users of the machine lands on all policies alike, and each pair is compared within a repeat
+(adjacent in time). Per policy and stage it prints the median seconds per step in encoder work,
+LLM compute and waiting (for encoder outputs or gradients, and for pipeline neighbours), the
+peak bytes encoder forwards keep for backward, the step time's median (min, max), and for each
+pair ``X vs Y median step-time ratio R (min A, max B, N runs)`` with R = Y's step time / X's in
+the same repeat (> 1: X faster). The loss curves of all runs must be equal.
 
-    make bench-multiplex            # pp2 on 2 processes
-    python bench/multiplex.py --pipeline 4 --nproc 4 --steps 6
+    make bench-multiplex              # pp2 on 2 processes, then pp4 on 4
+    python bench/multiplex.py --pipeline 4 --nproc 4 --repeats 5 --steps 4
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import os
+import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-POLICIES = ("uniform", "front_loaded", "stage0")
+POLICIES = ("auto", "uniform", "front_loaded", "stage0")
 
 
-def bench_job(pipeline: int, eta: int) -> dict:
-    """An image-heavy job where the encoders cost a real share of the step."""
+def bench_job(pipeline: int, eta: int, encoder_scale: int = 1) -> dict:
+    """An image-heavy job where the encoders cost a real share of the step; ``encoder_scale``
+    multiplies the ViT's layers (its FLOPs and activations grow by exactly that factor)."""
     doc = yaml.safe_load((REPO / "examples" / "tiny-cpu.yaml").read_text())
     t = doc["spec"]["trainer"]
     t["model"]["llm"]["numLayers"] = 4
-    t["model"]["encoders"]["image"] = {"preset": "vit-tiny", "hiddenSize": 128, "numLayers": 4}
+    t["model"]["encoders"]["image"] = {
+        "preset": "vit-tiny",
+        "hiddenSize": 128,
+        "numLayers": 4 * encoder_scale,
+    }
     t["data"].update(seqLength=512, globalBatchSize=8, microBatchSize=1)
     t["data"]["sources"] = [
         {
@@ -52,97 +65,265 @@ def bench_job(pipeline: int, eta: int) -> dict:
     return doc
 
 
-def run(doc: dict, policy: str, nproc: int, steps: int, workdir: Path) -> dict:
-    doc["spec"]["trainer"]["parallelism"]["encoder"]["policy"] = policy
-    manifest, summary = workdir / f"{policy}.yaml", workdir / f"{policy}.json"
-    manifest.write_text(yaml.safe_dump(doc))
-    cmd = [
-        sys.executable,
-        "-m",
-        "omni_trainer.cli",
-        "train",
-        str(manifest),
-        "--steps",
-        str(steps),
-        "--nproc",
-        str(nproc),
-        "--summary",
-        str(summary),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode:
-        sys.exit(f"{policy}: omni train failed\n{proc.stderr[-3000:]}")
-    return json.loads(summary.read_text())
+# ---------------------------------------------------------------------------- worker (torchrun)
+
+
+def worker(spec_path: Path) -> None:
+    """Every rank: the policies interleaved, ``repeats`` times; rank 0 writes the runs."""
+    import copy
+    from dataclasses import asdict
+
+    import torch
+    import torch.distributed as dist
+
+    from omni_trainer.config import parse_manifest
+    from omni_trainer.distributed.config import ParallelDims
+    from omni_trainer.mcore.parallel import (
+        build_process_groups,
+        destroy_distributed,
+        init_distributed,
+    )
+    from omni_trainer.trainer import Trainer
+
+    spec = json.loads(spec_path.read_text())
+    torch.set_num_threads(1)
+    _, world, device = init_distributed()
+    runs = []
+    try:
+        for repeat in range(spec["repeats"]):
+            for policy in spec["policies"]:
+                doc = copy.deepcopy(spec["job"])
+                doc["spec"]["trainer"]["parallelism"]["encoder"]["policy"] = policy
+                cfg = parse_manifest(doc).spec.trainer
+                dims = ParallelDims.from_config(cfg.parallelism, world)
+                groups = build_process_groups(
+                    dims, device, reorder_group_size=cfg.data.reorder.group_size
+                )
+                summary = asdict(Trainer(cfg, groups=groups, steps=spec["steps"]).train())
+                runs.append({"repeat": repeat, "policy": policy, "summary": summary})
+                dist.barrier()
+        if dist.get_rank() == 0:
+            Path(spec["out"]).write_text(json.dumps(runs))
+    finally:
+        destroy_distributed()
+
+
+def launch(job: dict, *, nproc: int, steps: int, repeats: int, policies: tuple[str, ...]) -> list:
+    """One torchrun launch of ``nproc`` single-threaded processes; the runs in order."""
+    from omni_trainer.launch import torchrun_argv
+
+    with tempfile.TemporaryDirectory() as tmp:
+        spec, out = Path(tmp) / "spec.json", Path(tmp) / "runs.json"
+        spec.write_text(
+            json.dumps(
+                {
+                    "job": job,
+                    "steps": steps,
+                    "repeats": repeats,
+                    "policies": list(policies),
+                    "out": str(out),
+                }
+            )
+        )
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "OMNI_NUM_THREADS": "1"}
+        proc = subprocess.run(
+            [*torchrun_argv(nproc), __file__, "--worker", str(spec)],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+        if proc.returncode:
+            sys.exit(f"bench launch failed\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+        return json.loads(out.read_text())
+
+
+# ---------------------------------------------------------------------------- analysis (pure)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Median, min and max of a few runs."""
+
+    median: float
+    low: float
+    high: float
+    n: int
+
+    @classmethod
+    def of(cls, values: list[float]) -> Spread:
+        return cls(statistics.median(values), min(values), max(values), len(values))
+
+
+def step_time(summary: dict) -> float:
+    """One run's step time: the median of its steps after the first (warm-up)."""
+    curve = summary["step_time_curve"]
+    return statistics.median(curve[1:] if len(curve) > 1 else curve)
 
 
 def per_stage(summary: dict) -> dict[int, dict[str, float]]:
-    """Mean over the ranks of each stage."""
+    """One run, per stage: mean over its ranks of seconds per step; peak bytes the max."""
     stages: dict[int, list[dict]] = {}
     for r in summary["breakdown"]:
         stages.setdefault(r["stage"], []).append(r)
     out = {}
     for stage, rows in sorted(stages.items()):
-
-        def mean(key: str, rows=rows) -> float:
-            return sum(r[key] for r in rows) / len(rows)
-
+        n = len(rows)
         out[stage] = {
-            "encoder": mean("encoder_s"),
-            "llm": mean("llm_s"),
-            "waiting": mean("encoder_wait_s") + mean("pipeline_wait_s"),
-            "other": mean("data_s") + mean("sync_s"),
+            "encoder": sum(r["encoder_s"] for r in rows) / n,
+            "llm": sum(r["llm_s"] for r in rows) / n,
+            "waiting": sum(r["encoder_wait_s"] + r["pipeline_wait_s"] for r in rows) / n,
             "peak_mib": max(r["encoder_activation_peak_bytes"] for r in rows) / 2**20,
         }
     return out
+
+
+def pair_ratios(times: dict[str, dict[int, float]], x: str, y: str) -> Spread:
+    """Y's step time over X's in each repeat both ran (> 1: X faster)."""
+    common = sorted(set(times[x]) & set(times[y]))
+    return Spread.of([times[y][r] / times[x][r] for r in common])
+
+
+def simulated(job: dict, *, world: int, steps: int, policies: tuple[str, ...]) -> dict:
+    """The time model's view of the same steps (after the first), per policy: mean makespan and
+    per stage encoder / LLM / idle, in LLM forward ops (``omni plan``'s tables and simulation)."""
+    from omni_trainer.config import parse_manifest
+    from omni_trainer.plan import plan_step
+
+    cfg = parse_manifest(job).spec.trainer
+    out = {}
+    for p in policies:
+        sims = [
+            plan_step(cfg, world_size=world, step=s, policy=p).simulation
+            for s in range(1, max(steps, 2))
+        ]
+        out[p] = {
+            "makespan": statistics.mean(sim["makespan"] for sim in sims),
+            "stages": {
+                k: {
+                    key: statistics.mean(sim["stages"][k][name] for sim in sims)
+                    for key, name in (("encoder", "encoder"), ("llm", "llm"), ("waiting", "idle"))
+                }
+                for k in range(len(sims[0]["stages"]))
+            },
+        }
+    return out
+
+
+def seconds_per_unit(runs: list[dict], sim: dict) -> float:
+    """Calibration: measured LLM seconds per simulated LLM unit (the same for every policy)."""
+    measured = statistics.median(
+        sum(s["llm"] for s in per_stage(r["summary"]).values()) for r in runs
+    )
+    units = statistics.mean(sum(s["llm"] for s in v["stages"].values()) for v in sim.values())
+    return measured / units
+
+
+def report(runs: list[dict], policies: tuple[str, ...], sim: dict | None = None) -> list[str]:
+    """The printed lines: per policy and stage, then each pair, then the loss check."""
+    times: dict[str, dict[int, float]] = {p: {} for p in policies}
+    stages: dict[str, list[dict[int, dict[str, float]]]] = {p: [] for p in policies}
+    for run in runs:
+        times[run["policy"]][run["repeat"]] = step_time(run["summary"])
+        stages[run["policy"]].append(per_stage(run["summary"]))
+    lines = [
+        f"{'policy':<13}{'stage':>6}{'encoder':>9}{'llm':>8}{'waiting':>9}"
+        f"{'peak enc act MiB':>18}   (medians over runs, s/step)"
+    ]
+    peaks = {}
+    unit = seconds_per_unit(runs, sim) if sim is not None else 0.0
+    if sim is not None:
+        lines.insert(0, f"simulated: time model x {unit:.4f} s per LLM forward op (fit on LLM s)")
+    for p in policies:
+        for stage in sorted(stages[p][0]):
+            med = {
+                k: statistics.median(run[stage][k] for run in stages[p])
+                for k in ("encoder", "llm", "waiting")
+            }
+            peak = max(run[stage]["peak_mib"] for run in stages[p])
+            lines.append(
+                f"{p:<13}{stage:>6}{med['encoder']:>9.3f}{med['llm']:>8.3f}"
+                f"{med['waiting']:>9.3f}{peak:>18.2f}"
+            )
+            if sim is not None:
+                m = {k: v * unit for k, v in sim[p]["stages"][stage].items()}
+                lines.append(
+                    f"{'  simulated':<13}{stage:>6}{m['encoder']:>9.3f}{m['llm']:>8.3f}"
+                    f"{m['waiting']:>9.3f}"
+                    f"{'':>18}   waiting measured/simulated x{med['waiting'] / m['waiting']:.2f}"
+                    if m["waiting"]
+                    else f"{'  simulated':<13}{stage:>6}{m['encoder']:>9.3f}{m['llm']:>8.3f}"
+                    f"{m['waiting']:>9.3f}"
+                )
+        peaks[p] = max(run[s]["peak_mib"] for run in stages[p] for s in run)
+        t = Spread.of(list(times[p].values()))
+        lines.append(
+            f"{'':<13}{'step':>6}{t.median:>9.3f} s (min {t.low:.3f}, max {t.high:.3f}, "
+            f"{t.n} runs); peak encoder activations {peaks[p]:.2f} MiB"
+            + (f"; simulated makespan {sim[p]['makespan'] * unit:.3f} s" if sim else "")
+        )
+    for x, y in itertools.combinations(policies, 2):
+        r = pair_ratios(times, x, y)
+        lines.append(
+            f"{x} vs {y} median step-time ratio {r.median:.3f} (min {r.low:.3f}, "
+            f"max {r.high:.3f}, {r.n} runs); peak encoder activations x{peaks[x] / peaks[y]:.2f}"
+            if peaks[y]
+            else f"{x} vs {y} median step-time ratio {r.median:.3f} (min {r.low:.3f}, "
+            f"max {r.high:.3f}, {r.n} runs)"
+        )
+    curves = [run["summary"]["loss_curve"] for run in runs]
+    same = all(abs(a - b) < 1e-5 for c in curves for a, b in zip(c, curves[0], strict=True))
+    lines.append(f"loss curves of all {len(runs)} runs equal within 1e-5: {same}")
+    return lines
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pipeline", type=int, default=2)
     ap.add_argument("--nproc", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=4, help="per run; the first is warm-up")
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--eta", type=int, default=256)
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument(
+        "--encoder-scales",
+        default="1",
+        help="robustness: ViT layers x each (comma-separated); step-time growth per policy",
+    )
+    ap.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    doc = bench_job(args.pipeline, args.eta)
-    results = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for policy in POLICIES:
-            results[policy] = run(doc, policy, args.nproc, args.steps, Path(tmp))
-    print(
-        f"pp={args.pipeline} on {args.nproc} processes, {args.steps} steps (first excluded), "
-        "seconds per step, mean over a stage's ranks"
-    )
-    print(
-        f"{'policy':<13}{'stage':>6}{'encoder':>9}{'llm':>8}{'waiting':>9}{'other':>8}"
-        f"{'peak enc act MiB':>18}"
-    )
-    for policy, summary in results.items():
-        for stage, row in per_stage(summary).items():
-            print(
-                f"{policy:<13}{stage:>6}{row['encoder']:>9.3f}{row['llm']:>8.3f}"
-                f"{row['waiting']:>9.3f}{row['other']:>8.3f}{row['peak_mib']:>18.2f}"
-            )
-        print(
-            f"{'':<13}{'step':>6}{summary['mean_step_time_s']:>9.3f} s   "
-            f"{summary['tokens_per_second']:,.0f} tok/s"
+    if args.worker:
+        worker(args.worker)
+        return
+    policies = tuple(args.policies.split(","))
+    scales = [int(x) for x in args.encoder_scales.split(",")]
+    growth: dict[int, tuple[dict[str, float], dict[str, float]]] = {}
+    for scale in scales:
+        job = bench_job(args.pipeline, args.eta, scale)
+        runs = launch(
+            job, nproc=args.nproc, steps=args.steps, repeats=args.repeats, policies=policies
         )
-    base = results["uniform"]
-    base_peak = max(r["peak_mib"] for r in per_stage(base).values())
-    for other in ("front_loaded", "stage0"):
-        o = results[other]
-        o_peak = max(r["peak_mib"] for r in per_stage(o).values())
-        speed = o["mean_step_time_s"] / base["mean_step_time_s"]
+        sim = simulated(job, world=args.nproc, steps=args.steps, policies=policies)
         print(
-            f"uniform vs {other:<13} step time x{speed:.2f} (>1: uniform faster), "
-            f"peak encoder activations x{o_peak / base_peak:.2f} (>1: uniform smaller)"
+            f"pp={args.pipeline} on {args.nproc} processes (1 thread each), encoder x{scale}, "
+            f"policies interleaved {args.repeats} times, {args.steps} steps per run (the first "
+            "excluded); ratio = Y's step time / X's in the same repeat (> 1: X faster)"
         )
-    losses = {p: r["loss_curve"] for p, r in results.items()}
-    same = all(
-        abs(a - b) < 1e-5
-        for c in losses.values()
-        for a, b in zip(c, losses["uniform"], strict=True)
-    )
-    print(f"loss curves of the three policies equal within 1e-5: {same}")
+        print("\n".join(report(runs, policies, sim)))
+        measured = {
+            p: statistics.median(step_time(r["summary"]) for r in runs if r["policy"] == p)
+            for p in policies
+        }
+        growth[scale] = (measured, {p: sim[p]["makespan"] for p in policies})
+    if len(scales) > 1:
+        base = scales[0]
+        print(f"step-time growth over encoder x{base}: measured (simulated)")
+        for scale in scales[1:]:
+            m, s = growth[scale]
+            cells = [
+                f"{p} x{m[p] / growth[base][0][p]:.2f} ({s[p] / growth[base][1][p]:.2f})"
+                for p in policies
+            ]
+            print(f"  encoder x{scale}: " + ", ".join(cells))
 
 
 if __name__ == "__main__":

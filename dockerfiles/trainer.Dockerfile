@@ -3,7 +3,9 @@
 # Build from the repository root:  make images   (or)
 #   docker build -f dockerfiles/trainer.Dockerfile -t ghcr.io/megascale-omni/trainer:0.1.0 .
 # The operator runs pods of this image with `torchrun ... -m omni_trainer.cli train /etc/omni/job.yaml`
-# as UID 1000 (omni_operator.render.TRAINER_UID); locally `docker run IMAGE job.yaml` trains.
+# as UID 1000 (omni_operator.render.TRAINER_UID), under `omni supervise` when restarts are in place
+# (restartPolicy.mode, the default: it restarts torchrun inside the pod); locally
+# `docker run IMAGE job.yaml` trains.
 ARG CUDA_VERSION=12.8.1
 ARG UBUNTU=ubuntu24.04
 
@@ -29,10 +31,12 @@ COPY trainer/ trainer/
 COPY operator/ operator/
 # `trainer` extra: megatron-core, psutil, boto3, prometheus-client; `gpu` extra: TransformerEngine
 # (built against the torch above, hence no build isolation).
-# The smoke import includes the GPU modules: TE, megatron's TE layer spec, the trainer's core.
+# The smoke import includes the GPU modules: TE, megatron's TE layer spec (built, as the trainer
+# builds it on GPUs) and the trainer's core.
 RUN pip install --no-build-isolation ".[trainer,gpu]" \
- && python -c "import torch, megatron.core, omni_trainer.cli, omni_trainer.components.metrics" \
- && python -c "import transformer_engine.pytorch, megatron.core.extensions.transformer_engine, omni_trainer.trainer"
+ && python -c "import torch, megatron.core, omni_trainer.cli, omni_trainer.components.metrics, omni_trainer.supervisor, psutil" \
+ && python -c "import transformer_engine.pytorch, megatron.core.extensions.transformer_engine, omni_trainer.trainer" \
+ && python -c "from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec as te; te()"
 
 # Runtime stage: the same CUDA/cuDNN libraries without the compiler.
 FROM nvidia/cuda:${CUDA_VERSION}-cudnn-runtime-${UBUNTU}

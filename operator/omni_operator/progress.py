@@ -21,6 +21,7 @@ _FIELDS = {
     "omni_trainer_tokens_per_second": "tokens_per_second",
     "omni_trainer_mfu_ratio": "mfu",
     "omni_trainer_resumed_from_step": "resumed_from",
+    "omni_trainer_restart_attempt": "attempt",
 }
 
 
@@ -32,7 +33,7 @@ def parse_progress(text: str) -> Progress:
             field = _FIELDS.get(sample.name)
             if field is not None:
                 values[field] = sample.value
-    for key in ("step", "checkpoint_step", "resumed_from"):
+    for key in ("step", "checkpoint_step", "resumed_from", "attempt"):
         if key in values:
             values[key] = int(values[key])
     return Progress(**values)

@@ -18,7 +18,9 @@ Phases::
 ``Starting`` means the attempt's pods exist but not all trainers run yet: condition
 ``PodsRunning`` names what the scheduler or the kubelet says (Unschedulable, ErrImagePull...),
 and ``restartPolicy.startTimeoutSeconds`` bounds the time to the trainer's first step.
-``Running``: every trainer container runs. Pods are named per attempt
+``Running``: every trainer container runs. An in-place restart keeps the pods (``podAttempt``
+names the attempt that created them) and, after the backoff, writes the new attempt into the
+job's ConfigMap for their supervisors. Pods are named per attempt
 (``<job>-a<attempt>-n<rank>``), so a restart never waits for a pod stuck Terminating on a lost
 node: those are force-deleted (grace 0) instead.
 """
@@ -33,7 +35,13 @@ from typing import Any, Literal
 
 from omni_operator import recovery
 from omni_operator.placement import PlacedNode, Placement, PlacementError, place
-from omni_operator.render import LABEL_ATTEMPT, LABEL_RANK, render_all
+from omni_operator.render import (
+    LABEL_ATTEMPT,
+    LABEL_RANK,
+    attempt_order,
+    config_map_name,
+    render_all,
+)
 from omni_operator.spec import OmniTrainingJob
 from omni_operator.status import (
     CheckpointStatus,
@@ -42,6 +50,7 @@ from omni_operator.status import (
     Phase,
     RestartRecord,
 )
+from omni_trainer.supervisor import ATTEMPT_KEY
 
 Obj = dict[str, Any]
 TERMINAL: frozenset[str] = frozenset({"Succeeded", "Failed"})
@@ -62,6 +71,9 @@ class Progress:
     mfu: float | None = None
     resumed_from: int | None = None
     """The checkpoint step the running attempt resumed from (0: from the start)."""
+    attempt: int | None = None
+    """The restart attempt of the trainer that answered (None: unknown); a trainer of an earlier
+    attempt, not yet killed by an in-place restart, is not this attempt's progress."""
 
 
 @dataclass(frozen=True)
@@ -305,7 +317,8 @@ class _Step:
         return [o for o in self.obs.owned if o["kind"] == "Pod"]
 
     def attempt_pods(self) -> list[Obj]:
-        mine = str(self.st.attempt)
+        """The pods the current attempt's trainers run in (an in-place restart keeps them)."""
+        mine = str(self.st.pods_of)
         return [
             p for p in self.pods() if p["metadata"].get("labels", {}).get(LABEL_ATTEMPT) == mine
         ]
@@ -362,7 +375,7 @@ def reconcile(obs: Observed) -> Actions:
     if s.spec.suspend:
         return _suspend(s)
     if s.st.phase == "Suspended":  # resumed: a fresh attempt, so no pod name is reused
-        s.set(attempt=s.st.attempt + 1, last_progress_time=None)
+        s.set(attempt=s.st.attempt + 1, pod_attempt=None, last_progress_time=None)
         s.condition("Suspended", "False", "Resumed", "spec.suspend is false")
         s.event("Normal", "Resumed", f"resuming as attempt {s.st.attempt}")
         s.set(phase="Pending")
@@ -384,6 +397,8 @@ def reconcile(obs: Observed) -> Actions:
             return s.finish()
 
     pods = s.attempt_pods()
+    if s.st.phase == "Restarting" and pods and s.st.pod_attempt is not None:
+        return _restart_in_place(s, pods)
     if not pods or s.st.phase not in ("Starting", "Running"):
         # Also when some pods exist but the status never recorded the attempt as started (the
         # operator stopped between creating pods and writing the status): placement is
@@ -436,6 +451,35 @@ def _start_attempt(s: _Step) -> Actions:
             "Normal",
             "PodsCreated",
             f"attempt {s.st.attempt}: {len(names)} pods on " + _nodes_str(placement.nodes),
+        ),
+    )
+    return s.finish()
+
+
+def _restart_in_place(s: _Step, pods: list[Obj]) -> Actions:
+    """The backoff ended: tell the pods' supervisors (the ConfigMap's attempt key) to restart
+    their trainers as the new attempt, which resumes from the latest checkpoint."""
+    st = s.st
+    s.actions.adopt.append(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": config_map_name(s.job.metadata.name),
+                         "namespace": s.job.metadata.namespace or "default"},
+            "data": {ATTEMPT_KEY: attempt_order(st.attempt, pods=st.pods_of)},
+        }
+    )  # fmt: skip
+    s.set(last_progress_time=None, attempt_start_time=s.now_s, first_step_time=None)
+    s.condition("PodsRunning", "False", "RestartingInPlace", f"attempt {st.attempt} starting")
+    n = len(pods)
+    s.phase(
+        "Starting",
+        f"attempt {st.attempt} restarting in place in the {n} pod{'s' if n > 1 else ''} of "
+        f"attempt {st.pods_of}",
+        event=Event(
+            "Normal",
+            "RestartingInPlace",
+            f"attempt {st.attempt}: the trainers restart in the pods of attempt {st.pods_of}",
         ),
     )
     return s.finish()
@@ -498,15 +542,19 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
         started = False
     starting = st.phase == "Starting" or (s.obs.tracks_progress and st.first_step_time is None)
     starting_since = recovery.parse_time(st.attempt_start_time) if starting else None
+    # Until its first step an attempt is bounded by the start timeout, not the hang timeout:
+    # imports and rendezvous of a restart on a busy node are no hang.
+    progress_time = None if starting else recovery.parse_time(st.last_progress_time)
     failure = recovery.classify(
         pods,
         s.nodes,
         spec=spec,
         now=s.now,
-        last_progress_time=recovery.parse_time(st.last_progress_time),
+        last_progress_time=progress_time,
         started_steps=started,
         placement=st.placement,
         starting_since=starting_since,
+        current=recovery.Current(st.attempt, recovery.parse_time(st.attempt_start_time)),
     )
     if failure is None:
         s.actions.requeue_after = recovery.next_deadline(
@@ -514,13 +562,14 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
             s.nodes,
             spec=spec,
             now=s.now,
-            last_progress_time=recovery.parse_time(st.last_progress_time),
+            last_progress_time=progress_time,
             placement=st.placement,
             starting_since=starting_since,
         )
         return s.finish()
 
     latest = st.last_checkpoint.step if st.last_checkpoint else None
+    mode = recovery.restart_mode(failure, pods, spec)
     decision = recovery.decide_restart(
         st.restart_history,
         failure,
@@ -530,6 +579,7 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
         attempt=st.attempt,
         quarantined=st.quarantined_nodes,
         reached_step=st.step if st.first_step_time is not None else None,
+        mode=mode,
     )
     s.set(quarantined_nodes=list(decision.quarantine), restart_budget_left=decision.budget_left)
     if decision.action == "fail":
@@ -543,19 +593,22 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
         return s.finish()
 
     assert decision.record is not None
-    s.delete_pods(pods)
     history = [*st.restart_history, decision.record][-HISTORY_LIMIT:]
     s.set(
         attempt=st.attempt + 1,
         restarts=st.restarts + 1,
         restart_history=history,
         last_progress_time=None,
-        placement=[],
         attempt_start_time=None,
         first_step_time=None,
     )
+    if mode == "in-place":  # the pods stay, with their placement
+        s.set(pod_attempt=st.pods_of)
+    else:
+        s.delete_pods(pods)
+        s.set(pod_attempt=None, placement=[])
+        s.condition("Placed", "False", "Restarting", "re-placed when the backoff ends")
     s.condition("PodsRunning", "False", failure.reason, failure.message)
-    s.condition("Placed", "False", "Restarting", "re-placed when the backoff ends")
     s.phase(
         "Restarting", decision.message, event=Event("Warning", decision.reason, decision.message)
     )
@@ -639,8 +692,9 @@ def _record_progress(s: _Step, pods: list[Obj], phases: list[str]) -> None:
             reason,
             f"{running} of {spec.nodes} running, {pending} pending{detail}",
         )
-    if s.obs.progress is not None:
-        _apply_progress(s, s.obs.progress, all_running=all_running)
+    p = s.obs.progress
+    if p is not None and (p.attempt is None or p.attempt == st.attempt):
+        _apply_progress(s, p, all_running=all_running)
 
 
 def _apply_progress(s: _Step, p: Progress, *, all_running: bool = False) -> None:

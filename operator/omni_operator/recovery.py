@@ -10,7 +10,11 @@ not exist fails the job at once; the others are waited for up to
 ``restartPolicy.startTimeoutSeconds`` from the pods' creation, then the attempt is restarted.
 
 :func:`decide_restart` turns a failure into a decision: a whole-job restart after exponential
-backoff, or failing the job (a user error, or the restart budget is spent). The budget counts
+backoff, or failing the job (a user error, or the restart budget is spent). :func:`restart_mode`
+says how: with ``restartPolicy.mode: in-place`` a crashed or hung trainer whose pods all still
+run restarts inside them (the pods' supervisors start the new attempt); pods that are gone, or
+``mode: recreate``, mean new pods. A container the kubelet restarted in place keeps its end in
+``lastState``: :class:`Current` tells this attempt's ends from older ones. The budget counts
 restarts *without progress*: a checkpoint newer than the one the last restart resumed from
 refills it, so a week-long job survives many unrelated failures while a crash loop stops soon.
 
@@ -30,6 +34,7 @@ from typing import Any, Literal
 from omni_operator.render import ANNOTATION_NODE, LABEL_RANK
 from omni_operator.spec import OmniTrainingJobSpec
 from omni_operator.status import RestartRecord
+from omni_trainer.supervisor import untag
 
 Obj = Mapping[str, Any]
 FailureKind = Literal[
@@ -176,8 +181,39 @@ class _Exit:
     """The container's termination message (the trainer's fatal error, or its log's tail)."""
 
 
-def _terminated(pod: Obj, placement: Sequence[str]) -> _Exit | None:
-    """The pod's failure, if it failed: phase Failed or a container terminated non-zero."""
+@dataclass(frozen=True)
+class Current:
+    """Which container terminations belong to the running attempt (in-place restarts keep
+    pods whose containers ended in earlier attempts)."""
+
+    attempt: int = 0
+    since: dt.datetime | None = None
+    """When the attempt started: an untagged earlier termination (``lastState``) is older."""
+
+
+def _termination(cs: Obj, current: Current) -> Obj | None:
+    """The container's latest failed termination of the current attempt: its ``state`` or,
+    once the kubelet restarted it, its ``lastState``. A message tagged ``[attempt N]`` (by the
+    in-pod supervisor) with N older than the attempt is an echo of a handled failure."""
+    for key in ("state", "lastState"):
+        term = (cs.get(key) or {}).get("terminated")
+        if not term or term.get("exitCode", 0) == 0:
+            continue
+        tagged, _ = untag(term.get("message") or "")
+        if tagged is not None:
+            if tagged < current.attempt:
+                continue
+        elif key == "lastState":
+            finished = parse_time(term.get("finishedAt"))
+            if current.since is None or finished is None or finished < current.since:
+                continue
+        return term
+    return None
+
+
+def _terminated(pod: Obj, placement: Sequence[str], current: Current) -> _Exit | None:
+    """The pod's failure, if it failed: phase Failed or a container terminated non-zero in the
+    current attempt (also one the kubelet already restarted in place)."""
     status = pod.get("status") or {}
     name = (pod.get("metadata") or {}).get("name", "?")
     code: int | None = None
@@ -185,12 +221,12 @@ def _terminated(pod: Obj, placement: Sequence[str]) -> _Exit | None:
     finished: dt.datetime | None = None
     message = ""
     for cs in status.get("containerStatuses") or []:
-        term = (cs.get("state") or {}).get("terminated")
-        if term and term.get("exitCode", 0) != 0:
+        term = _termination(cs, current)
+        if term is not None:
             code = int(term["exitCode"])
             reason = term.get("reason") or reason
             finished = parse_time(term.get("finishedAt"))
-            message = (term.get("message") or "").strip()
+            message = untag(term.get("message") or "")[1].strip()
             break
     if status.get("phase") != "Failed" and code is None:
         return None
@@ -277,6 +313,7 @@ def classify(
     started_steps: bool | None,
     placement: Sequence[str] = (),
     starting_since: dt.datetime | None = None,
+    current: Current = Current(),
 ) -> Failure | None:
     """The failure of the current attempt, or None while it is healthy (or still pending).
 
@@ -292,6 +329,7 @@ def classify(
         placement: node names by node rank (for pods that are gone or not yet scheduled).
         starting_since: when the attempt's pods were created, while it has not reached its
             first step (None: it has, or no start timeout applies).
+        current: the running attempt, to tell its container failures from older ones.
 
     Returns:
         The most fundamental failure, or None.
@@ -311,7 +349,7 @@ def classify(
             lost[node] = why
         elif node and node in nodes and node_not_ready_since(nodes[node], now) is not None:
             unready[node] = f"node {node} is {_ready_status(nodes[node])}"
-    if unready and any(_terminated(p, placement) for p in live):
+    if unready and any(_terminated(p, placement, current) for p in live):
         lost.update({n: f"{why} and its peers failed" for n, why in unready.items()})
     if lost:
         names = tuple(sorted(lost))
@@ -336,7 +374,7 @@ def classify(
             )
 
     # 3. Failed pods: a non-retryable exit code, a crash before any step, or a plain failure.
-    exits = [e for e in (_terminated(p, placement) for p in live) if e is not None]
+    exits = [e for e in (_terminated(p, placement, current) for p in live) if e is not None]
     if exits:
         for e in exits:
             if e.code is not None and e.code in policy.non_retryable_exit_codes:
@@ -483,6 +521,26 @@ def _first_failures(exits: list[_Exit]) -> list[_Exit]:
     )
 
 
+RestartMode = Literal["in-place", "recreate"]
+IN_PLACE_KINDS = frozenset({"pod_failed", "hang"})
+"""Failures whose pods are all still there and healthy but for their trainer: restarted inside
+them. A lost node, an eviction, a deleted pod or a stuck start need new pods."""
+
+
+def restart_mode(failure: Failure, pods: Sequence[Obj], spec: OmniTrainingJobSpec) -> RestartMode:
+    """In place when the policy allows it and every pod of the attempt still runs (a crashed
+    container is restarted by the kubelet under ``restartPolicy: OnFailure``), else recreate."""
+    if spec.restart_policy.mode != "in-place" or failure.kind not in IN_PLACE_KINDS:
+        return "recreate"
+    alive = [
+        p
+        for p in pods
+        if not (p.get("metadata") or {}).get("deletionTimestamp")
+        and (p.get("status") or {}).get("phase") == "Running"
+    ]
+    return "in-place" if len(alive) == spec.nodes == len(pods) else "recreate"
+
+
 @dataclass(frozen=True)
 class Decision:
     """What to do about a failure."""
@@ -550,6 +608,7 @@ def decide_restart(
     attempt: int = 0,
     quarantined: Iterable[str] = (),
     reached_step: int | None = None,
+    mode: RestartMode = "recreate",
 ) -> Decision:
     """Restart the whole job from the latest checkpoint after a backoff, or fail it.
 
@@ -562,6 +621,7 @@ def decide_restart(
         attempt: the attempt that failed; a restart runs ``attempt + 1``.
         quarantined: nodes quarantined before.
         reached_step: the last step the failed attempt reported (steps recomputed).
+        mode: how the restart happens (:func:`restart_mode`), for the record and message.
 
     Returns:
         The decision; for a restart, ``record`` is the entry to append to the history.
@@ -605,8 +665,9 @@ def decide_restart(
         else "the newest checkpoint (none seen yet: the start if none is written)"
     )
     new_q = sorted(set(quarantine) - set(quarantined))
+    how = " in place" if mode == "in-place" else ""
     message = (
-        f"{failure.message}; restarting as attempt {attempt + 1} from {resume} in {delay:g} s "
+        f"{failure.message}; restarting{how} as attempt {attempt + 1} from {resume} in {delay:g} s "
         f"({policy.budget - used - 1} of {policy.budget} restarts left without progress)"
         + (f"; quarantined node{'s' if len(new_q) > 1 else ''} {', '.join(new_q)}" if new_q else "")
     )
@@ -618,6 +679,7 @@ def decide_restart(
         nodes=list(failure.nodes),
         from_step=latest_checkpoint_step,
         delay_seconds=delay,
+        mode=mode,
         # A graceful stop may write a newer checkpoint than the operator knows of: unknown.
         steps_recomputed=(
             max(reached_step - (latest_checkpoint_step or 0), 0)

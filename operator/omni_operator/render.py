@@ -21,6 +21,7 @@ import yaml
 from omni_operator.placement import PlacedNode, Placement
 from omni_operator.pod_access import render_access
 from omni_operator.spec import GROUP, VERSION, OmniTrainingJob
+from omni_trainer.supervisor import ATTEMPT_KEY, STATE_DIR, order
 
 Obj = dict[str, Any]
 RDZV_PORT = 29500
@@ -28,6 +29,8 @@ METRICS_PORT = 9464  # the trainer's Prometheus port (omni_trainer.components.me
 CONFIG_DIR = "/etc/omni"
 CONFIG_FILE = "job.yaml"
 CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_FILE}"
+ATTEMPT_PATH = f"{CONFIG_DIR}/{ATTEMPT_KEY}"
+"""Where in-place pods read the restart attempt to run (a key of the job's ConfigMap)."""
 LABEL_JOB = f"{GROUP}/job"
 LABEL_RANK = f"{GROUP}/node-rank"
 LABEL_ATTEMPT = f"{GROUP}/attempt"
@@ -76,9 +79,11 @@ def _meta(job: OmniTrainingJob, name: str, labels: dict[str, str] | None = None)
     return meta
 
 
-def render_config_map(job: OmniTrainingJob) -> Obj:
+def render_config_map(job: OmniTrainingJob, *, attempt: int = 0, pods: int | None = None) -> Obj:
     """The trainer's manifest (``spec.trainer`` only: cluster settings are not its business),
-    with the data reorder groups of the topology's network-local node groups."""
+    with the data reorder groups of the topology's network-local node groups, and the restart
+    attempt the pods' supervisors run: in the pods that attempt ``pods`` (default: ``attempt``)
+    created (in-place restarts change only that key)."""
     trainer = job.spec.trainer.model_dump(mode="json", by_alias=True, exclude_unset=True)
     group = job.spec.trainer_reorder_group()
     if group is not None:
@@ -94,7 +99,10 @@ def render_config_map(job: OmniTrainingJob) -> Obj:
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _meta(job, config_map_name(job.metadata.name)),
-        "data": {CONFIG_FILE: yaml.safe_dump(manifest, sort_keys=False)},
+        "data": {
+            CONFIG_FILE: yaml.safe_dump(manifest, sort_keys=False),
+            ATTEMPT_KEY: attempt_order(attempt, pods=pods),
+        },
     }
 
 
@@ -176,9 +184,27 @@ def _master_addr(job: OmniTrainingJob, attempt: int) -> str:
     return f"{host}.{job.metadata.name}.{_namespace(job)}.svc"
 
 
+def attempt_order(attempt: int, *, pods: int | None = None) -> str:
+    return order(attempt, pods=attempt if pods is None else pods)
+
+
+def in_place(job: OmniTrainingJob) -> bool:
+    return job.spec.restart_policy.mode == "in-place"
+
+
+def container_command(job: OmniTrainingJob, node: PlacedNode, *, attempt: int) -> list[str]:
+    """torchrun, under the in-pod supervisor when restarts are in place (it restarts torchrun
+    for each attempt the operator names; see ``omni_trainer.supervisor``)."""
+    run = torchrun_command(job, node, attempt=attempt)
+    if not in_place(job):
+        return run
+    return ["omni", "supervise", f"--attempt-file={ATTEMPT_PATH}", f"--state-dir={STATE_DIR}",
+            "--", *run]  # fmt: skip
+
+
 def torchrun_command(job: OmniTrainingJob, node: PlacedNode, *, attempt: int) -> list[str]:
-    """Static rendezvous: the node rank is placement's, not first-come. No in-pod restarts: the
-    operator restarts the whole job (so every rank resumes from the same checkpoint)."""
+    """Static rendezvous: the node rank is placement's, not first-come. No torchrun restarts:
+    the operator orders restarts (so every rank resumes from the same checkpoint)."""
     spec = job.spec
     return [
         "torchrun",
@@ -234,7 +260,7 @@ def render_pod(job: OmniTrainingJob, node: PlacedNode, *, attempt: int, gang: bo
         "name": "trainer",
         "image": spec.image,
         "imagePullPolicy": "IfNotPresent",
-        "command": torchrun_command(job, node, attempt=attempt),
+        "command": container_command(job, node, attempt=attempt),
         "env": env,
         "ports": [
             {"name": "rendezvous", "containerPort": RDZV_PORT, "protocol": "TCP"},
@@ -254,7 +280,9 @@ def render_pod(job: OmniTrainingJob, node: PlacedNode, *, attempt: int, gang: bo
         "automountServiceAccountToken": False,  # the trainer never calls the API server
         "hostname": name,
         "subdomain": job.metadata.name,
-        "restartPolicy": "Never",
+        # In place, the kubelet restarts a dead container in its pod (its supervisor then waits
+        # for the operator's next attempt); else the operator recreates the pods.
+        "restartPolicy": "OnFailure" if in_place(job) else "Never",
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": termination_grace_seconds(job),
         "affinity": {
@@ -281,6 +309,9 @@ def render_pod(job: OmniTrainingJob, node: PlacedNode, *, attempt: int, gang: bo
             },
         ],
     }
+    if in_place(job):
+        container["volumeMounts"].append({"name": "supervisor", "mountPath": STATE_DIR})
+        pod_spec["volumes"].append({"name": "supervisor", "emptyDir": {"sizeLimit": "1Mi"}})
     access, pod_access = render_access(spec.env_from, spec.volumes, spec.image_pull_secrets)
     container["volumeMounts"] += access.pop("volumeMounts", [])
     container.update(access)
@@ -377,7 +408,7 @@ def _container_security(job: OmniTrainingJob) -> Obj:
 
 def render_all(job: OmniTrainingJob, placement: Placement, *, attempt: int = 0) -> list[Obj]:
     """Every object of one attempt, in creation order: ConfigMap, Service, [PodGroup], Pods."""
-    objs = [render_config_map(job), render_service(job)]
+    objs = [render_config_map(job, attempt=attempt), render_service(job)]
     if job.spec.scheduling.volcano_gang:
         objs.append(render_pod_group(job, attempt=attempt))
     objs += [render_pod(job, node, attempt=attempt) for node in placement.nodes]

@@ -163,6 +163,15 @@ class BackoffConfig(Spec):
 class RestartPolicyConfig(Spec):
     """Whole-job restarts from the latest complete checkpoint."""
 
+    mode: Literal["in-place", "recreate"] = Field(
+        "in-place",
+        description="in-place: a crashed or hung trainer restarts inside the existing pods (an "
+        "in-pod supervisor restarts every pod's trainer together when the operator says so; a "
+        "dead container is restarted by the kubelet); pods are recreated only when they are "
+        "gone (node lost, evicted, deleted). recreate: every failure deletes and recreates "
+        "the pods",
+    )
+
     budget: int = Field(
         10, ge=0, description="restarts allowed without progress; a newer checkpoint refills it"
     )

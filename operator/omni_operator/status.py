@@ -45,7 +45,9 @@ class RestartRecord(Spec):
     confirmed: bool = Field(False, description="fromStep is what the trainer reported")
     delay_seconds: float = Field(0.0, ge=0, description="backoff before the new pods were created")
     mode: Literal["in-place", "recreate", "spare"] = Field(
-        "recreate", description="how the job restarted: pods recreated, or kept"
+        "recreate",
+        description="how the job restarted: in-place (the pods and their containers kept, the "
+        "trainers restarted inside them), recreate (the pods deleted and created again), spare",
     )
     lost_seconds: float | None = Field(
         None, ge=0, description="from the failure's detection to the first step after the restart"
@@ -69,7 +71,13 @@ class OmniTrainingJobStatus(Spec):
     phase: Phase | None = None
     message: str | None = None
     observed_generation: int | None = None
-    attempt: int = Field(0, ge=0, description="restart attempt of the running pods (0: first)")
+    attempt: int = Field(0, ge=0, description="restart attempt of the trainers (0: first)")
+    pod_attempt: int | None = Field(
+        None,
+        ge=0,
+        description="the attempt whose pods run the trainers (their names and labels) when an "
+        "in-place restart kept them; None: the pods are attempt's own",
+    )
     restarts: int = Field(0, ge=0)
     restart_budget_left: int | None = None
     step: int | None = None
@@ -96,3 +104,8 @@ class OmniTrainingJobStatus(Spec):
     completion_time: str | None = None
     # kopf keeps handler progress here; its shape is kopf's, so it is not modelled.
     kopf: dict[str, Any] | None = None
+
+    @property
+    def pods_of(self) -> int:
+        """The attempt in the names and labels of the pods the trainers run in."""
+        return self.attempt if self.pod_attempt is None else self.pod_attempt

@@ -91,6 +91,29 @@ def test_gpu_extra_carries_transformer_engine() -> None:
     assert "transformer-engine" in gpu
 
 
+def test_transformer_engine_is_pinned_inside_megatron_cores_tested_range() -> None:
+    """The gpu extra's TE range (pyproject.toml) lies within the range the installed
+    megatron-core declares for itself (its ``dev`` extra), and has an upper bound."""
+    import tomllib
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    (ours,) = [r for r in map(Requirement, extras["gpu"]) if r.name == "transformer-engine"]
+    megatron = [
+        r
+        for r in map(Requirement, metadata.requires("megatron-core") or [])
+        if canonicalize_name(r.name) == "transformer-engine"
+    ]
+    assert megatron, "megatron-core no longer declares a TransformerEngine range: re-read it"
+    theirs = megatron[0].specifier
+    probes = [f"{major}.{minor}.0" for major in (1, 2, 3) for minor in range(20)]
+    accepted = [v for v in probes if ours.specifier.contains(v)]
+    assert accepted and "3.0.0" not in accepted  # bounded above
+    assert all(theirs.contains(v, prereleases=True) for v in accepted), (ours, theirs)
+    assert "pytorch" in ours.extras
+
+
 def _closure(extra: str) -> set[str]:
     """Every distribution `pip install .[extra]` pulls, resolved from installed metadata."""
     seen: set[str] = set()

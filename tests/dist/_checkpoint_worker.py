@@ -21,7 +21,7 @@ def full_state(trainer) -> dict[str, torch.Tensor]:
     from omni_trainer.checkpoint.state import ModelState
 
     state = ModelState.from_trainer(trainer)
-    opt = trainer.optimizer.state
+    opt = state.optimizer.state  # whole per-parameter state (gathered under ZeRO-1)
     tp, tp_group = trainer.groups.dims.tp, trainer.groups.tp
     out: dict[str, torch.Tensor] = {}
     for name, p in state.llm.items():
@@ -49,6 +49,14 @@ def full_state(trainer) -> dict[str, torch.Tensor]:
 def loader_of(trainer):
     """The trainer's data stream (``data`` in the data-plane trainer, ``stream`` before it)."""
     return getattr(trainer, "data", None) or trainer.stream
+
+
+def every_loader(trainer) -> dict:
+    """Every data-parallel rank's loader shards (as ``CheckpointSession.save`` writes them), so
+    a layout with another data-parallel size can resume them."""
+    everyone = [None] * trainer.groups.dims.dp
+    dist.all_gather_object(everyone, loader_of(trainer).state_dict(), group=trainer.groups.dp)
+    return {"shards": {k: v for state in everyone for k, v in state["shards"].items()}}
 
 
 def build(doc: dict, steps: int):
@@ -80,7 +88,7 @@ def run(spec: dict) -> None:
         ckpt = Checkpointer(config, group=group, layout=trainer.groups.dims.as_dict())
         for step in range(steps):
             trainer.train_step(step)
-        ckpt.save(steps, ModelState.from_trainer(trainer), loader_of(trainer).state_dict())
+        ckpt.save(steps, ModelState.from_trainer(trainer), every_loader(trainer))
         saved = full_state(trainer)  # taken while the save runs: the snapshot must not move
         reference = trainer.train_step(steps).loss  # mutates params while the save may run
         result = ckpt.close()

@@ -23,11 +23,12 @@ def full_grads(trainer) -> dict[str, torch.Tensor]:
     groups = trainer.groups
     tp = groups.dims.tp
     grads: dict[str, torch.Tensor] = {}
+    whole = trainer.main.full_grads()  # fp32 main gradients (gathered under ZeRO-1)
     for chunk in trainer.chunks:
         for name, p in global_llm_names(chunk).items():
             if getattr(p, "shared", False) or not p.requires_grad:  # tied copy, or frozen
                 continue
-            g = trainer.main.main_of(p).grad.detach().clone()  # fp32 main gradient
+            g = whole[id(p)].detach().clone()
             if getattr(p, "tensor_model_parallel", False) and tp > 1:
                 shards = [torch.empty_like(g) for _ in range(tp)]
                 dist.all_gather(shards, g, group=ps.get_tensor_model_parallel_group())
@@ -117,7 +118,7 @@ def run_scenario(doc: dict, steps: int, out: Path | None) -> dict:
         return batch
 
     trainer.data.next_local_batch = recording
-    prepare, filtered = trainer._prepare, []
+    prepare, filtered = trainer.runner.prepare, []
 
     def recording_prepare(local: list):
         """The zero-redundancy filter: media on the device, and media read from the sources,
@@ -128,9 +129,10 @@ def run_scenario(doc: dict, steps: int, out: Path | None) -> dict:
         table, works, micro = prepare(local)
         expected = media_encoded_on(table, groups.anchor.stage)
         got = {
-            m: {k for k, v in b.media.items() if v.arrays} for m, b in enumerate(trainer._batches)
+            m: {k for k, v in b.media.items() if v.arrays}
+            for m, b in enumerate(trainer.runner.batches)
         }
-        everywhere = {m: set(b.media) for m, b in enumerate(trainer._batches)}
+        everywhere = {m: set(b.media) for m, b in enumerate(trainer.runner.batches)}
         if groups.dims.cp > 1:
             contexts.append(context_plans(local, micro, cfg.data.micro_batch_size, groups))
         filtered.append(
@@ -151,12 +153,15 @@ def run_scenario(doc: dict, steps: int, out: Path | None) -> dict:
         )
         return table, works, micro
 
-    trainer._prepare = recording_prepare
+    trainer.runner.prepare = recording_prepare
     contexts: list = []
+    results = []
     for step in range(steps):
-        losses.append(trainer.train_step(step).loss)
+        results.append(trainer.train_step(step))
+        losses.append(results[-1].loss)
         if step == 0:
             grads = full_grads(trainer)
+    memory = trainer.summary(results, wall=0.0).memory  # what --summary reports
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         torch.save(grads, out / f"rank{dist.get_rank()}.pt")
@@ -169,8 +174,11 @@ def run_scenario(doc: dict, steps: int, out: Path | None) -> dict:
                     "filter": filtered,
                     "context": contexts,
                     "sequence_parallel": [c.config.sequence_parallel for c in trainer.chunks],
-                    "sequence_parallel_params": len(trainer.sequence_parallel_params),
+                    "sequence_parallel_params": len(trainer.parts.sequence_parallel_params),
                     "llm_dtypes": sorted({str(p.dtype) for p in trainer.model.llm_parameters()}),
+                    "zero1": type(trainer.main).__name__ == "DistributedMainParams",
+                    "buckets": len(getattr(trainer.main, "buckets", ())),
+                    "memory": memory,
                 }
             )
         )

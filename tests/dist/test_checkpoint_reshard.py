@@ -1,8 +1,10 @@
 """A checkpoint saved with one layout loads into another, exactly (real torchrun, gloo, CPU).
 
-One 2-rank launch: the real trainer trains 2 steps with tp2 (+ ZeRO-2 encoders), pp2 and cp2,
-saves asynchronously while it keeps training, and each checkpoint is loaded into other layouts
-(tp2 -> tp1 x dp2, pp2 -> tp1 x dp2, pp2 -> tp2, cp2 -> dp2 and tp2). The pp2 checkpoint goes to
+One 2-rank launch: the real trainer trains 2 steps with tp2 (+ ZeRO-2 encoders), pp2, dp2 (ZeRO-1
+LLM + ZeRO-2 encoders: the optimizer state is gathered whole for the save) and cp2, saves
+asynchronously while it keeps training, and each checkpoint is loaded into other layouts
+(tp2 -> tp1 x dp2, pp2 -> tp1 x dp2, pp2 -> tp2, dp2 -> pp2 and tp2, cp2 -> dp2 and tp2; the
+dp2 targets run ZeRO-1, which scatters the loaded state into its slices). The pp2 checkpoint goes to
 a real S3 endpoint (moto server) so multi-rank upload + commit run too. Parameters and AdamW state
 (exp_avg, exp_avg_sq, step) must be bit-identical after load, and the next training step after the
 load must give the loss the saving run gave (1e-6: fp32 reductions differ between layouts).
@@ -29,12 +31,12 @@ STEPS = 2
 WORKER = Path(__file__).with_name("_checkpoint_worker.py")
 
 
-def job(tensor: int = 1, pipeline: int = 1, zero: int = 0, context: int = 1) -> dict:
+def job(tensor: int = 1, pipeline: int = 1, zero: int | None = 0, context: int = 1) -> dict:
     doc = yaml.safe_load((EXAMPLES / "tiny-cpu.yaml").read_text())
     trainer = doc["spec"]["trainer"]
     trainer["data"]["mixture"] = [{"atTokens": 0, "weights": {"image": 1, "audio": 1, "text": 1}}]
     trainer["parallelism"] = {"tensor": tensor, "pipeline": pipeline, "context": context,
-                              "encoder": {"zero": zero}}  # fmt: skip
+                              "encoder": {} if zero is None else {"zero": zero}}  # fmt: skip
     return doc
 
 
@@ -61,6 +63,11 @@ def launch(tmp_path_factory, moto_endpoint) -> Path:
             "path": f"s3://{bucket}/runs/pp2",
             "save": job(pipeline=2),
             "load": {"dp2": job(), "tp2": job(tensor=2)},
+        },
+        "dp2": {  # ZeRO-1 (on by default at dp2) and the encoders' ZeRO-2 it brings
+            "path": str(out / "store-dp2"),
+            "save": job(zero=None),
+            "load": {"pp2": job(pipeline=2), "tp2": job(tensor=2)},
         },
         "cp2": {  # CP ranks hold equal LLM weights: one of them writes each shard
             "path": str(out / "store-cp2"),
@@ -103,7 +110,7 @@ def merged(directory: Path, pattern: str) -> dict[str, torch.Tensor]:
     return state
 
 
-@pytest.mark.parametrize("name", ["tp2", "pp2", "cp2"])
+@pytest.mark.parametrize("name", ["tp2", "pp2", "dp2", "cp2"])
 def test_load_into_another_layout_is_exact(launch: Path, name: str) -> None:
     report = json.loads((launch / "report.json").read_text())[name]
     saved = merged(launch / name, "saved-rank*.pt")

@@ -87,6 +87,18 @@ def test_cli_rejects_layout_that_does_not_divide_world(tmp_path) -> None:
     assert "spec.trainer.parallelism: world size 1 is not a multiple" in proc.stderr
 
 
+def test_cli_rejects_batch_sizes_that_do_not_fit_nproc_once() -> None:
+    """tiny-cpu's batch (8 sequences, micro-batches of 4) cannot split over 4 data-parallel
+    ranks: one message naming the field and the fix, before torchrun starts any worker."""
+    proc = omni("train", str(EXAMPLES / "tiny-cpu.yaml"), "--nproc", "4", "--steps", "1")
+    assert proc.returncode == 2
+    assert proc.stderr.count("spec.trainer.data.globalBatchSize: globalBatchSize (8) must be") == 1
+    assert "change the batch sizes or the number of processes" in proc.stderr
+    assert "(world size 4 = --nproc)" in proc.stderr
+    for worker_trace in ("Traceback", "[rank", "ChildFailedError", "torch.distributed"):
+        assert worker_trace not in proc.stdout + proc.stderr
+
+
 def test_plan_prints_the_dataflow_table(tmp_path) -> None:
     doc = yaml.safe_load((EXAMPLES / "tiny-cpu.yaml").read_text())
     doc["spec"]["trainer"]["model"]["llm"]["numLayers"] = 4
@@ -98,7 +110,7 @@ def test_plan_prints_the_dataflow_table(tmp_path) -> None:
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "layout pp2xdp2 (world 4)" in out
-    assert "dataflow table (uniform): pp=2 vpp=1 micro-batches=4" in out
+    assert "dataflow table (auto): pp=2 vpp=1 micro-batches=4" in out
     assert "stage 0" in out and "stage 1" in out and "E0" in out
     assert "paper notation" in out
     bad = omni("plan", str(manifest), "--world", "3")

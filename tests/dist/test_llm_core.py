@@ -5,6 +5,11 @@
 - Activation recompute (``train.recompute``) changes memory, not math: pp2 x dp2 with selective
   recompute and tp2 x pp2 with full recompute equal the single fp32 process (every step's loss
   within 1e-6, gradients within 1e-5 abs + 1e-4 rel, as the multiplex equivalence test).
+- ZeRO-1 (``parallelism.distributedOptimizer``, on by default with data parallel > 1): dp2 with
+  it (several gradient buckets) and pp2 x dp2 with it and selective recompute equal the single
+  fp32 process; dp2 with it (and the encoders' ZeRO-2 it turns on by default) holds at most
+  ``ZERO1_STATE_RATIO`` of the optimizer state of dp2 without (the summary's
+  ``memory.optimizer_state_bytes``, busiest rank).
 - ``precision: bf16`` (bf16 weights and activations, fp32 main weights and gradients) at pp2 and
   tp2 follows the fp32 single process over 10 steps within ``BF16_TOLERANCE`` per step (measured:
   see the constant), and its loss falls.
@@ -28,21 +33,32 @@ STEPS = {2: 10, 4: 3}  # per launch: bf16 is judged over 10 steps, recompute ove
 BF16_TOLERANCE = 0.01
 
 
-def scenario(tp: int = 1, pp: int = 1, **train) -> dict:
+ZERO1_STATE_RATIO = 0.55
+
+
+def scenario(tp: int = 1, pp: int = 1, parallelism: dict | None = None, **train) -> dict:
     doc = job(tp, pp)
     doc["spec"]["trainer"]["data"]["globalBatchSize"] = 4  # 4 micro-batches: a cheaper step
     doc["spec"]["trainer"]["train"].update(train)
+    if parallelism is not None:  # the encoders' ZeRO follows distributedOptimizer by default
+        doc["spec"]["trainer"]["parallelism"]["encoder"].pop("zero")
+        doc["spec"]["trainer"]["parallelism"].update(parallelism)
     return doc
+
+
+ZERO1 = {"distributedOptimizer": True, "bucketSize": 20_000}  # several buckets
 
 
 LAUNCHES = {
     2: {
         "tp2-sp": scenario(tp=2),
+        "dp2-zero1": scenario(parallelism=ZERO1),
+        "dp2-plain": scenario(parallelism={"distributedOptimizer": False}),
         "bf16-pp2": scenario(pp=2, precision="bf16"),
         "bf16-tp2": scenario(tp=2, precision="bf16"),
     },
     4: {
-        "pp2xdp2-selective": scenario(pp=2, recompute="selective"),
+        "pp2xdp2-zero1-selective": scenario(pp=2, parallelism=ZERO1, recompute="selective"),
         "tp2xpp2-full": scenario(tp=2, pp=2, recompute="full"),
     },
 }
@@ -84,3 +100,27 @@ def test_layouts_equal_one_process(launched) -> None:
             assert (r["sequence_parallel_params"] > 0) == (tp > 1), name
             bf16 = name.startswith("bf16")
             assert r["llm_dtypes"] == ["torch.bfloat16" if bf16 else "torch.float32"], name
+
+
+def test_zero1_shards_the_optimizer_state(launched) -> None:
+    world, out = launched
+    data = {
+        name: [json.loads(f.read_text()) for f in sorted((out / name).glob("data*.json"))]
+        for name in LAUNCHES[world]
+    }
+    for name, ranks in data.items():  # ZeRO-1 where asked, or by default at data parallel > 1
+        dp = world // (
+            LAUNCHES[world][name]["spec"]["trainer"]["parallelism"]["tensor"]
+            * LAUNCHES[world][name]["spec"]["trainer"]["parallelism"]["pipeline"]
+        )
+        expected = "zero1" in name or (dp > 1 and "plain" not in name)
+        assert {r["zero1"] for r in ranks} == {expected}, name
+        if "zero1" in name:
+            assert min(r["buckets"] for r in ranks) > 1, name
+    if world == 2:
+        sharded = data["dp2-zero1"][0]["memory"]["optimizer_state_bytes"]
+        plain = data["dp2-plain"][0]["memory"]["optimizer_state_bytes"]
+        print(
+            f"dp2 optimizer state: ZeRO-1 {sharded} B vs plain {plain} B = {sharded / plain:.3f}x"
+        )
+        assert sharded <= ZERO1_STATE_RATIO * plain, (sharded, plain)

@@ -21,7 +21,7 @@ from .harness import assert_same_training, launch, run_reference
 pytestmark = pytest.mark.dist
 
 STEPS = 3
-POLICIES = ("uniform", "front_loaded", "stage0")
+POLICIES = ("auto", "uniform", "front_loaded", "stage0")
 LAYOUTS = {  # world size -> layouts run in one launch
     2: [("tp2", 2, 1, 1), ("pp2", 1, 2, 1), ("pp2xvpp2", 1, 2, 2)],
     4: [("tp2xpp2", 2, 2, 1), ("pp2xdp2", 1, 2, 1), ("pp4", 1, 4, 1)],

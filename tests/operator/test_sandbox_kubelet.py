@@ -18,7 +18,7 @@ import pytest_asyncio
 
 from omni_operator.sandbox.cluster import inject_fault, node_object
 from omni_operator.sandbox.emulator import Emulator
-from omni_operator.sandbox.kubelet import Kubelet, SimNode, pod_processes
+from omni_operator.sandbox.kubelet import FAULT, Kubelet, SimNode, pod_processes
 
 pytestmark = pytest.mark.asyncio
 NS = "default"
@@ -61,6 +61,7 @@ def _pod(name: str, node: str, script: str, *, gpus: int = 0) -> dict[str, Any]:
                 "nodeSelectorTerms": [{"matchFields": [
                     {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}},
             "terminationGracePeriodSeconds": 1,
+            "restartPolicy": "Never",
             "containers": [{
                 "name": "trainer",
                 "command": [sys.executable, "-c", script],
@@ -121,6 +122,7 @@ async def test_runs_reports_and_kills_a_pod_with_all_its_processes(env: Env) -> 
     await inject_fault(env.url, "kill-pod", "a", namespace=NS)
     await env.wait("Failed", lambda: _phase(env, "a") == "Failed")
     assert _exit_code(env, "a") == 137  # SIGKILL, as a container runtime reports it
+    assert FAULT not in (env.pod("a")["metadata"].get("annotations") or {})  # acted on once
     await env.wait("no process left", lambda: not pod_processes(pod["metadata"]["uid"]))
 
 
@@ -149,9 +151,17 @@ async def test_hang_stops_the_processes_and_deletion_ends_them(env: Env) -> None
     uid = env.pod("h")["metadata"]["uid"]
     await env.wait("both processes", lambda: len(pod_processes(uid)) == 2)
     await inject_fault(env.url, "hang-pod", "h", namespace=NS)
-    await env.wait(
-        "stopped", lambda: {p.status() for p in pod_processes(uid)} == {psutil.STATUS_STOPPED}
-    )
+    first = env.kubelet.containers[f"{NS}/h"].proc.pid
+
+    def states() -> dict[bool, set[str]]:
+        out: dict[bool, set[str]] = {}
+        for p in pod_processes(uid):
+            out.setdefault(p.pid == first, set()).add(p.status())
+        return out
+
+    # The trainer hangs; the container's init (the supervisor, or torchrun) does not.
+    await env.wait("stopped", lambda: states().get(False) == {psutil.STATUS_STOPPED})
+    assert psutil.STATUS_STOPPED not in states()[True]
     assert _phase(env, "h") == "Running"  # a hang is silent: the API still says Running
     await env.delete(f"/api/v1/namespaces/{NS}/pods/h")
     await env.wait("no process left", lambda: not pod_processes(uid))
@@ -285,3 +295,56 @@ async def test_a_deleted_pod_gets_its_grace_then_the_kubelet_removes_it(env: Env
         assert resp.status == 200
     assert env.emu.stored("v1/pods", NS, "f") is None
     await env.wait("no process left", lambda: not pod_processes(uid))
+
+
+async def test_a_container_restarts_in_its_pod_under_its_restart_policy(env: Env) -> None:
+    """``OnFailure``: a container that dies (``kill-pod``: every process) or whose first
+    process exits non-zero after a ``crash`` (its other processes killed) is restarted in the
+    same pod, UID and address, with ``restartCount`` up and its end in ``lastState``; success
+    ends it. A running pod's ConfigMap volume follows its ConfigMap."""
+    await env.post(f"/api/v1/namespaces/{NS}/configmaps",
+                   {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"},
+                    "data": {"order": "1"}})  # fmt: skip
+    # The init waits for its child, then exits 0 once the ConfigMap says "done", else 1.
+    script = (
+        "import os, subprocess, sys, time\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        "while c.poll() is None:\n"
+        "    if open(os.environ['ORDER']).read() == 'done': sys.exit(0)\n"
+        "    time.sleep(0.05)\n"
+        "sys.exit(1)\n"
+    )
+    pod = _pod("r", "node-0", script)
+    pod["spec"]["restartPolicy"] = "OnFailure"
+    pod["spec"]["volumes"] = [{"name": "cfg", "configMap": {"name": "cfg"}}]
+    pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "cfg", "mountPath": "/etc/cfg"}]
+    pod["spec"]["containers"][0]["env"].append({"name": "ORDER", "value": "/etc/cfg/order"})
+    await env.post(f"/api/v1/namespaces/{NS}/pods", pod)
+    await env.wait("Running", lambda: _phase(env, "r") == "Running")
+    first = env.pod("r")
+    uid, ip = first["metadata"]["uid"], first["status"]["podIP"]
+    await env.wait("two processes", lambda: len(pod_processes(uid)) == 2)
+
+    def restarted(n: int) -> dict[str, Any] | None:
+        (cs,) = env.pod("r")["status"].get("containerStatuses") or [{}]
+        return cs if cs.get("restartCount") == n and "running" in cs.get("state", {}) else None
+
+    await inject_fault(env.url, "crash-pod", "r", namespace=NS)  # the child dies: init exits 1
+    cs = await env.wait("restart 1", lambda: restarted(1))
+    assert cs["lastState"]["terminated"]["exitCode"] == 1
+    await env.wait("two processes", lambda: len(pod_processes(uid)) == 2)
+    await inject_fault(env.url, "kill-pod", "r", namespace=NS)  # the whole container
+    cs = await env.wait("restart 2", lambda: restarted(2))
+    assert cs["lastState"]["terminated"]["exitCode"] == 137
+    now = env.pod("r")
+    assert (now["metadata"]["uid"], now["status"]["podIP"], _phase(env, "r")) == (
+        uid, ip, "Running")  # fmt: skip
+
+    async with env.http.patch(
+        env.url + f"/api/v1/namespaces/{NS}/configmaps/cfg",
+        json={"data": {"order": "done"}},
+        headers={"Content-Type": "application/merge-patch+json"},
+    ) as resp:
+        assert resp.status == 200  # fmt: skip
+    await env.wait("Succeeded", lambda: _phase(env, "r") == "Succeeded")
+    assert env.pod("r")["status"]["containerStatuses"][0]["restartCount"] == 2

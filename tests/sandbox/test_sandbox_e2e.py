@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from omni_trainer.components.progress import read_step_log
+from omni_trainer.components.progress import read_step_log, read_step_samples
 
 from ..conftest import EXAMPLES
 
@@ -218,6 +218,80 @@ def test_graceful_delete_then_node_lost_resume_and_match_an_uninterrupted_run(
     want = read_step_log(tmp_path / "runs/ref/steps.jsonl")
     assert list(got) == list(want) == list(range(1, STEPS + 1))
     assert max(abs(got[s] - want[s]) for s in want) <= 1e-6, (got, want)
+
+
+def _fault(cwd: Path, fault: str, target: str) -> None:
+    out = subprocess.run([*OMNI, "sandbox", "fault", fault, target, "--dir", SANDBOX_DIR],
+                         cwd=cwd, capture_output=True, text=True, check=True)  # fmt: skip
+    assert "fault=" in out.stdout
+
+
+def _pods(sb: Sandbox) -> dict[str, dict[str, Any]]:
+    items = json.loads(sb.kubectl("get", "pods", "-o", "json"))["items"]
+    return {p["metadata"]["name"]: p for p in items}
+
+
+def test_a_crashed_trainer_and_a_dead_container_restart_in_place_exactly(tmp_path: Path) -> None:
+    """restartPolicy.mode in-place (the default): a trainer process crash (`crash-pod`: every
+    process of the pod but its supervisor) and then a whole container killed (`kill-pod`, the
+    kubelet restarts the container in its pod) each restart every trainer inside the same pods
+    (UIDs unchanged), from the latest checkpoint; the loss and the samples of every step equal
+    an uninterrupted run's."""
+    _manifest(tmp_path / "job.yaml", step_log="runs/job/steps.jsonl", checkpoint="runs/job/ckpt")
+    _manifest(tmp_path / "ref.yaml", step_log="runs/ref/steps.jsonl", checkpoint=None)
+    for name in ("job", "ref"):
+        doc = yaml.safe_load((tmp_path / f"{name}.yaml").read_text())
+        doc["spec"]["trainer"]["train"]["steps"] = 60
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    with Sandbox(tmp_path) as sb:
+        sb.kubectl("apply", "-f", "job.yaml")
+
+        def status() -> dict[str, Any]:
+            return sb.job("tiny-cpu").get("status") or {}
+
+        def past(step: int) -> bool:
+            return (status().get("step") or 0) > step
+
+        sb.wait("step 12 (a checkpoint at 10, steps to recompute)", lambda: past(12), timeout=400)
+        uids = {n: p["metadata"]["uid"] for n, p in _pods(sb).items()}
+        assert sorted(uids) == ["tiny-cpu-a0-n0", "tiny-cpu-a0-n1"]
+        _fault(tmp_path, "crash-pod", "tiny-cpu-a0-n1")
+        sb.wait("attempt 1 training", lambda: status().get("attempt") == 1
+                and status().get("firstStepTime"), timeout=300)  # fmt: skip
+        reached = status()["step"]
+        sb.wait("a checkpoint of attempt 1", lambda: (status().get("lastCheckpoint") or {}).get(
+            "step", 0) >= 20 and past(reached + 2), timeout=400)  # fmt: skip
+        _fault(tmp_path, "kill-pod", "tiny-cpu-a0-n0")
+        sb.kubectl("wait", "--for=jsonpath={.status.phase}=Succeeded", "otj/tiny-cpu",
+                   "--timeout=600s", timeout=660)  # fmt: skip
+        final = status()
+        pods = _pods(sb)
+    assert {n: p["metadata"]["uid"] for n, p in pods.items()} == uids  # the same pods
+    restarts = {n: p["status"]["containerStatuses"][0]["restartCount"] for n, p in pods.items()}
+    assert restarts["tiny-cpu-a0-n0"] >= 1 and restarts["tiny-cpu-a0-n1"] >= 1, restarts
+    assert final["restarts"] == 2 and final["attempt"] == 2 and final["podAttempt"] == 0
+    crash, kill = final["restartHistory"]
+    for record in (crash, kill):
+        assert record["mode"] == "in-place" and record["reason"] == "PodFailed", record
+        assert record["confirmed"] and record["lostSeconds"] > 0, record
+        assert record["stepsRecomputed"] is not None, record
+    assert crash["fromStep"] >= 10 and kill["fromStep"] >= 20
+    assert "tiny-cpu-a0-n1" in crash["message"] and "tiny-cpu-a0-n0" in kill["message"]
+
+    log_path = tmp_path / "runs/job/steps.jsonl"
+    records = [json.loads(line) for line in log_path.read_text().splitlines()]
+    assert {r["attempt"] for r in records} == {0, 1, 2}
+    for attempt, record in ((1, crash), (2, kill)):
+        first = min(r["step"] for r in records if r["attempt"] == attempt)
+        assert record["fromStep"] == first - 1  # resumed where the status says
+    subprocess.run([*OMNI, "train", "ref.yaml", "--nproc", "2"], cwd=tmp_path, check=True,
+                   capture_output=True, timeout=600)  # fmt: skip
+    got, want = read_step_log(log_path), read_step_log(tmp_path / "runs/ref/steps.jsonl")
+    assert list(got) == list(want) == list(range(1, 61))
+    assert max(abs(got[s] - want[s]) for s in want) <= 1e-6, (got, want)
+    samples = read_step_samples(log_path)
+    assert samples == read_step_samples(tmp_path / "runs/ref/steps.jsonl")
+    assert all(samples.values())  # every step names its samples
 
 
 def test_failures_put_their_cause_in_the_status(tmp_path: Path) -> None:

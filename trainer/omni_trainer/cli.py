@@ -286,12 +286,8 @@ def export_cmd(
         f"exported {source}: {result.tensors} tensors, {result.bytes / 2**20:,.1f} MiB -> {out} "
         f"({', '.join(result.files)})"
     )
-    if result.skipped:
-        err_console.print(
-            f"note: the {', '.join(result.skipped)} encoder(s) are this project's own "
-            "architectures, which no Hugging Face family holds: only the LLM was exported",
-            markup=False,
-        )
+    for part in result.skipped:
+        err_console.print(f"note: not exported: {part}", markup=False)
 
 
 @app.command()
@@ -301,8 +297,12 @@ def generate(
     checkpoint: Annotated[
         str | None, typer.Option(help="as for export (default: latest, else initial)")
     ] = None,
-    image: Annotated[list[Path] | None, typer.Option(help="an image for <image>")] = None,
-    audio: Annotated[list[Path] | None, typer.Option(help="audio for <audio>")] = None,
+    image: Annotated[
+        list[Path] | None, typer.Option(help="an image (repeat for several; <image> marks where)")
+    ] = None,
+    audio: Annotated[
+        list[Path] | None, typer.Option(help="an audio clip (repeat; <audio> marks where)")
+    ] = None,
     max_new_tokens: Annotated[int, typer.Option(min=1)] = 64,
     raw: Annotated[bool, typer.Option("--raw", help="no chat template")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
@@ -310,32 +310,21 @@ def generate(
     """Greedy decoding with the job's model in one process."""
     import json
 
-    from omni_trainer.interop.generate import Generation, eos_ids, greedy, prompt_ids
-    from omni_trainer.interop.runtime import hf_files_dir, single_process_model
-    from omni_trainer.interop.tokenizer import load_checked_tokenizer
+    from omni_trainer.interop.generate import generate as run
 
     cfg = _load(manifest).spec.trainer
-    if image or audio:
-        raise _fail(
-            "--image/--audio need a model whose encoders and processor come from Hugging Face "
-            "(model.hf / model.encoders.*.hf), which this version cannot import yet"
-        )
     try:
-        tok = load_checked_tokenizer(cfg)
-        ids = prompt_ids(tok, prompt, raw=raw)
-        gen_file = hf_files_dir(cfg.tokenizer) / "generation_config.json"
-        gen_cfg = json.loads(gen_file.read_text()) if gen_file.is_file() else None
-        with single_process_model(cfg, checkpoint=checkpoint) as (model, _):
-            out, logprobs = greedy(
-                model.llm_chunks[0],
-                ids,
-                max_new_tokens=max_new_tokens,
-                stop=eos_ids(tok, gen_cfg),
-                vocab_size=cfg.model.llm.vocab_size,
-            )
+        result = run(
+            cfg,
+            prompt,
+            checkpoint=checkpoint,
+            images=image or [],
+            audio=audio or [],
+            raw=raw,
+            max_new_tokens=max_new_tokens,
+        )
     except (ValueError, OSError) as err:
         raise _fail(str(err)) from None
-    result = Generation(ids, out, tok.decode(out, skip_special_tokens=True), logprobs)
     typer.echo(json.dumps(result.as_dict()) if as_json else result.output_text)
 
 
@@ -351,13 +340,20 @@ def _tune(
     """Predict the job on ``gpus`` GPUs for many configurations; print the best few beside the
     manifest's own layout (ties share a rank), and a proxy configuration of the best to
     validate it on a small cluster."""
+    import json
     import time
 
     from rich.progress import Progress
 
-    from omni_trainer.planner.manifest import device_for, own_layout, tie_ranks
+    from omni_trainer.planner.manifest import (
+        device_for,
+        manifest_fields,
+        own_layout,
+        tie_ranks,
+        trainer_problems,
+    )
     from omni_trainer.planner.simulate import predict
-    from omni_trainer.planner.tune import propose_proxy, tune
+    from omni_trainer.planner.tune import layouts, propose_proxy, tune
     from omni_trainer.planner.workloads import workload_from_config
 
     try:
@@ -372,7 +368,14 @@ def _tune(
         def progress(done: int, total: int, what: str) -> None:
             bar.update(task, completed=done, total=total, description=what[:60])
 
-        best = tune(workload, device=device, progress=progress)
+        runnable = [  # only what ``omni train`` accepts with this manifest
+            lay for lay in layouts(workload, device=device) if not trainer_problems(cfg, lay)
+        ]
+        best = [
+            c
+            for c in tune(workload, device=device, candidates=runnable, progress=progress)
+            if not trainer_problems(cfg, c.layout, policy=c.prediction.policy)
+        ]
         own, why = own_layout(cfg, gpus)
         mine = None
         if own is not None:
@@ -406,6 +409,8 @@ def _tune(
     for rank, c in zip(ranks, best, strict=True):
         console.print(f"{rank}. {c.reason}", highlight=False)
     top = best[0].prediction
+    fields = manifest_fields(top.layout, policy=top.policy)
+    console.print(f"#1 as spec.trainer fields: {json.dumps(fields)}", highlight=False)
     if mine is None:
         console.print(f"own: the manifest's layout is not scored ({why})", highlight=False)
     elif mine.oom:
@@ -428,6 +433,27 @@ def _tune(
     except ValueError as err:
         raise _fail(str(err)) from None
     console.print(proxy.reason, highlight=False)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def supervise(
+    ctx: typer.Context,
+    attempt_file: Annotated[
+        Path, typer.Option(help="the file naming the restart attempt to run (from the operator)")
+    ],
+    state_dir: Annotated[
+        Path, typer.Option(help="a directory that outlives the container (an emptyDir)")
+    ],
+) -> None:
+    """A trainer pod's init: run the command after `--` for the operator's restart attempt, and
+    restart it in place when the operator names a newer one (restartPolicy.mode: in-place)."""
+    from omni_trainer.supervisor import ATTEMPT_ENV, Supervisor
+
+    if not ctx.args:
+        raise _fail("omni supervise needs the command to run after `--`")
+    pods = int(os.environ.get(ATTEMPT_ENV, "0"))  # the attempt that created this pod
+    code = Supervisor(ctx.args, attempt_file=attempt_file, state_dir=state_dir, pods=pods).run()
+    raise typer.Exit(code)
 
 
 def _is_rank0() -> bool:

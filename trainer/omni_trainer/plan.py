@@ -11,6 +11,7 @@ from omni_trainer.distributed.config import ParallelDims
 from omni_trainer.distributed.layout import layout_for
 from omni_trainer.multiplex.dataflow import DataflowTable, plan_dataflow, simulate
 from omni_trainer.multiplex.workload import encoder_micro_batches
+from omni_trainer.planner.budget import host_available_bytes, planning_budget
 
 
 @dataclass(frozen=True)
@@ -23,9 +24,18 @@ class StepPlan:
 
 
 def plan_step(
-    cfg: TrainerConfig, *, world_size: int, step: int = 0, policy: str | None = None
+    cfg: TrainerConfig,
+    *,
+    world_size: int,
+    step: int = 0,
+    policy: str | None = None,
+    device_bytes: float | None = None,
 ) -> StepPlan:
-    """The dataflow table of data-parallel replica 0 at ``step``, as the trainer would plan it."""
+    """The dataflow table of data-parallel replica 0 at ``step``, as the trainer would plan it.
+
+    ``auto``'s budget: the manifest's ``memoryBudget``, else derived from ``device_bytes`` per
+    rank (None: the host's available memory over ``world_size`` processes, as the trainer
+    derives it on one CPU node)."""
     dims = layout_for(cfg, world_size)
     num_shards = cfg.data.shards_for(dims.dp)
     streams = [  # replica 0's loaders; reordering between replicas is not shown
@@ -52,6 +62,9 @@ def plan_step(
         vpp=dims.vpp,
         num_microbatches=len(micro),
         encoder_mbs=mbs,
+        budget=planning_budget(
+            cfg, dims, micro, lambda: device_bytes or host_available_bytes() / world_size
+        ),
     )
     eta = cfg.parallelism.encoder.eta
     sp = sum(n > eta for items in lengths.values() for n in items)

@@ -416,7 +416,7 @@ async def _reconcile_once(st: OperatorState, namespace: str, name: str) -> Outco
         _owned(st, namespace, name), kube.list(url_path("v1", "Node"))
     )
     pods = [o for o in owned if o["kind"] == "Pod"]
-    current = [p for p in pods if p["metadata"]["labels"].get(LABEL_ATTEMPT) == str(status.attempt)]
+    current = [p for p in pods if p["metadata"]["labels"].get(LABEL_ATTEMPT) == str(status.pods_of)]
     progress = await st.progress(job, current) if st.progress is not None else None  # not stale
     actions = rec.reconcile(
         rec.Observed(

@@ -226,6 +226,7 @@ FAULTS = {
     "node-lost": ("node", "lost"),
     "node-ready": ("node", "ready"),
     "kill-pod": ("pod", "kill"),
+    "crash-pod": ("pod", "crash"),
     "hang-pod": ("pod", "hang"),
 }
 

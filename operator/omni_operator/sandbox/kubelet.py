@@ -9,6 +9,11 @@ like the real components do and:
   directory (a shared filesystem for every node), with the pod's environment, its ConfigMap
   volumes written to files, and its status reported through ``/status`` (Running with a pod IP,
   then Succeeded/Failed with the exit code);
+* restarts: a container that ends is restarted in its pod under the pod's ``restartPolicy``
+  (``Always``; ``OnFailure`` when it failed) as a kubelet does: same pod, UID and address,
+  ``restartCount`` up, the end in ``lastState``, ``CrashLoopBackOff`` while a restart backs off
+  (immediate when it ran longer than the back-off, which doubles per restart); ConfigMap
+  volumes follow their ConfigMap while the pod runs (a kubelet's sync refreshes them);
 * stops: a deleted pod's processes get SIGTERM, then SIGKILL after its grace period
   (``deletionGracePeriodSeconds``); once they are gone the kubelet removes the pod (a forced
   deletion), as a real one does;
@@ -26,7 +31,10 @@ name so that jobs never collide. ``torchrun`` is this Python's ``torch.distribut
 Faults are requested through the API, so ``kubectl annotate`` works as well as
 ``omni sandbox fault``: the annotation :data:`FAULT` on a Node (``lost``: its processes are
 killed, it stops reporting and turns Ready=Unknown; ``ready``: it comes back) or on a Pod
-(``kill``: SIGKILL, exit 137; ``hang``: SIGSTOP, the process stops making progress).
+(``kill``: every process of its container gets SIGKILL, exit 137; ``crash``: every process but
+the container's first, its init (the trainer crashes, its supervisor or torchrun sees it);
+``hang``: SIGSTOP to every process but the first, the trainer stops making progress). ``kill``
+and ``crash`` act once: the kubelet removes the annotation.
 """
 
 from __future__ import annotations
@@ -225,6 +233,9 @@ class Registry:
         )
 
 
+CRASH_BACKOFF_S = 1.0
+"""The first back-off between restarts of a crashing container (a kubelet's is 10 s)."""
+CRASH_BACKOFF_MAX_S = 8.0
 PULL_BACKOFF_S = 1.0
 """The first delay between pull attempts of a missing image (a kubelet's is 10 s)."""
 PULL_BACKOFF_MAX_S = 8.0
@@ -237,6 +248,27 @@ class _Pull:
     failures: int = 0
     next_try: float = 0.0
     reported: str = ""
+
+
+@dataclass
+class _Restart:
+    """A container of a running pod that ended and is restarted in place."""
+
+    count: int
+    """``restartCount`` once it runs again."""
+    at: float
+    """When it may start (loop time)."""
+    last: Obj
+    """Its end, for ``lastState.terminated``."""
+
+
+@dataclass
+class _Backoff:
+    """A pod's crash back-off: the delay doubles per restart within it."""
+
+    delay: float = 0.0
+    started: float = 0.0
+    """When its container last started (loop time)."""
 
 
 @dataclass
@@ -268,6 +300,10 @@ class Container:
     message_policy: str = "File"
     """``terminationMessagePolicy``: ``FallbackToLogsOnError`` reports the log's tail when the
     file is empty and the container failed."""
+    restart_policy: str = "Never"
+    restarts: int = 0
+    """``restartCount`` of the container this process group runs."""
+    mounts: dict[str, Path] = field(default_factory=dict)
 
 
 @dataclass
@@ -286,6 +322,8 @@ class Kubelet:
     _http: aiohttp.ClientSession | None = None
     _unschedulable: set[str] = field(default_factory=set)
     _pulls: dict[str, _Pull] = field(default_factory=dict)
+    _restarts: dict[str, _Restart] = field(default_factory=dict)
+    _backoffs: dict[str, _Backoff] = field(default_factory=dict)
 
     # -- the loop ------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -315,8 +353,9 @@ class Kubelet:
             await self._sync_pod(pod, nodes)
         for key in [k for k in self.containers if k not in live]:
             self._terminate(self.containers[key], grace_s=0)  # deleted outright
-        for key in [k for k in self._pulls if k not in live]:
-            del self._pulls[key]
+        for table in (self._pulls, self._restarts, self._backoffs):
+            for key in [k for k in table if k not in live]:
+                del table[key]
         await self._reap()
 
     # -- nodes ---------------------------------------------------------------------------------
@@ -356,15 +395,23 @@ class Kubelet:
             return
         if running is not None:
             fault = ((meta.get("annotations") or {}).get(FAULT) or "").strip()
-            if fault == "kill":
-                _signal(running, signal.SIGKILL)
+            if fault in ("kill", "crash"):
+                _signal(running, signal.SIGKILL, spare_first=fault == "crash")
+                await self._patch(_pod_path(pod), {"metadata": {"annotations": {FAULT: None}}})
             elif fault == "hang" and not running.hung:
                 running.hung = True
-                _signal(running, signal.SIGSTOP)
+                _signal(running, signal.SIGSTOP, spare_first=True)
+            else:
+                await self._refresh_config(pod, running)
             return
         if status.get("phase") in ("Succeeded", "Failed"):
             return
         sim = self._sim(spec.get("nodeName"))
+        restart = self._restarts.get(key)
+        if restart is not None:
+            if sim is not None and not sim.lost and asyncio.get_running_loop().time() >= restart.at:
+                await self._start(pod, sim, restart=restart)
+            return
         if status.get("phase") == "Running" and sim is not None and not sim.lost:
             # The API says it runs, yet this kubelet has no process for it: they died with the
             # previous kubelet (a sandbox restart). Report it, as a kubelet reports a container
@@ -449,11 +496,13 @@ class Kubelet:
     def _gpus_used(self, node: str) -> int:
         return sum(c.gpus for c in self.containers.values() if c.node == node and not c.lost)
 
-    async def _start(self, pod: Obj, sim: SimNode) -> None:
+    async def _start(self, pod: Obj, sim: SimNode, *, restart: _Restart | None = None) -> None:
+        """Start the pod's container (again, in the same pod and address, for ``restart``)."""
         meta, spec = pod["metadata"], pod["spec"]
         key = _key(pod)
         root = self.workdir / "pods" / meta["namespace"] / meta["name"]
-        ip = self.net.pod_ip(sim.index)
+        ip = (pod.get("status") or {}).get("podIP") if restart else None
+        ip = ip or self.net.pod_ip(sim.index)
         try:
             (container,) = spec["containers"]
             from_refs = await self._env_from(pod, container)
@@ -482,20 +531,26 @@ class Kubelet:
                 argv, cwd=self.cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True,
             )  # fmt: skip
+        count = restart.count if restart else 0
         self.containers[key] = Container(
             key, meta["uid"], sim.name, container["name"], proc, log_path, _grace(spec),
             gpus=requested_gpus(pod), termination_log=termination_log,
             message_policy=container.get("terminationMessagePolicy", "File"),
+            restart_policy=spec.get("restartPolicy", "Always"), restarts=count, mounts=mounts,
         )  # fmt: skip
-        started = {"running": {"startedAt": now_iso()}}
-        await self._patch(
-            _pod_path(pod, "status"),
-            {"status": {"phase": "Running", "podIP": ip, "hostIP": self.net.host_ip(sim.index),
-                        "startTime": now_iso(),
-                        "containerStatuses": [{"name": container["name"], "ready": True,
-                                               "restartCount": 0, "state": started}]}},
-        )  # fmt: skip
-        log.info(f"sandbox: {key} started on {sim.name} ({ip}), log {log_path}")
+        self._restarts.pop(key, None)
+        self._backoffs.setdefault(key, _Backoff()).started = asyncio.get_running_loop().time()
+        cs: Obj = {"name": container["name"], "ready": True, "restartCount": count,
+                   "state": {"running": {"startedAt": now_iso()}}}  # fmt: skip
+        if restart:
+            cs["lastState"] = {"terminated": restart.last}
+        body: Obj = {"phase": "Running", "podIP": ip, "hostIP": self.net.host_ip(sim.index),
+                     "containerStatuses": [cs]}  # fmt: skip
+        if not restart:
+            body["startTime"] = now_iso()
+        await self._patch(_pod_path(pod, "status"), {"status": body})
+        again = f" (restart {count})" if restart else ""
+        log.info(f"sandbox: {key} started{again} on {sim.name} ({ip}), log {log_path}")
 
     async def _config_data(self, namespace: str, kind: str, name: str) -> dict[str, bytes]:
         """A ConfigMap's or Secret's keys (Secrets base64-decoded), as the kubelet reads them.
@@ -593,9 +648,11 @@ class Kubelet:
                 pod_env[item["name"]] = fields.get(item["valueFrom"]["fieldRef"]["fieldPath"], "")
         map_service_ports(words, pod_env, self.net)
         words = [localize(w, mounts) for w in words]
-        if words[0] == "torchrun":
-            words = [sys.executable, "-m", "torch.distributed.run", *words[1:]]
-        elif not os.path.isabs(words[0]):
+        # torchrun, also as the command a supervisor runs (after its `--`): this Python's
+        words = [x for w in words
+                 for x in ([sys.executable, "-m", "torch.distributed.run"] if w == "torchrun"
+                           else [w])]  # fmt: skip
+        if not os.path.isabs(words[0]):
             local = Path(sys.executable).parent / words[0]
             words[0] = str(local) if local.exists() else words[0]
         env = {**os.environ, **{k: localize(v, mounts) for k, v in pod_env.items()}}
@@ -625,11 +682,70 @@ class Kubelet:
             pod = {"metadata": {"namespace": ns, "name": name}}
             reason = "Completed" if exit_code == 0 else "Error"
             message = termination_message(c, exit_code)
-            await self._report_exit(pod, c.name, exit_code, reason=reason, message=message)
+            if c.restart_policy == "Always" or (c.restart_policy == "OnFailure" and exit_code):
+                await self._back_off(pod, c, exit_code, reason=reason, message=message)
+                continue
+            await self._report_exit(
+                pod, c.name, exit_code, reason=reason, message=message, restarts=c.restarts
+            )
             log.info(f"sandbox: {key} exited with code {exit_code}")
 
+    async def _back_off(
+        self, pod: Obj, c: Container, code: int, *, reason: str, message: str | None
+    ) -> None:
+        """Restart the ended container in its pod: at once when it ran longer than its
+        back-off, else once the back-off since its last start passed (CrashLoopBackOff)."""
+        now = asyncio.get_running_loop().time()
+        backoff = self._backoffs.setdefault(c.pod, _Backoff(started=now))
+        wait = max(backoff.started + backoff.delay - now, 0.0)
+        backoff.delay = min(max(backoff.delay * 2, CRASH_BACKOFF_S), CRASH_BACKOFF_MAX_S)
+        term: Obj = {"exitCode": code, "reason": reason, "finishedAt": now_iso()}
+        if message:
+            term["message"] = message
+        self._restarts[c.pod] = _Restart(c.restarts + 1, now + wait, term)
+        state: Obj = {"terminated": term}
+        if wait > 0:
+            state = {
+                "waiting": {
+                    "reason": "CrashLoopBackOff",
+                    "message": (
+                        f"back-off {wait:.0f}s restarting failed container={c.name} pod={c.pod}"
+                    ),
+                }
+            }
+        cs = {"name": c.name, "ready": False, "restartCount": c.restarts, "state": state,
+              "lastState": {"terminated": term}}  # fmt: skip
+        await self._patch(_pod_path(pod, "status"), {"status": {"containerStatuses": [cs]}})
+        log.info(f"sandbox: {c.pod} exited with code {code}; restarting it in {wait:.1f} s")
+
+    async def _refresh_config(self, pod: Obj, c: Container) -> None:
+        """A running pod's ConfigMap volumes follow their ConfigMap (a kubelet's sync)."""
+        root = self.workdir / "pods" / c.pod
+        for vol in pod["spec"].get("volumes") or []:
+            if "configMap" not in vol:
+                continue
+            try:
+                data = await self._config_data(c.pod.split("/")[0], "configmap",
+                                               vol["configMap"]["name"])  # fmt: skip
+            except _ConfigMissing:
+                continue
+            for file, content in data.items():
+                path = root / "volumes" / vol["name"] / file
+                text = localize_paths(content.decode(), c.mounts).encode()
+                if not path.exists() or path.read_bytes() != text:
+                    tmp = path.with_name(f".{file}.tmp")
+                    tmp.write_bytes(text)
+                    tmp.replace(path)  # atomic, like the kubelet's symlink swap
+
     async def _report_exit(
-        self, pod: Obj, container: str, code: int, *, reason: str, message: str | None
+        self,
+        pod: Obj,
+        container: str,
+        code: int,
+        *,
+        reason: str,
+        message: str | None,
+        restarts: int = 0,
     ) -> None:
         term: Obj = {"exitCode": code, "reason": reason, "finishedAt": now_iso()}
         if message:
@@ -638,7 +754,7 @@ class Kubelet:
             _pod_path(pod, "status"),
             {"status": {"phase": "Succeeded" if code == 0 else "Failed",
                         "containerStatuses": [{"name": container, "ready": False,
-                                               "restartCount": 0,
+                                               "restartCount": restarts,
                                                "state": {"terminated": term}}]}},
         )  # fmt: skip
 
@@ -737,10 +853,15 @@ def pod_processes(uid: str) -> list[psutil.Process]:
     return found
 
 
-def _signal(c: Container, sig: signal.Signals, *, all_processes: bool = True) -> None:
-    """Signal the pod's first process, or all of them (the runtime kills the whole cgroup)."""
+def _signal(
+    c: Container, sig: signal.Signals, *, all_processes: bool = True, spare_first: bool = False
+) -> None:
+    """Signal the pod's first process, or all of them (the runtime kills the whole cgroup), or
+    all but the first (``spare_first``: its init, e.g. the in-pod supervisor, lives on)."""
     procs = pod_processes(c.uid) if all_processes else []
-    if not all_processes or not procs:
+    if spare_first:
+        procs = [p for p in procs if p.pid != c.proc.pid]
+    elif not all_processes or not procs:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(c.proc.pid, sig)
     for proc in procs:

@@ -18,11 +18,12 @@ from omni_trainer.data import (
     Sample,
     ShardSource,
     ShardSourceConfig,
-    make_fixture_shards,
     write_shards,
 )
 from omni_trainer.data.shards import NPY_HEADER_PEEK
 from omni_trainer.data.synthetic import SyntheticSource
+
+from ...shard_fixtures import make_fixture_shards
 
 
 def shard_source(

@@ -38,7 +38,11 @@ def save_llm(path: Path, family: str, **overrides) -> Path:
 
 
 def save_tokenizer(
-    path: Path, vocab_size: int = 300, *, extra_special: tuple[str, ...] = ()
+    path: Path,
+    vocab_size: int = 300,
+    chat_template: str = CHAT_TEMPLATE,
+    *,
+    extra_special: tuple[str, ...] = (),
 ) -> Path:
     """A byte-level BPE trained in-process, with a chat template (and ``extra_special``
     tokens), saved beside a model."""
@@ -57,7 +61,7 @@ def save_tokenizer(
     text = ["the quick brown fox jumps over the lazy dog", "hello world, a tiny model speaks"]
     tok.train_from_iterator(text * 50, trainer=trainer)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|end|>", chat_template=CHAT_TEMPLATE
+        tokenizer_object=tok, eos_token="<|end|>", chat_template=chat_template
     )
     fast.save_pretrained(path)
     return path
@@ -190,7 +194,14 @@ IMAGE_TOKEN = 300
 """LLaVA's ``image_token_index`` in the tiny VLMs (inside the 512-token vocabulary)."""
 
 
-def save_llava(path: Path, vision: str = "clip", text: str = "llama", **text_overrides):
+def save_llava(
+    path: Path,
+    vision: str = "clip",
+    text: str = "llama",
+    *,
+    image_token: int = IMAGE_TOKEN,
+    **text_overrides,
+):
     """A random LLaVA (CLIP / SigLIP tower + MLP projector + Llama / Qwen2) saved with
     ``save_pretrained``, with its image processor; returns the model for reference outputs."""
     import transformers
@@ -203,7 +214,7 @@ def save_llava(path: Path, vision: str = "clip", text: str = "llama", **text_ove
     config = transformers.LlavaConfig(
         vision_config=vision_config,
         text_config=text_config,
-        image_token_index=IMAGE_TOKEN,
+        image_token_index=image_token,
         vision_feature_select_strategy="default" if vision == "clip" else "full",
         vision_feature_layer=-2,
         tie_word_embeddings=text_config.tie_word_embeddings,

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+from omni_trainer.models.encoders import layers
 from omni_trainer.models.encoders.audio import AudioEncoder
 from omni_trainer.models.encoders.config import AudioEncoderConfig, VisionEncoderConfig
 from omni_trainer.models.encoders.layers import (
     TokenMixer,
-    cu_seqlens_from_lengths,
+    Varlen,
     sincos_2d,
     varlen_attention,
 )
@@ -36,16 +39,81 @@ def _conformer() -> AudioEncoder:
     return AudioEncoder(CONFORMER).eval()
 
 
-def test_varlen_attention_is_block_diagonal(gen: torch.Generator) -> None:
-    lengths = [3, 5, 1]
-    q, k, v = (torch.randn(9, 2, 8, generator=gen) for _ in range(3))
-    seg = torch.repeat_interleave(torch.arange(3), torch.tensor(lengths))
+def dense_block_diagonal(q, k, v, seqs: Varlen) -> torch.Tensor:
+    """Independent reference: one SDPA over the whole pack with a dense same-sample mask."""
+    seg = torch.repeat_interleave(torch.arange(len(seqs.lengths)), torch.tensor(seqs.lengths))
     mask = seg[:, None] == seg[None, :]  # full attention restricted to each sample
-    expected = F.scaled_dot_product_attention(
+    return F.scaled_dot_product_attention(
         q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask
     ).transpose(0, 1)
-    out = varlen_attention(q, k, v, cu_seqlens_from_lengths(lengths))
-    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_varlen_attention_is_block_diagonal(gen: torch.Generator) -> None:
+    seqs = Varlen.of([3, 5, 1])
+    q, k, v = (torch.randn(9, 2, 8, generator=gen) for _ in range(3))
+    out = varlen_attention(q, k, v, seqs)
+    torch.testing.assert_close(out, dense_block_diagonal(q, k, v, seqs), rtol=1e-5, atol=1e-5)
+
+
+def test_boundaries_come_from_host_lengths_and_reach_a_device_once() -> None:
+    seqs = Varlen.of([3, 5, 1])
+    assert (seqs.total, seqs.max_seqlen) == (9, 5)
+    cu = seqs.cu_seqlens(torch.device("cpu"))
+    assert cu.tolist() == [0, 3, 8, 9] and cu.dtype == torch.int32  # flash-attn's format
+    assert seqs.cu_seqlens("cpu") is cu  # copied once, reused by every layer
+
+
+@pytest.fixture
+def gpu_kernel_lookup(monkeypatch):
+    """A machine that claims CUDA, with the kernel lookup redone (and forgotten afterwards)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    layers.gpu_varlen_kernel.cache_clear()
+    yield
+    layers.gpu_varlen_kernel.cache_clear()
+
+
+@pytest.mark.parametrize("installed", ["flash_attn", "torch"])
+def test_the_gpu_kernel_gets_the_packed_boundaries(
+    installed: str, monkeypatch, gpu_kernel_lookup, gen: torch.Generator
+) -> None:
+    """flash-attn's kernel where installed, else PyTorch's: either gets the whole pack with
+    int32 cu_seqlens and the longest sample, in its own argument order, and its answer is the
+    reference's (fakes stand in for the CUDA kernels and compute it)."""
+    import types
+
+    from torch.nn.attention import varlen
+
+    seen = {}
+
+    def fake(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.0, *, causal=False):
+        seen.update(cu=cu_q.tolist(), same=cu_q is cu_k, max=(max_q, max_k), causal=causal)
+        seen.update(dropout=dropout_p)
+        lengths = torch.diff(cu_q).tolist()  # the test's fake may read back; the real one not
+        return dense_block_diagonal(q, k, v, Varlen.of(lengths))
+
+    if installed == "flash_attn":
+        monkeypatch.setitem(
+            sys.modules, "flash_attn", types.SimpleNamespace(flash_attn_varlen_func=fake)
+        )
+    else:
+        monkeypatch.setitem(sys.modules, "flash_attn", None)  # import fails: not installed
+        monkeypatch.setattr(varlen, "varlen_attn", fake)
+    kernel = layers.gpu_varlen_kernel()
+    assert installed in kernel.__name__
+    seqs = Varlen.of([4, 2, 6])
+    q, k, v = (torch.randn(12, 2, 8, generator=gen) for _ in range(3))
+    varlen_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), seqs)
+    assert seen == {}  # CPU tensors: the kernel cannot serve them, SDPA does
+    monkeypatch.setattr(layers, "_kernel_serves", lambda q: True)
+    out = varlen_attention(q, k, v, seqs)
+    expected = {"cu": [0, 4, 6, 12], "same": True, "max": (6, 6), "causal": False, "dropout": 0.0}
+    assert seen == expected
+    torch.testing.assert_close(out, dense_block_diagonal(q, k, v, seqs), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only behaviour")
+def test_no_gpu_kernel_without_cuda() -> None:
+    assert layers.gpu_varlen_kernel() is None
 
 
 def test_sincos_2d_depends_on_grid_position() -> None:
@@ -134,13 +202,13 @@ class RecordingMixer(TokenMixer):
         super().__init__()
         self.calls: list[str] = []
 
-    def attention(self, q, k, v, cu_seqlens):
+    def attention(self, q, k, v, seqs):
         self.calls.append("attention")
-        return super().attention(q, k, v, cu_seqlens)
+        return super().attention(q, k, v, seqs)
 
-    def gather_sequence(self, x, cu_seqlens):
+    def gather_sequence(self, x, seqs):
         self.calls.append("gather")
-        return super().gather_sequence(x, cu_seqlens)
+        return super().gather_sequence(x, seqs)
 
     def scatter_sequence(self, x_full):
         self.calls.append("scatter")
@@ -159,7 +227,7 @@ def test_embed_then_encode_tokens_is_forward(which: str, gen: torch.Generator) -
     inputs = _inputs(which, gen)
     with torch.no_grad():
         x, lengths = enc.embed(inputs)
-        staged = enc.encode_tokens(x, cu_seqlens_from_lengths(lengths))
+        staged = enc.encode_tokens(x, Varlen.of(lengths))
         whole = enc(inputs)
     assert lengths == ([6, 5] if which == "vision" else [6, 9])
     assert x.shape == (sum(lengths), enc.cfg.hidden_size)
@@ -183,3 +251,32 @@ def test_every_token_mixing_op_goes_through_the_shared_mixer(
         torch.testing.assert_close(enc(inputs), ref(inputs), rtol=0, atol=0)
     per_block = ["attention"] if which == "vision" else ["attention", "gather", "scatter"]
     assert mixer.calls == per_block * enc.cfg.num_layers
+
+
+@pytest.mark.parametrize("which", ["vision", "audio"])
+def test_encoders_equal_a_dense_block_diagonal_reference(which: str, gen: torch.Generator) -> None:
+    """The default core (per-sample SDPA from host lengths) against one dense masked SDPA."""
+    torch.manual_seed(0)
+    cls, cfg = (VisionEncoder, VIT) if which == "vision" else (AudioEncoder, CONFORMER)
+    reference = cls(cfg, mixer=TokenMixer(core=dense_block_diagonal)).eval()
+    inputs = _inputs(which, gen)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            _vit()(inputs) if which == "vision" else _conformer()(inputs),
+            reference(inputs),
+            rtol=1e-5,
+            atol=1e-5,
+        )
+
+
+@pytest.mark.parametrize("which", ["vision", "audio"])
+def test_the_layer_loop_never_reads_the_device(which: str) -> None:
+    """On the meta device any host read (``.item()``, ``.tolist()``, ``int()``, a data-dependent
+    shape) raises: the blocks run forward and backward there, so they never sync the host."""
+    enc = (_vit() if which == "vision" else _conformer()).train().to("meta")
+    seqs = Varlen.of([6, 5, 9])
+    x = torch.empty(seqs.total, enc.cfg.hidden_size, device="meta", requires_grad=True)
+    out = enc.encode_tokens(x, seqs)
+    assert out.shape == x.shape and out.device.type == "meta"
+    out.sum().backward()
+    assert x.grad is not None and x.grad.shape == x.shape

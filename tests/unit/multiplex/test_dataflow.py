@@ -168,6 +168,92 @@ def test_uniform_balances_unequal_costs_by_lpt() -> None:
     assert sorted(table.stage_cost(k) for k in range(2)) == [10.0, 11.0]
 
 
+# auto. pp2 with 2 micro-batches in the time model (F 1, B 2, encoder forward = cost, backward =
+# 2 x cost), LLM alone: stage 0 F0 [0,1] F1 [1,2] B0 [4,6] B1 [7,9]; stage 1 F0 [1,2] B0 [2,4]
+# F1 [4,5] B1 [5,7]. Stage 1 idles in [0,1) (warm-up) and [7,9) (cool-down).
+
+
+def test_auto_fills_the_warm_up_bubble() -> None:
+    """Micro-batch 1's images (cost 1), needed by stage 0's F1 at t=1: stage 1's PRE runs them
+    in its warm-up idle [0,1) and delays no LLM op; stage 0 would delay F1 by 1. The backward
+    cannot hide: the gradient leaves stage 0's B1 at 9, so the step ends at 9 + 2."""
+    table = plan_dataflow(
+        "auto", pp=2, vpp=1, num_microbatches=2, encoder_mbs=[EncoderMicroBatch(0, 1)]
+    )
+    assert table.forward[0] == Slot(1, PRE)
+    assert table.backward[0] == Slot(1, POST)
+    assert simulate(table)["makespan"] == 11.0
+
+
+def test_auto_puts_backwards_in_the_cool_down_bubble() -> None:
+    """Micro-batch 0's images must precede F0 anywhere (everything shifts by 1: B(0) on stage 0
+    ends at 7). Their backward (2) then runs on stage 1 after its B1 ends at 8, in parallel with
+    stage 0's B1 [8,10]: step 10. On stage 0 (uniform's choice) it runs after B1: step 12."""
+    mbs = [EncoderMicroBatch(0, 0)]
+    table = plan_dataflow("auto", pp=2, vpp=1, num_microbatches=2, encoder_mbs=mbs)
+    assert (table.forward[0].stage, table.backward[0]) == (1, Slot(1, POST))
+    assert simulate(table)["makespan"] == 10.0
+    uniform = plan_dataflow("uniform", pp=2, vpp=1, num_microbatches=2, encoder_mbs=mbs)
+    assert simulate(uniform)["makespan"] == 12.0
+
+
+def _peak_and_makespan(table: DataflowTable) -> tuple[float, float]:
+    sim = simulate(table)
+    return max(s["peak_encoder_activations"] for s in sim["stages"]), sim["makespan"]
+
+
+def test_auto_front_loads_only_as_far_as_the_budget_allows() -> None:
+    """pp2, 8 micro-batches of cost-1 images: front-loading is fastest (39) but holds 4 mbs'
+    activations per stage, uniform holds 2 (41). auto's default budget is uniform's peak."""
+    kw = {"pp": 2, "vpp": 1, "num_microbatches": 8, "encoder_mbs": mbs_for(8, ("image",))}
+    assert _peak_and_makespan(plan_dataflow("front_loaded", **kw)) == (4.0, 39.0)
+    assert _peak_and_makespan(plan_dataflow("uniform", **kw)) == (2.0, 41.0)
+    assert _peak_and_makespan(plan_dataflow("auto", **kw)) == (2.0, 40.0)
+    assert _peak_and_makespan(plan_dataflow("auto", **kw, budget=[4.0, 4.0])) == (4.0, 39.0)
+    # budget 3: front-loading 3 of stage 0's 4 mbs is not a choice; auto fits and gains
+    assert _peak_and_makespan(plan_dataflow("auto", **kw, budget=3.0))[0] <= 3.0
+    # budgets the greedy cannot meet (1: each stage alternates mbs; 0.5: below one mb): still a
+    # valid table (plan_dataflow validates), no larger than uniform's, and no slower
+    for budget in (1.0, 0.5):
+        assert _peak_and_makespan(plan_dataflow("auto", **kw, budget=budget)) <= (2.0, 41.0)
+    with pytest.raises(DataflowError, match="budget names 3 stages, the pipeline has 2"):
+        plan_dataflow("auto", **kw, budget=[1.0, 1.0, 1.0])
+
+
+@pytest.mark.parametrize(("pp", "vpp", "m"), GRID)
+@pytest.mark.parametrize("cost", [0.5, 1.5, 3.0])
+def test_auto_is_never_worse_than_a_fixed_policy_within_its_budget(pp, vpp, m, cost) -> None:
+    """Time model: auto's makespan <= that of every fixed policy whose peak fits the budget
+    (uniform's peak by default), and its own peak stays within it."""
+    kw = {"pp": pp, "vpp": vpp, "num_microbatches": m, "encoder_mbs": mbs_for(m, cost=cost)}
+    auto_peak, auto_time = _peak_and_makespan(plan_dataflow("auto", **kw))
+    budget, _ = _peak_and_makespan(plan_dataflow("uniform", **kw))
+    assert auto_peak <= budget + 1e-9
+    for policy in ("uniform", "front_loaded", "stage0"):
+        peak, makespan = _peak_and_makespan(plan_dataflow(policy, **kw))
+        if peak <= budget + 1e-9:
+            assert auto_time <= makespan + 1e-9, policy
+
+
+@pytest.mark.parametrize(("pp", "vpp", "m"), [(2, 1, 4), (2, 1, 5), (2, 1, 8), (4, 1, 8)])
+def test_auto_in_bytes_front_loads_where_that_fits_and_stays_within_where_not(pp, vpp, m) -> None:
+    """Activations in bytes (as the trainer's mbs carry them), costs differing from them: with
+    front_loaded's own peak as the budget auto is at least as fast; with a budget front_loaded
+    exceeds (uniform's peak), auto keeps within it."""
+    mbs = [
+        EncoderMicroBatch(e.id, e.microbatch, e.modality, 0.5 + e.id % 3, 1e6 * (1 + e.id % 2))
+        for e in mbs_for(m)
+    ]
+    kw = {"pp": pp, "vpp": vpp, "num_microbatches": m, "encoder_mbs": mbs}
+    front_peak, front_time = _peak_and_makespan(plan_dataflow("front_loaded", **kw))
+    uniform_peak, _ = _peak_and_makespan(plan_dataflow("uniform", **kw))
+    peak, makespan = _peak_and_makespan(plan_dataflow("auto", **kw, budget=front_peak))
+    assert peak <= front_peak and makespan <= front_time + 1e-9
+    assert front_peak > uniform_peak  # front_loaded does not fit the tighter budget
+    peak, _ = _peak_and_makespan(plan_dataflow("auto", **kw, budget=uniform_peak))
+    assert peak <= uniform_peak
+
+
 def test_planner_rejects_bad_input() -> None:
     with pytest.raises(DataflowError, match="appears twice"):
         plan_dataflow(

@@ -21,7 +21,7 @@ def _pod(rank: str, ip: str, phase: str = "Running") -> dict:
 
 
 def test_progress_scraped_from_a_live_trainer_endpoint() -> None:
-    metrics = TrainerMetrics(job="tiny", rank=0, stage=0, restart_attempt=0)
+    metrics = TrainerMetrics(job="tiny", rank=0, stage=0, restart_attempt=3)
     port = metrics.serve(0, addr="127.0.0.1")
     try:
         metrics.record_step(step=7, **STEP)
@@ -33,7 +33,7 @@ def test_progress_scraped_from_a_live_trainer_endpoint() -> None:
     finally:
         metrics.close()
     assert got == Progress(
-        step=7, checkpoint_step=4, tokens_per_second=12345.0, mfu=0.41, resumed_from=2
+        step=7, checkpoint_step=4, tokens_per_second=12345.0, mfu=0.41, resumed_from=2, attempt=3
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Any
 
 import yaml
@@ -300,3 +301,116 @@ def test_quarantined_nodes_are_avoided_when_placing() -> None:
     ).model_dump(mode="json", by_alias=True)
     a = reconcile(_obs(_job(), status))
     assert a.status["placement"] == ["n1", "n2"]
+
+
+def _crashed(pod: dict, *, attempt: int, finished: str = T) -> dict:
+    """``pod`` (Running) whose container the kubelet restarted after the supervisor exited for
+    ``attempt`` (its termination message tagged so)."""
+    message = f"[attempt {attempt}] rank 1: RuntimeError: boom"
+    last = {"terminated": {"exitCode": 1, "finishedAt": finished, "message": message}}
+    cs = {"name": "trainer", "restartCount": 1, "state": {"running": {}}, "lastState": last}
+    return {**pod, "status": {"phase": "Running", "containerStatuses": [cs]}}
+
+
+def test_a_crashed_trainer_restarts_in_place_in_the_same_pods() -> None:
+    """A container that ended in the current attempt (the kubelet already restarted it): no pod
+    is deleted; after the backoff the ConfigMap names the new attempt for the same pods, and
+    the old failure, still in lastState, does not count against the new attempt."""
+    job = _job(restartPolicy={"backoffSeconds": {"base": 0, "max": 0}})
+    status, owned = _start(job)
+    status = {**status, **reconcile(_obs(job, status, owned, progress=Progress(step=7))).status}
+    owned = [_crashed(o, attempt=0) if o["metadata"]["name"] == "tiny-cpu-a0-n1" else o
+             for o in owned]  # fmt: skip
+    a = reconcile(_obs(job, status, owned, progress=Progress(step=7, attempt=0)))
+    assert not a.delete and not a.create and a.status["phase"] == "Restarting"
+    assert a.status["attempt"] == 1 and a.status["podAttempt"] == 0
+    record = a.status["restartHistory"][-1]
+    assert (record["mode"], record["reason"], record["stepsRecomputed"]) == (
+        "in-place",
+        "PodFailed",
+        7,
+    )
+    assert "restarting in place as attempt 1" in a.status["message"]
+    assert "RuntimeError: boom" in record["message"] and "[attempt" not in record["message"]
+    status = {**status, **a.status}
+
+    later = NOW + dt.timedelta(seconds=2)
+    b = reconcile(_obs(job, status, owned, now=later))
+    (patch,) = b.adopt
+    assert patch["kind"] == "ConfigMap" and json.loads(patch["data"]["attempt"]) == {
+        "attempt": 1, "pods": 0}  # fmt: skip
+    assert not b.create and not b.delete and b.status["phase"] == "Starting"
+    assert [e.reason for e in b.events] == ["RestartingInPlace"]
+    status = {**status, **b.status}
+
+    # The old trainer still answers (attempt 0): not this attempt's progress; then attempt 1's.
+    c = reconcile(_obs(job, status, owned, now=later, progress=Progress(step=9, attempt=0)))
+    assert c.status["phase"] == "Running" and "firstStepTime" not in c.status
+    status = {**status, **c.status}
+    d = reconcile(_obs(job, status, owned, now=later + dt.timedelta(seconds=3),
+                       progress=Progress(step=6, attempt=1, resumed_from=5)))  # fmt: skip
+    assert not d.delete and "phase" not in d.status
+    record = d.status["restartHistory"][-1]
+    assert record["lostSeconds"] == 5 and record["fromStep"] == 5 and record["stepsRecomputed"] == 2
+
+    # The same pod crashes again in attempt 1: a new failure (its tag is current).
+    again = [_crashed(o, attempt=1) if o["metadata"]["name"] == "tiny-cpu-a0-n0" else o
+             for o in owned]  # fmt: skip
+    e = reconcile(_obs(job, {**status, **d.status}, again, now=later + dt.timedelta(seconds=9)))
+    assert e.status["attempt"] == 2 and e.status["restartHistory"][-1]["mode"] == "in-place"
+
+
+def test_in_place_falls_back_to_recreate_when_pods_are_gone_or_policy_says_so() -> None:
+    for spec, pod_phase in (({}, "Failed"), ({"mode": "recreate"}, "Running")):
+        job = _job(restartPolicy={"backoffSeconds": {"base": 0, "max": 0}, **spec})
+        status, owned = _start(job)
+        owned = [
+            {**_crashed(o, attempt=0), "status": {**_crashed(o, attempt=0)["status"],
+                                                  "phase": pod_phase}}
+            if o["metadata"]["name"] == "tiny-cpu-a0-n1" else o
+            for o in owned
+        ]  # fmt: skip
+        if pod_phase == "Running":  # a Never pod reports its end in state, not lastState
+            cs = owned[-1]["status"]["containerStatuses"][0]
+            cs["state"], cs["lastState"] = cs["lastState"], {}
+        a = reconcile(_obs(job, status, owned))
+        assert a.status["restartHistory"][-1]["mode"] == "recreate", spec
+        assert len(a.delete) == 2 and a.status.get("podAttempt") is None
+
+
+def test_a_container_death_before_the_attempt_is_not_its_failure() -> None:
+    """An untagged lastState (the whole container was killed) older than the attempt's start
+    belongs to an earlier attempt; one at or after it is this attempt's."""
+    job = _job()
+    status, owned = _start(job)
+    status = {**status, "attempt": 1, "podAttempt": 0, "attemptStartTime": T}
+    before = "2026-12-01T11:59:58Z"
+    for finished, restarts in ((before, False), (T, True)):
+        pods = [_crashed(o, attempt=0, finished=finished) if o["kind"] == "Pod" else o
+                for o in owned]  # fmt: skip
+        for p in pods:
+            if p["kind"] == "Pod":
+                last = p["status"]["containerStatuses"][0]["lastState"]["terminated"]
+                last["message"], last["exitCode"] = "", 137
+        a = reconcile(_obs(job, status, pods, progress=Progress(step=3)))
+        assert (a.status.get("phase") == "Restarting") is restarts, (finished, a.status)
+
+
+def test_a_slow_start_is_the_start_timeout_s_business_not_a_hang() -> None:
+    """Running pods whose trainers have not reached their first step (imports, rendezvous of
+    a restart on a busy node) are not hung; the start timeout bounds them. After the first
+    step, no progress for hangTimeoutSeconds is a hang."""
+    job = _job(restartPolicy={"hangTimeoutSeconds": 60, "startTimeoutSeconds": 300})
+    status, owned = _start(job)
+    status = {**status, **reconcile(_obs(job, status, owned, tracks_progress=True)).status}
+    slow = reconcile(_obs(job, status, owned, tracks_progress=True,
+                          now=NOW + dt.timedelta(seconds=120)))  # fmt: skip
+    assert slow.status.get("phase") != "Restarting" and slow.requeue_after == 180
+    later = NOW + dt.timedelta(seconds=130)
+    p = Progress(step=1, attempt=0)
+    status = {**status, **reconcile(_obs(job, status, owned, tracks_progress=True,
+                                         now=later, progress=p)).status}  # fmt: skip
+    hung = reconcile(_obs(job, status, owned, tracks_progress=True, progress=p,
+                          now=later + dt.timedelta(seconds=61)))  # fmt: skip
+    assert hung.status["phase"] == "Restarting"
+    assert hung.status["restartHistory"][-1]["reason"] == "Hang"

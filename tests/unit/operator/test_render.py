@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -104,9 +105,14 @@ def test_pods_are_wired_for_torchrun() -> None:
         spec = pod["spec"]
         (container,) = spec["containers"]
         assert pod["metadata"]["name"] == spec["hostname"] == f"paper-a-a2-n{rank}"
-        assert spec["subdomain"] == "paper-a" and spec["restartPolicy"] == "Never"
+        # In place (the default): the kubelet restarts a dead container, the supervisor its
+        # trainer for each attempt the ConfigMap names; its state outlives the container.
+        assert spec["subdomain"] == "paper-a" and spec["restartPolicy"] == "OnFailure"
         assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"  # the cause
-        cmd = container["command"]
+        sup, cmd = container["command"][:5], container["command"][5:]
+        assert sup == ["omni", "supervise", "--attempt-file=/etc/omni/attempt",
+                       "--state-dir=/var/run/omni", "--"]  # fmt: skip
+        assert {"name": "supervisor", "mountPath": "/var/run/omni"} in container["volumeMounts"]
         assert cmd[:4] == ["torchrun", "--nnodes=4", f"--node-rank={rank}", "--nproc-per-node=8"]
         assert f"--master-addr={master}" in cmd and cmd[-2:] == ["train", "/etc/omni/job.yaml"]
         env = {e["name"]: e.get("value") for e in container["env"]}
@@ -129,6 +135,14 @@ def test_pods_are_wired_for_torchrun() -> None:
         assert pod["metadata"]["labels"][LABEL_JOB] == "paper-a"
     placed = [p["metadata"]["annotations"]["omni.megascale.io/placed-node"] for p in pods]
     assert len(set(placed)) == 4
+    (config,) = [o for o in _objects(job, attempt=2) if o["kind"] == "ConfigMap"]
+    assert json.loads(config["data"]["attempt"]) == {"attempt": 2, "pods": 2}
+
+    recreate = _job(restartPolicy={"mode": "recreate"})
+    for pod in [o for o in _objects(recreate, attempt=2) if o["kind"] == "Pod"]:
+        (container,) = pod["spec"]["containers"]
+        assert pod["spec"]["restartPolicy"] == "Never" and container["command"][0] == "torchrun"
+        assert all(v["name"] != "supervisor" for v in pod["spec"]["volumes"])
 
 
 def test_rdma_nccl_shm_and_gang_settings() -> None:

@@ -77,13 +77,18 @@ def test_offload_on_a_fast_link_costs_no_time() -> None:
 def test_offload_needs_a_host_link() -> None:
     with pytest.raises(ValueError, match="host link"):
         llm_op_costs(plain_llm(), _seq(), Layout(recompute="offload"), cpu_profile(1e9))
+    what_if = ("selective", "full", "offload")
     assert all(
-        lay.recompute != "offload" for lay in layouts(_tiny_workload(), device=cpu_profile(1e9))
+        lay.recompute != "offload"
+        for lay in layouts(_tiny_workload(), device=cpu_profile(1e9), recomputes=what_if)
     )
+    assert {
+        lay.recompute for lay in layouts(_tiny_workload(), device=H100, recomputes=what_if)
+    } == set(what_if)
+    # by default only what train.recompute can run
     assert {lay.recompute for lay in layouts(_tiny_workload(), device=H100)} == {
         "selective",
         "full",
-        "offload",
     }
     assert Layout(recompute="offload").describe().endswith(" offload-AC")
 
@@ -145,13 +150,13 @@ def test_dp_sync_time_switch_keeps_the_bound() -> None:
     ag = all_gather_time(2 * p, 16, link)
     bound = dp_sync_time(model, bound_layout, 0, H100, backward=1.0)
     assert bound == pytest.approx(rs + ag)
-    over = Layout(dp=16)
+    over = Layout(dp=16, overlap_grad_reduce=True)  # megatron DDP's; the trainer's is False
     assert dp_sync_time(model, over, 0, H100) == pytest.approx(bound)  # no backward to hide in
     # A long backward hides all but the last (remainder) bucket of the reduce-scatter.
     last = (p - 2 * 40_000_000) / p
     assert dp_sync_time(model, over, 0, H100, backward=10.0) == pytest.approx(rs * last + ag)
     # Without the distributed optimizer the grads are all-reduced: the whole thing overlaps.
-    no_zero = Layout(dp=16, llm_zero=0)
+    no_zero = Layout(dp=16, llm_zero=0, overlap_grad_reduce=True)
     assert dp_sync_time(model, no_zero, 0, H100, backward=10.0) == pytest.approx((rs + ag) * last)
 
 
@@ -165,7 +170,7 @@ def _workload(llm: LLMConfig) -> Workload:
 def test_overlap_in_predict_never_slower_and_equal_with_one_bucket() -> None:
     for llm, one_bucket in ((LLMConfig(preset="tiny"), True), (_llm_1b(), False)):
         w = _workload(llm)
-        lay = Layout(pp=1, dp=16, reorder_group=1)
+        lay = Layout(pp=1, dp=16, reorder_group=1, overlap_grad_reduce=True)
         over = predict(w, lay, device=H100, max_microbatches=4)
         bound = predict(w, replace(lay, overlap_grad_reduce=False), device=H100, max_microbatches=4)
         if one_bucket:

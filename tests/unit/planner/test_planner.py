@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from omni_trainer.data.packing import PackedSequence, Segment
@@ -25,7 +27,7 @@ from omni_trainer.planner.devices import (
     cpu_profile,
     p2p_time,
 )
-from omni_trainer.planner.simulate import ReplicaWork, predict, run_schedule
+from omni_trainer.planner.simulate import ReplicaWork, encoder_budget, predict, run_schedule
 from omni_trainer.planner.tune import tune
 from omni_trainer.planner.workloads import Workload, image_token_share, sample_sequences
 
@@ -143,6 +145,32 @@ def test_heavy_encoders_on_stage0_are_slower_than_uniform() -> None:
     # Front-loading keeps every encoder activation alive at once: 4 mbs x 10 bytes per stage.
     assert max(res["front_loaded"].peak_bytes) >= 4 * 10.0
     assert max(res["uniform"].peak_bytes) < max(res["front_loaded"].peak_bytes)
+
+
+def test_auto_budget_is_device_memory_minus_the_llm() -> None:
+    """pp2, 8 micro-batches: the LLM holds 2 (stage 0) and 1 (stage 1) bytes of activations over
+    5 static; each encoder mb keeps 10. With room auto is as fast as front-loading; with room
+    for two mbs per stage it keeps within it (front-loading would hold four)."""
+    pp, m = 2, 8
+    mbs, enc = _encoders(m, 1.0)
+    mbs = [replace(e, activations=10.0) for e in mbs]
+    work = replace(_work(m, pp, 1.0, 2.0, enc), static_bytes=(5.0, 5.0))
+    assert encoder_budget(work, pp=pp, vpp=1, num_microbatches=m, hbm_bytes=100.0) == [93.0, 94.0]
+
+    def run(policy: str, hbm: float | None = None):
+        budget = None if hbm is None else encoder_budget(
+            work, pp=pp, vpp=1, num_microbatches=m, hbm_bytes=hbm
+        )  # fmt: skip
+        table = plan_dataflow(policy, pp=pp, vpp=1, num_microbatches=m, encoder_mbs=mbs,
+                              budget=budget)  # fmt: skip
+        return run_schedule(table, work)
+
+    front = run("front_loaded")
+    assert max(front.peak_bytes) == 5.0 + 2.0 + 40.0
+    assert run("auto", 1000.0).makespan <= front.makespan
+    tight = run("auto", 5.0 + 2.0 + 20.0)
+    assert max(tight.peak_bytes) <= 27.0
+    assert tight.makespan < run("uniform").makespan
 
 
 @pytest.mark.parametrize("m", [1, 4])

@@ -147,3 +147,22 @@ def test_gpt_shapes_follow_config(single_rank) -> None:
     assert emb.shape == (16, 2, cfg.hidden_size)  # megatron is sequence-first
     out = model(input_ids=tokens, position_ids=torch.arange(16).expand(2, 16), attention_mask=None)
     assert out.shape == (2, 16, cfg.vocab_size) and torch.isfinite(out).all()
+
+
+def test_layer_spec_can_be_forced(single_rank) -> None:
+    """``LLMRuntime.layer_spec``: local builds the local spec anywhere; te where it cannot run
+    says so before building anything."""
+    from omni_trainer.models.llm import LLMRuntime
+    from omni_trainer.models.packed import PackedAttention
+
+    local = build_gpt(
+        LLMConfig(preset="tiny"), max_sequence_length=32, runtime=LLMRuntime(layer_spec="local")
+    )
+    assert isinstance(local.decoder.layers[0].self_attention.core_attention, PackedAttention)
+    if not transformer_engine_usable():
+        with pytest.raises(RuntimeError, match="needs CUDA and an importable TransformerEngine"):
+            build_gpt(
+                LLMConfig(preset="tiny"),
+                max_sequence_length=32,
+                runtime=LLMRuntime(layer_spec="te"),
+            )

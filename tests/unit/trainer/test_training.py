@@ -8,8 +8,9 @@ import pytest
 
 from omni_trainer.config import parse_manifest
 from omni_trainer.data.sample import MediaGeometry
-from omni_trainer.data.shards import make_fixture_shards
 from omni_trainer.launch import run_worker
+
+from ...shard_fixtures import make_fixture_shards
 
 
 def _run(doc: dict, steps: int, summary=None) -> dict:

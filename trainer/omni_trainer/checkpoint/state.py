@@ -51,6 +51,8 @@ class ModelState:
         tp_rank, tp_size, dp_rank: this rank's LLM position.
         owned: names in ``replicated`` whose optimizer state lives on this rank (ZeRO-2), or
             None when every rank holds all of it (rank 0 then writes it).
+        loaded: called once a load has filled these tensors (ZeRO-1 scatters them into its
+            slices; bf16 copies the fp32 main weights into the model).
     """
 
     llm: Mapping[str, nn.Parameter]
@@ -61,15 +63,19 @@ class ModelState:
     tp_size: int = 1
     dp_rank: int = 0
     owned: frozenset[str] | None = None
+    loaded: Callable[[], None] | None = None
 
     @classmethod
     def from_trainer(cls, trainer: Any) -> ModelState:
         """The state of an ``omni_trainer.trainer.Trainer`` (duck-typed: no import cycle)."""
         from omni_trainer.models.init import global_llm_names
 
+        # whole fp32 main weights and optimizer state (gathered under ZeRO-1: a collective), so
+        # checkpoints move across precisions and data-parallel layouts
+        view = trainer.main.checkpoint_view(trainer.optimizer)
         llm: dict[str, nn.Parameter] = {}
-        for chunk in trainer.chunks:  # the fp32 main weights: checkpoints move across precisions
-            llm.update({n: trainer.main.main_of(p) for n, p in global_llm_names(chunk).items()})
+        for chunk in trainer.chunks:
+            llm.update({n: view.full.get(id(p), p) for n, p in global_llm_names(chunk).items()})
         replicated = dict(
             [
                 *trainer.model.encoders.named_parameters(prefix="encoders"),
@@ -84,13 +90,14 @@ class ModelState:
         return cls(
             llm=llm,
             replicated=replicated,
-            optimizer=trainer.optimizer,
+            optimizer=view.optimizer,
             rank=groups.rank,
             tp_rank=groups.tp_rank,
             tp_size=groups.dims.tp,
             # replicas of an LLM shard: data x context parallel (CP ranks hold equal weights)
             dp_rank=groups.dp_rank * groups.dims.cp + groups.cp_rank,
             owned=owned,
+            loaded=view.loaded,
         )
 
     # -- who holds what ------------------------------------------------------------------------
@@ -248,6 +255,8 @@ def load_targets(
             state.optimizer.state[p] = {
                 slot: _local(targets[k], p).to(p.device) for slot, k in slots.items()
             }
+        if state.loaded is not None:
+            state.loaded()
 
     return targets, apply
 

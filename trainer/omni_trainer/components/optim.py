@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -15,16 +15,22 @@ from omni_trainer.distributed import comm
 
 
 def build_optimizer(
-    params: list[nn.Parameter], cfg: OptimizerConfig, *, modules: Mapping[int, str] | None = None
+    params: list[nn.Parameter],
+    cfg: OptimizerConfig,
+    *,
+    modules: Mapping[int, str] | None = None,
+    origin: Callable[[nn.Parameter], nn.Parameter] = lambda p: p,
 ) -> torch.optim.Optimizer:
     """AdamW with no weight decay on biases and norms (1-D parameters), and one group per LR
     multiplier (``optimizer.lrMultipliers``, by the module name ``modules`` gives each id(p));
-    each group's ``lr_multiplier`` scales the LR the trainer sets every step."""
+    each group's ``lr_multiplier`` scales the LR the trainer sets every step. ``origin`` maps a
+    main parameter (an fp32 copy, a ZeRO-1 slice) to the model parameter it stands for."""
     groups: dict[tuple[float, bool], list[nn.Parameter]] = {}
     for p in params:
         if p.requires_grad:
-            scale = cfg.lr_multipliers.get((modules or {}).get(id(p), ""), 1.0)
-            groups.setdefault((scale, p.ndim >= 2), []).append(p)
+            model = origin(p)
+            scale = cfg.lr_multipliers.get((modules or {}).get(id(model), ""), 1.0)
+            groups.setdefault((scale, model.ndim >= 2), []).append(p)
     return torch.optim.AdamW(
         [
             {
@@ -54,11 +60,11 @@ def lr_at(step: int, *, opt: OptimizerConfig, sched: LRScheduleConfig, total_ste
     return opt.min_lr + (opt.lr - opt.min_lr) * coeff
 
 
-def all_reduce_grads(params: list[nn.Parameter], group: dist.ProcessGroup) -> None:
+def all_reduce_grads(grads: list[torch.Tensor | None], group: dist.ProcessGroup | None) -> None:
     """Sum gradients over ``group`` in one flat buffer (losses are pre-normalised globally)."""
-    if dist.get_world_size(group) == 1:
+    if comm.size(group) == 1:
         return
-    grads = [p.grad for p in params if p.grad is not None]
+    grads = [g for g in grads if g is not None]
     if not grads:
         return
     flat = _flatten_dense_tensors(grads)
@@ -89,12 +95,15 @@ def clip_grad_norm(
     *,
     tp_rank: int,
     model_parallel_group: dist.ProcessGroup,
+    sharded_llm_group: dist.ProcessGroup | None = None,
     sharded_replicated_group: dist.ProcessGroup | None = None,
 ) -> float:
     """Global grad norm counting each weight once, then clip.
 
     LLM weights are split over the tensor- and pipeline-parallel ranks of a replica: TP shards and
     stage-local weights are summed over that group, TP-replicated ones (norms) only from TP rank 0.
+    With ZeRO-1 (``sharded_llm_group``) each rank of that group holds disjoint slices of the
+    LLM gradients, so their squares are summed over it first.
     ``replicated_params`` (encoders) are identical on every rank after their all-reduce, or,
     with ZeRO (``sharded_replicated_group``), held by one owner each and zero elsewhere, so their
     squares are summed over that group.
@@ -105,6 +114,8 @@ def clip_grad_norm(
             continue
         if p.grad is not None and (getattr(p, "tensor_model_parallel", False) or tp_rank == 0):
             llm_sq += p.grad.detach().double().pow(2).sum().cpu()
+    if sharded_llm_group is not None:
+        comm.all_reduce(llm_sq, group=sharded_llm_group)
     comm.all_reduce(llm_sq, group=model_parallel_group)
     rep_sq = sum(
         (

@@ -8,16 +8,22 @@ and after the optimizer step the twins are copied back into the bf16 weights. En
 weights and compute under bf16 autocast. Checkpoints hold the fp32 main weights, so a checkpoint
 moves between precisions unchanged.
 
-fp32 runs use the parameters themselves: :class:`MainParams` is then the identity.
+fp32 runs use the parameters themselves: :class:`MainParams` is then the identity. With
+``parallelism.distributedOptimizer`` the main weights are sharded instead
+(``components/distributed_optimizer.py``, the same interface).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 from torch import nn
+
+from omni_trainer.components.optim import all_reduce_grads
 
 # the megatron attributes that say how a parameter is sharded (read by clipping and checkpoints)
 _SHARDING_ATTRS = (
@@ -28,6 +34,30 @@ _SHARDING_ATTRS = (
     "shared",  # the last stage's copy of a tied embedding
     "shared_embedding",
 )
+
+
+def copy_sharding_attrs(source: nn.Parameter, target: nn.Parameter) -> nn.Parameter:
+    """``target`` says how it is sharded as ``source`` does (clipping and checkpoints read it)."""
+    for attr in _SHARDING_ATTRS:
+        if hasattr(source, attr):
+            setattr(target, attr, getattr(source, attr))
+    return target
+
+
+@dataclass(frozen=True)
+class CheckpointView:
+    """What a checkpoint saves and loads of the LLM: whole fp32 weights per parameter.
+
+    Attributes:
+        full: id(model parameter) -> the whole fp32 tensor standing for it in a checkpoint.
+        optimizer: its ``state`` maps those tensors (and the encoders') to their slots.
+        loaded: call after a load fills ``full`` and ``optimizer.state``: the values reach the
+            model, the main weights and the real optimizer.
+    """
+
+    full: Mapping[int, nn.Parameter]
+    optimizer: Any
+    loaded: Callable[[], None]
 
 
 def compute_dtype(precision: Literal["auto", "fp32", "bf16"], device: torch.device) -> torch.dtype:
@@ -47,8 +77,9 @@ def encoder_autocast(dtype: torch.dtype, device: torch.device) -> AbstractContex
 class MainParams:
     """fp32 main parameters (and gradients) of low-precision model parameters."""
 
-    def __init__(self, params: list[nn.Parameter]) -> None:
+    def __init__(self, params: list[nn.Parameter], *, group: Any = None) -> None:
         self.model_params = params
+        self.group = group
         self.main: list[nn.Parameter] = []
         self._main_of: dict[int, nn.Parameter] = {}
         for p in params:
@@ -56,13 +87,12 @@ class MainParams:
                 main = p
             else:
                 main = nn.Parameter(p.detach().float(), requires_grad=p.requires_grad)
-                for attr in _SHARDING_ATTRS:
-                    if hasattr(p, attr):
-                        setattr(main, attr, getattr(p, attr))
+                copy_sharding_attrs(p, main)
                 p.register_post_accumulate_grad_hook(self._accumulate(main))
             main.grad = torch.zeros_like(main)
             self.main.append(main)
             self._main_of[id(p)] = main
+        self._origin = {id(m): p for p, m in zip(params, self.main, strict=True)}
 
     @staticmethod
     def _accumulate(main: nn.Parameter):
@@ -71,6 +101,35 @@ class MainParams:
             p.grad = None
 
         return hook
+
+    # -- the step (the interface of ``distributed_optimizer.DistributedMainParams``) ----------
+    norm_group = None  # the main gradients are whole on every rank
+
+    def origin_of(self, main: nn.Parameter) -> nn.Parameter:
+        """The model parameter a main parameter stands for (its LR group, weight decay)."""
+        return self._origin[id(main)]
+
+    def grad_of(self, param: nn.Parameter) -> torch.Tensor | None:
+        return self.main_of(param).grad
+
+    def zero_grad(self) -> None:
+        for m in self.main:
+            m.grad.zero_()
+
+    def reduce_gradients(self) -> None:
+        """Sum the main gradients over the data- (and context-) parallel group."""
+        all_reduce_grads([m.grad for m in self.main], self.group)
+
+    def step_done(self) -> None:
+        self.copy_to_model()
+
+    def full_grads(self) -> dict[int, torch.Tensor]:
+        return {id(p): m.grad for p, m in zip(self.model_params, self.main, strict=True)}
+
+    def checkpoint_view(self, optimizer: torch.optim.Optimizer) -> CheckpointView:
+        """The main weights and the optimizer as they are; a load is copied into the model."""
+        full = {id(p): m for p, m in zip(self.model_params, self.main, strict=True)}
+        return CheckpointView(full=full, optimizer=optimizer, loaded=self.copy_to_model)
 
     def main_of(self, param: nn.Parameter) -> nn.Parameter:
         """The fp32 main parameter of ``param`` (``param`` itself: fp32, or frozen)."""

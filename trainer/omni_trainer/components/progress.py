@@ -15,7 +15,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 class StepReporter(Protocol):
     def start(self, total_steps: int, description: str) -> None: ...
-    def update(self, step: int, *, loss: float, tokens_per_s: float, mfu: float) -> None: ...
+    def update(
+        self, step: int, *, loss: float, tokens_per_s: float, mfu: float, fingerprint: str = ""
+    ) -> None: ...
     def close(self) -> None: ...
 
 
@@ -25,7 +27,9 @@ class NullReporter:
     def start(self, total_steps: int, description: str) -> None:
         pass
 
-    def update(self, step: int, *, loss: float, tokens_per_s: float, mfu: float) -> None:
+    def update(
+        self, step: int, *, loss: float, tokens_per_s: float, mfu: float, fingerprint: str = ""
+    ) -> None:
         pass
 
     def close(self) -> None:
@@ -61,7 +65,9 @@ class ConsoleReporter:
             )
             self.progress.start()
 
-    def update(self, step: int, *, loss: float, tokens_per_s: float, mfu: float) -> None:
+    def update(
+        self, step: int, *, loss: float, tokens_per_s: float, mfu: float, fingerprint: str = ""
+    ) -> None:
         if self.progress is not None:
             self.progress.update(self.task, completed=step, loss=loss, tps=tokens_per_s, mfu=mfu)
         elif step == 1 or step % self.log_every == 0 or step == self.total:
@@ -76,7 +82,8 @@ class ConsoleReporter:
 
 
 class StepLog:
-    """Appends ``{"step", "loss", "tokens_per_s", "mfu", "attempt", "run", "time"}`` per step,
+    """Appends ``{"step", "loss", "tokens_per_s", "mfu", "attempt", "run", "time", "samples"}``
+    per step (``samples``: the fingerprint of the samples the step consumed),
     flushed at once: a killed job keeps every step it finished. ``attempt`` is the operator's
     restart attempt; ``run`` counts the runs that appended to the file (0, 1, ...), so replayed
     steps stay apart even when the attempt repeats (a job deleted and applied again)."""
@@ -92,10 +99,13 @@ class StepLog:
         self.run = _next_run(self.path)
         self._file = self.path.open("a", encoding="utf-8")
 
-    def update(self, step: int, *, loss: float, tokens_per_s: float, mfu: float) -> None:
+    def update(
+        self, step: int, *, loss: float, tokens_per_s: float, mfu: float, fingerprint: str = ""
+    ) -> None:
         assert self._file is not None, "StepLog.start() was not called"
         record = {"step": step, "loss": loss, "tokens_per_s": tokens_per_s, "mfu": mfu,
-                  "attempt": self.attempt, "run": self.run, "time": time.time()}  # fmt: skip
+                  "attempt": self.attempt, "run": self.run, "time": time.time(),
+                  "samples": fingerprint}  # fmt: skip
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
 
@@ -126,6 +136,16 @@ def read_step_log(path: str | Path) -> dict[int, float]:
     return dict(sorted(losses.items()))
 
 
+def read_step_samples(path: str | Path) -> dict[int, str]:
+    """The sample fingerprint per step as it finally counted (see :func:`read_step_log`)."""
+    out: dict[int, str] = {}
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            record = json.loads(line)
+            out[record["step"]] = record.get("samples", "")
+    return dict(sorted(out.items()))
+
+
 class Reporters:
     """Several reporters as one."""
 
@@ -136,9 +156,11 @@ class Reporters:
         for r in self.reporters:
             r.start(total_steps, description)
 
-    def update(self, step: int, *, loss: float, tokens_per_s: float, mfu: float) -> None:
+    def update(
+        self, step: int, *, loss: float, tokens_per_s: float, mfu: float, fingerprint: str = ""
+    ) -> None:
         for r in self.reporters:
-            r.update(step, loss=loss, tokens_per_s=tokens_per_s, mfu=mfu)
+            r.update(step, loss=loss, tokens_per_s=tokens_per_s, mfu=mfu, fingerprint=fingerprint)
 
     def close(self) -> None:
         for r in self.reporters:

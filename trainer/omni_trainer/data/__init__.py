@@ -38,7 +38,6 @@ _SOURCES = {
     "SyntheticSourceConfig": "omni_trainer.data.config",
     "build_source": "omni_trainer.data.loader",
     "collate": "omni_trainer.data.packing",
-    "make_fixture_shards": "omni_trainer.data.shards",
     "split_micro_batches": "omni_trainer.data.packing",
     "write_shards": "omni_trainer.data.shards",
 }

@@ -23,9 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from omni_trainer.data.config import Modality, ShardSourceConfig, SyntheticSourceConfig
+from omni_trainer.data.config import Modality, ShardSourceConfig
 from omni_trainer.data.sample import MEDIA_DTYPE, MediaGeometry, MediaRef, Sample, Skipped
-from omni_trainer.data.synthetic import SyntheticSource
 
 log = logging.getLogger(__name__)
 
@@ -367,53 +366,3 @@ class ShardSource:
                 raise
         log.info("shard %s has no index; scanning it", shard)
         return _scan(self._read(shard))
-
-
-_FIXTURE_SOURCES: dict[str, dict[str, Any]] = {
-    "image": {"preset": "openimages"},
-    "audio": {"preset": "librispeech"},
-    "text": {"preset": "longtext"},
-    "video": {"length": {"mean": 3000, "sigma": 0.5, "min": 256, "max": 16384}},
-}
-
-
-def make_fixture_shards(
-    path: str,
-    n: int,
-    seed: int,
-    geometry: MediaGeometry,
-    vocab_size: int,
-    *,
-    modalities: Sequence[Modality] = ("image", "audio", "text"),
-    seq_length: int = 256,
-    samples_per_shard: int = 8,
-    length_scale: float = 0.02,
-) -> dict[str, str]:
-    """Write ``n`` synthetic samples per modality under ``path/<modality>/`` (dir or s3 url).
-
-    Returns:
-        modality -> url, ready for a ``ShardSourceConfig``.
-    """
-    urls: dict[str, str] = {}
-    for i, modality in enumerate(modalities):
-        cfg = SyntheticSourceConfig(
-            kind="synthetic",
-            name=f"fixture-{modality}",
-            modality=modality,
-            length_scale=length_scale,
-            **_FIXTURE_SOURCES[modality],
-        )
-        src = SyntheticSource(
-            cfg,
-            source_index=i,
-            seed=seed,
-            vocab_size=vocab_size,
-            geometry=geometry,
-            seq_length=seq_length,
-        )
-        url = f"{path.rstrip('/')}/{modality}"
-        write_shards(
-            (src.get(j) for j in range(n)), url, samples_per_shard, load_media=src.load_media
-        )
-        urls[modality] = url
-    return urls

@@ -68,6 +68,21 @@ def all_gather(tensor: Tensor, *, group: Group) -> list[Tensor]:
     return [p.to(tensor.device) for p in parts]
 
 
+def all_gather_flat(tensor: Tensor, *, group: Group) -> Tensor:
+    """Every rank's 1-D ``tensor`` concatenated in group-rank order (one buffer, on its device)."""
+    if size(group) == 1:
+        return tensor.clone()
+    device = comm_device(group)
+    staged = _staged(tensor, device)
+    if device.type == "cuda":
+        out = staged.new_empty(staged.numel() * size(group))
+        dist.all_gather_into_tensor(out, staged, group=group)
+        return out.to(tensor.device)
+    parts = [torch.empty_like(staged) for _ in range(size(group))]
+    dist.all_gather(parts, staged, group=group)  # gloo has no all_gather_into_tensor
+    return torch.cat(parts).to(tensor.device)
+
+
 def reduce_scatter(tensor: Tensor, *, group: Group) -> Tensor:
     """Sum ``tensor`` over ``group`` and return this rank's equal slice along dim 0."""
     n, rank = size(group), dist.get_rank(group)

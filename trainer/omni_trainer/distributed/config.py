@@ -2,12 +2,34 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from omni_trainer.config_base import Spec
+
+_BYTES = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
+_SCALE = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
+_SCALE |= {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
+
+
+def memory_bytes(value: int | str) -> int:
+    """Bytes from an integer or a Kubernetes-style quantity (``20Gi``, ``1.5G``, ``512Mi``).
+
+    Raises:
+        ValueError: not a positive byte count.
+    """
+    match = None if isinstance(value, bool) else _BYTES.match(str(value).strip())
+    size = float(match[1]) * _SCALE.get(match[2] or "", 1) if match else 0.0
+    if size < 1:
+        raise ValueError(
+            f"parallelism.encoder.memoryBudget {value!r} is not a positive byte count: give bytes "
+            "(e.g. 21474836480) or a quantity such as 20Gi, 512Mi or 1.5G, or drop it to derive "
+            "the budget from the device's memory"
+        )
+    return int(size)
 
 
 class EncoderParallelConfig(Spec):
@@ -16,16 +38,38 @@ class EncoderParallelConfig(Spec):
     eta: int = Field(
         4096, ge=0, description="samples longer than this (tokens) encode sequence-parallel"
     )
-    policy: Literal["uniform", "front_loaded", "stage0"] = Field(
-        "uniform",
-        description="where encoder micro-batches enter the LLM pipeline: uniform on-demand "
-        "insertion on every stage (the paper's), all before the pipeline, or all on stage 0",
+    policy: Literal["auto", "uniform", "front_loaded", "stage0"] = Field(
+        "auto",
+        description="where encoder micro-batches enter the LLM pipeline: auto fills idle "
+        "pipeline time first, then front-loads while a stage's encoder activations fit "
+        "memoryBudget, then inserts on demand; uniform on-demand insertion on every stage "
+        "(the paper's), all before the pipeline, or all on stage 0",
     )
-    zero: Literal[0, 2] = Field(
-        0,
+    memory_budget: int | str | None = Field(
+        None,
+        description="auto: the bytes of encoder activations one rank may hold (bytes or a "
+        "quantity such as 20Gi); default: the device's memory (a GPU's total, or the host's "
+        "available memory divided by the local processes) minus the LLM's static bytes and "
+        "activation peak",
+    )
+    zero: Literal[0, 2] | None = Field(
+        None,
         description="2: shard encoder gradients and optimizer state over all encoder replicas "
-        "(ZeRO-2); 0: every rank keeps full copies",
+        "(ZeRO-2); 0: every rank keeps full copies; default: 2 when the LLM's "
+        "distributedOptimizer is on, so the whole model's optimizer state is sharded",
     )
+
+    @field_validator("memory_budget")
+    @classmethod
+    def _budget_in_bytes(cls, v: int | str | None) -> int | str | None:
+        if v is not None:
+            memory_bytes(v)
+        return v
+
+    @property
+    def memory_budget_bytes(self) -> int | None:
+        """The manifest's budget in bytes; None: derive it from the device."""
+        return None if self.memory_budget is None else memory_bytes(self.memory_budget)
 
 
 class ParallelismConfig(Spec):
@@ -40,6 +84,18 @@ class ParallelismConfig(Spec):
         description="megatron sequence parallelism inside the tensor-parallel group (norms, "
         "residuals and the stage-0 embeddings sharded along the sequence); default: on when "
         "tensor > 1 (and context is 1)",
+    )
+    distributed_optimizer: bool | None = Field(
+        None,
+        description="ZeRO-1 for the LLM: each data-parallel rank keeps the optimizer state "
+        "(and fp32 main weights with bf16) of its slice only; gradients are reduce-scattered "
+        "and the updated slices all-gathered; default: on when data parallel > 1",
+    )
+    bucket_size: int = Field(
+        40_000_000,
+        ge=1,
+        description="elements per gradient bucket of the LLM's reduce-scatter / all-gather "
+        "(distributedOptimizer)",
     )
     encoder: EncoderParallelConfig = EncoderParallelConfig()
 
@@ -56,6 +112,18 @@ class ParallelismConfig(Spec):
                 "or context: 1"
             )
         return self
+
+    def distributed_optimizer_on(self, data_parallel: int) -> bool:
+        """ZeRO-1 for the LLM at this data-parallel size (the default follows it)."""
+        if self.distributed_optimizer is None:
+            return data_parallel > 1
+        return self.distributed_optimizer
+
+    def encoder_zero(self, data_parallel: int) -> int:
+        """The encoders' ZeRO stage at this data-parallel size (0 or 2)."""
+        if self.encoder.zero is None:
+            return 2 if self.distributed_optimizer_on(data_parallel) else 0
+        return self.encoder.zero
 
     @property
     def sequence_parallel_on(self) -> bool:

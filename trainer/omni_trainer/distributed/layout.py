@@ -6,6 +6,7 @@ from __future__ import annotations
 from omni_trainer.config import ManifestError, TrainerConfig
 from omni_trainer.data.lengths import Problem, length_problems
 from omni_trainer.distributed.config import ParallelDims
+from omni_trainer.models.config import ModelConfig
 
 
 def layout_for(cfg: TrainerConfig, world_size: int) -> ParallelDims:
@@ -48,12 +49,13 @@ def manifest_warnings(cfg: TrainerConfig) -> list[str]:
 
 def dims_problems(cfg: TrainerConfig, dims: ParallelDims) -> list[Problem]:
     """Every reason the manifest cannot run in layout ``dims`` (model, batch and data splits)."""
-    return _model_problems(cfg, dims) + _batch_problems(cfg, dims)
+    return model_problems(cfg.model, dims) + _batch_problems(cfg, dims)
 
 
-def _model_problems(cfg: TrainerConfig, dims: ParallelDims) -> list[Problem]:
-    """Heads split over tensor-parallel ranks, layers over pipeline stages."""
-    llm, out = cfg.model.llm, []
+def model_problems(model: ModelConfig, dims: ParallelDims) -> list[Problem]:
+    """Heads split over tensor-parallel ranks, layers over pipeline stages (the planner's
+    tuner asks this too, so it proposes only layouts the trainer runs)."""
+    llm, out = model.llm, []
     llm_heads = (
         (("numAttentionHeads", llm.num_attention_heads), ("numQueryGroups", llm.num_query_groups))
         if llm.resolved
@@ -70,7 +72,7 @@ def _model_problems(cfg: TrainerConfig, dims: ParallelDims) -> list[Problem]:
                 )
             )
     for modality in ("image", "audio"):
-        enc = getattr(cfg.model.encoders, modality)
+        enc = getattr(model.encoders, modality)
         if enc is not None and enc.resolved and enc.num_heads % dims.tp:
             out.append(
                 (

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -21,21 +23,6 @@ class Generation:
         return asdict(self)
 
 
-def prompt_ids(tokenizer, prompt: str, *, raw: bool) -> list[int]:
-    """One user turn through the chat template with the generation prompt, or (``raw``) the
-    prompt's own tokens."""
-    if raw:
-        return list(tokenizer(prompt).input_ids)
-    if not tokenizer.chat_template:
-        raise HFModelError(
-            "the tokenizer has no chat template: pass --raw to feed the prompt as is"
-        )
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
-    )
-    return list(tokenizer(text, add_special_tokens=False).input_ids)
-
-
 def eos_ids(tokenizer, generation_config: dict | None) -> set[int]:
     """Tokens that end generation: the tokenizer's EOS and generation_config.json's."""
     ids = set()
@@ -49,24 +36,23 @@ def eos_ids(tokenizer, generation_config: dict | None) -> set[int]:
 
 @torch.no_grad()
 def greedy(
-    chunk, ids: list[int], *, max_new_tokens: int, stop: set[int], vocab_size: int
+    chunk,
+    ids: list[int],
+    *,
+    max_new_tokens: int,
+    stop: set[int],
+    vocab_size: int,
+    media: MediaInput | None = None,
 ) -> tuple[list[int], list[float]]:
     """Append the most likely token until a stop token or ``max_new_tokens`` (no KV cache: every
-    step runs the whole prefix, which is what one GPTModel forward offers)."""
+    step runs the whole prefix, which is what one GPTModel forward offers; the media are encoded
+    once)."""
     device = next(chunk.parameters()).device
     seq = list(ids)
     out: list[int] = []
     logprobs: list[float] = []
     for _ in range(max_new_tokens):
-        tokens = torch.tensor([seq], device=device)
-        positions = torch.arange(len(seq), device=device)[None]
-        if chunk.position_embedding_type == "mrope":  # text: one position on all three axes
-            positions = positions.expand(3, 1, -1)
-        logits = chunk(
-            input_ids=tokens,
-            position_ids=positions,
-            attention_mask=None,  # one causal sequence: no boundaries needed
-        )
+        logits = forward(chunk, torch.tensor([seq], device=device), media)
         last = logits[0, -1, :vocab_size].float().log_softmax(-1)
         token = int(last.argmax())
         out.append(token)
@@ -77,24 +63,71 @@ def greedy(
     return out, logprobs
 
 
-def rope_positions(
-    cfg, length: int, images: list[torch.Tensor], image_positions: torch.Tensor | None
-) -> torch.Tensor:
-    """The LLM's ``position_ids`` of one sequence: [1, len], or with M-RoPE [3, 1, len] (each
-    image's merged tokens on its grid, ``interop.qwen2_5_vl.mrope_positions``)."""
+@dataclass
+class MediaInput:
+    """Projected encoder features and the sequence positions they replace (in order)."""
+
+    features: torch.Tensor
+    positions: torch.Tensor
+    image_grids: list[tuple[int, int, int]] = field(default_factory=list)
+    """M-RoPE only: ``(offset, rows, cols)`` of each image's merged tokens."""
+
+
+def image_grids(
+    cfg, images: list[torch.Tensor], positions: torch.Tensor
+) -> list[tuple[int, int, int]]:
+    """``(offset, rows, cols)`` of each image (``positions`` lists the images' first, each
+    image's tokens in a row) for M-RoPE; none for a model without it."""
     if cfg.llm.mrope_section is None:
+        return []
+    side = cfg.encoders.image.position_side
+    grids, at = [], 0
+    for image in images:
+        rows, cols = image.shape[-2] // side, image.shape[-1] // side
+        grids.append((int(positions[at]), rows, cols))
+        at += rows * cols
+    return grids
+
+
+def encode_media(model, items: dict[str, list[torch.Tensor]], positions: torch.Tensor):
+    """Each modality's items through its encoder + projector, in placeholder order (images
+    first when both: ``positions`` lists image positions, then audio ones)."""
+    features = [
+        model.projectors[m](model.encoders[m](items[m])) for m in ("image", "audio") if items.get(m)
+    ]
+    if not features:
+        return None
+    joined = torch.cat(features)
+    if joined.shape[0] != len(positions):
+        raise HFModelError(f"{len(positions)} media positions for {joined.shape[0]} features")
+    return MediaInput(joined, positions, image_grids(model.cfg, items.get("image", []), positions))
+
+
+def rope_positions(chunk, length: int, media: MediaInput | None) -> torch.Tensor:
+    """The LLM's ``position_ids`` of one sequence: [1, len], or with M-RoPE [3, 1, len] (text
+    on all three axes alike, each image's merged tokens on its grid)."""
+    if chunk.position_embedding_type != "mrope":
         return torch.arange(length)[None]
     from omni_trainer.interop.qwen2_5_vl import mrope_positions
 
-    side = cfg.encoders.image.position_side if images else 1
-    grids = [(img.shape[-2] // side, img.shape[-1] // side) for img in images]
-    starts = (
-        torch.cumsum(torch.tensor([0] + [r * c for r, c in grids[:-1]]), 0).tolist()
-        if grids
-        else []
+    grids = media.image_grids if media is not None else []
+    return torch.from_numpy(mrope_positions(length, grids))[:, None]
+
+
+def forward(chunk, ids: torch.Tensor, media: MediaInput | None = None) -> torch.Tensor:
+    """One forward of the LLM on one sequence ([1, len] ids), media features written at their
+    positions -> [1, len, padded vocab]."""
+    positions = rope_positions(chunk, ids.shape[1], media).to(ids.device)
+    emb = None
+    if media is not None:
+        emb = chunk.embedding(input_ids=ids, position_ids=positions)  # [len, 1, hidden]
+        emb = emb.index_copy(0, media.positions, media.features[:, None].to(emb.dtype))
+    return chunk(
+        input_ids=ids,
+        position_ids=positions,
+        attention_mask=None,  # one causal sequence: no boundaries needed
+        decoder_input=emb,
     )
-    spans = [(int(image_positions[i]), r, c) for i, (r, c) in zip(starts, grids, strict=True)]
-    return torch.from_numpy(mrope_positions(length, spans))[:, None]
 
 
 def logits(
@@ -107,19 +140,54 @@ def logits(
     """One forward of a TP = PP = 1 ``OmniModel`` on one sequence: [1, len] ids, the images'
     projected features written at ``image_positions`` (in order), -> [1, len, padded vocab]."""
     (chunk,) = model.llm_chunks
-    positions = rope_positions(model.cfg, ids.shape[1], images or [], image_positions)
-    positions = positions.to(ids.device)
-    emb = chunk.embedding(input_ids=ids, position_ids=positions)  # [len, 1, hidden]
-    if images:
-        features = model.projectors["image"](model.encoders["image"](images))
-        if features.shape[0] != len(image_positions):
-            raise HFModelError(
-                f"{len(image_positions)} image positions for {features.shape[0]} image features"
-            )
-        emb = emb.index_copy(0, image_positions, features[:, None].to(emb.dtype))
-    return chunk(
-        input_ids=ids,
-        position_ids=positions,
-        attention_mask=None,  # one causal sequence: no boundaries needed
-        decoder_input=emb,
-    )
+    media = encode_media(model, {"image": images or []}, image_positions)
+    return forward(chunk, ids, media)
+
+
+def generate(
+    cfg,
+    prompt: str,
+    *,
+    checkpoint: str | None,
+    images: list[Path],
+    audio: list[Path],
+    raw: bool,
+    max_new_tokens: int,
+) -> Generation:
+    """The prompt (one chat turn, or ``raw``) with its media, greedily continued.
+
+    Raises:
+        HFModelError: no usable tokenizer, media the model cannot take, placeholders that do
+            not match the items (each named with the fix).
+    """
+    from omni_trainer.interop.media_prompt import item_tokens, load_items, media_prompt, place_media
+    from omni_trainer.interop.runtime import hf_files_dir, single_process_model
+    from omni_trainer.interop.tokenizer import load_checked_tokenizer
+
+    tok = load_checked_tokenizer(cfg)
+    items = load_items(cfg, images, audio)
+    tokens = item_tokens(cfg, items)
+    text = place_media(tok, prompt, {m: len(x) for m, x in items.items()}, raw=raw)
+    placed = media_prompt(tok, text, tokens, raw=raw)
+    gen_file = hf_files_dir(cfg.tokenizer) / "generation_config.json"
+    gen_cfg = json.loads(gen_file.read_text()) if gen_file.is_file() else None
+    length = len(placed.ids) + max_new_tokens
+    with (
+        single_process_model(cfg, checkpoint=checkpoint, max_sequence_length=length) as (
+            model,
+            _,
+        ),
+        torch.no_grad(),
+    ):
+        device = next(model.parameters()).device
+        moved = {m: [x.to(device) for x in xs] for m, xs in items.items()}
+        media = encode_media(model, moved, placed.positions.to(device))
+        out, logprobs = greedy(
+            model.llm_chunks[0],
+            placed.ids,
+            max_new_tokens=max_new_tokens,
+            stop=eos_ids(tok, gen_cfg),
+            vocab_size=cfg.model.llm.vocab_size,
+            media=media,
+        )
+    return Generation(placed.ids, out, tok.decode(out, skip_special_tokens=True), logprobs)

@@ -56,10 +56,9 @@ class TensorMap:
 
 _LAYER = re.compile(r"decoder\.layers\.(\d+)\.(.+)")
 _LAYER_MAP: dict[str, tuple[Kind, tuple[str, ...]]] = {
+    # canonical names (``models.spec_names``): TE's fused norms arrive under these too
     "input_layernorm.weight": ("copy", ("input_layernorm.weight",)),
-    "self_attention.linear_qkv.layer_norm_weight": ("copy", ("input_layernorm.weight",)),
     "pre_mlp_layernorm.weight": ("copy", ("post_attention_layernorm.weight",)),
-    "mlp.linear_fc1.layer_norm_weight": ("copy", ("post_attention_layernorm.weight",)),
     "self_attention.linear_qkv.weight": (
         "qkv",
         ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),

@@ -211,15 +211,8 @@ VISUAL = "visual."
 """Where ``Qwen2_5_VLForConditionalGeneration.save_pretrained`` puts the tower."""
 
 
-def exports_tower(cfg) -> bool:
-    """Whether ``omni export`` writes the image tower: a whole Qwen2.5-VL (``model.hf``)."""
-    image = cfg.model.encoders.image
-    return cfg.model.hf is not None and image is not None and image.qwen is not None
-
-
-def tower_tensors(model, cfg) -> Iterator[tuple[str, Any]]:
-    """(HF name, tensor) of the tower of a whole Qwen2.5-VL, named as transformers saves it
-    (our module's names under ``visual.``); nothing for other models."""
-    if exports_tower(cfg):
-        for name, param in model.encoders["image"].named_parameters():
-            yield VISUAL + name, param.data
+def tower_tensors(model) -> Iterator[tuple[str, Any]]:
+    """(HF name, tensor) of the image tower of a whole Qwen2.5-VL (``model``: a TP = PP = 1
+    ``OmniModel``), named as transformers saves it: our module's names under ``visual.``."""
+    for name, param in model.encoders["image"].named_parameters():
+        yield VISUAL + name, param.data

@@ -17,7 +17,8 @@ paths never depend on this module. Measured needs (shared/ENVIRONMENT.md):
   state itself is restored by megatron's own ``torch.set_rng_state``; dropout is zero anyway).
 
 Pipeline schedules must also run with ``batch_p2p_comm=False`` on gloo: with virtual pipelining,
-batched p2p gives silently wrong gradients there (ENVIRONMENT.md); see ``mcore/pipeline.py``.
+batched p2p gives silently wrong gradients there (shared/ENVIRONMENT.md); ``models/llm.py``
+sets ``batch_p2p_comm=False``.
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ import math
 import torch
 from torch import nn
 
+from omni_trainer.models.spec_names import canonical_name
+
 # megatron's default: output_layer_init_method = normal(0, std / sqrt(2 * num_layers)) for the
 # projections that write into the residual stream.
 _RESIDUAL_OUTPUTS = ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight")
@@ -26,14 +28,15 @@ def name_seed(seed: int, name: str) -> int:
 
 
 def global_llm_names(chunk: nn.Module) -> dict[str, nn.Parameter]:
-    """Parameters of one GPTModel chunk keyed by the names a single-process model would use."""
+    """Parameters of one GPTModel chunk keyed by the names a single-process model would use,
+    whatever its layer spec (``models.spec_names``: TE's fused-norm names map to the local's)."""
     names = {}
     for name, param in chunk.named_parameters():
         parts = name.split(".")
         if parts[:2] == ["decoder", "layers"]:
             layer = chunk.decoder.layers[int(parts[2])]
             parts[2] = str(layer.layer_number - 1)  # megatron's layer_number is global, 1-based
-        names[".".join(parts)] = param
+        names[canonical_name(".".join(parts))] = param
     return names
 
 

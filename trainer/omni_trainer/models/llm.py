@@ -40,6 +40,9 @@ class LLMRuntime:
     params_dtype: torch.dtype = torch.float32
     recompute: Recompute = Recompute()
     sequence_parallel: bool = False
+    layer_spec: Literal["auto", "local", "te"] = "auto"
+    """megatron's layer spec: ``auto`` is TE's where CUDA and TE work, the local one otherwise;
+    ``local`` / ``te`` force one (``bench/gpu_check.py`` compares them on one GPU)."""
 
 
 FP32 = LLMRuntime()
@@ -54,6 +57,12 @@ def transformer_engine_usable() -> bool:
     except Exception:
         return False
     return True
+
+
+def _uses_te(layer_spec: str) -> bool:
+    if layer_spec == "te" and not transformer_engine_usable():
+        raise RuntimeError("layer_spec 'te' needs CUDA and an importable TransformerEngine")
+    return layer_spec == "te" or (layer_spec == "auto" and transformer_engine_usable())
 
 
 def build_gpt(
@@ -84,7 +93,7 @@ def build_gpt(
 
     from omni_trainer.models.packed import PackedAttention, with_core_attention
 
-    use_te = transformer_engine_usable()
+    use_te = _uses_te(runtime.layer_spec)
     params_dtype, sequence_parallel = runtime.params_dtype, runtime.sequence_parallel
     if cfg.sliding_window is not None and max_sequence_length > cfg.sliding_window:
         raise ValueError(
@@ -110,7 +119,8 @@ def build_gpt(
         params_dtype=params_dtype,
         bf16=params_dtype == torch.bfloat16,
         pipeline_dtype=params_dtype,  # what the layers emit: no autocast around the LLM
-        batch_p2p_comm=False,  # batched p2p + interleaving gives wrong grads on gloo (ENV.md)
+        # batched p2p + interleaving gives wrong grads on gloo (shared/ENVIRONMENT.md)
+        batch_p2p_comm=False,
         calculate_per_token_loss=True,  # the trainer pre-normalises by global text targets
         **_parallel_sizes(),
         bias_dropout_fusion=False,
@@ -167,11 +177,11 @@ def build_gpt(
     return model
 
 
-def all_reduce_tied_embedding_grads(chunks: list, *, main_of=lambda p: p) -> None:
+def all_reduce_tied_embedding_grads(chunks: list, *, grad_of=lambda p: p.grad) -> None:
     """With tied embeddings and several pipeline stages, the first stage's embedding and the last
-    stage's output layer are two copies of one weight: sum their gradients (those of their
-    ``main_of`` parameters: fp32 main copies with bf16) over megatron's embedding group so both
-    copies take the step a single process would."""
+    stage's output layer are two copies of one weight: sum their gradients (``grad_of``: the fp32
+    main gradient) over megatron's embedding group so both copies take the step a single process
+    would. Call it before the data-parallel reduction (ZeRO-1 keeps only slices after it)."""
     from megatron.core import parallel_state as ps
 
     from omni_trainer.distributed import comm
@@ -180,9 +190,9 @@ def all_reduce_tied_embedding_grads(chunks: list, *, main_of=lambda p: p) -> Non
         return
     for chunk in chunks:
         if chunk.share_embeddings_and_output_weights and (chunk.pre_process or chunk.post_process):
-            weight = main_of(chunk.shared_embedding_or_output_weight())
-            if weight.grad is not None:  # None: the LLM is frozen
-                comm.all_reduce(weight.grad, group=ps.get_embedding_group())
+            grad = grad_of(chunk.shared_embedding_or_output_weight())
+            if grad is not None:  # None: the LLM is frozen
+                comm.all_reduce(grad, group=ps.get_embedding_group())
 
 
 def padded_vocab_size(vocab_size: int, tp: int) -> int:

@@ -59,8 +59,9 @@ POST: Final = 2**31 - 1
 """Slot index after the stage's last op, in finalize (backwards only in a valid table)."""
 
 Direction = Literal["forward", "backward"]
-Policy = Literal["stage0", "front_loaded", "uniform"]
-POLICIES: Final[tuple[str, ...]] = ("stage0", "front_loaded", "uniform")
+Policy = Literal["auto", "stage0", "front_loaded", "uniform"]
+POLICIES: Final[tuple[str, ...]] = ("auto", "stage0", "front_loaded", "uniform")
+_FIXED: Final = ("uniform", "front_loaded", "stage0")  # the first: auto's default budget
 _EPS = 1e-9
 
 
@@ -159,12 +160,20 @@ def stage_ops(*, stage: int, pp: int, vpp: int, num_microbatches: int) -> list[L
 @dataclass(frozen=True)
 class EncoderMicroBatch:
     """The media of one modality of one LLM micro-batch; ``cost`` is its forward time in units of
-    one LLM forward op (its backward costs ``b/f`` times that)."""
+    one LLM forward op (its backward costs ``b/f`` times that); ``activations`` what its forward
+    keeps for its backward (bytes, or any unit the memory budget shares; None: ``cost`` stands
+    for it, activations and FLOPs both growing with the tokens encoded)."""
 
     id: int
     microbatch: int
     modality: str = "image"
     cost: float = 1.0
+    activations: float | None = None
+
+    @property
+    def memory(self) -> float:
+        """Activations held from forward to backward, in the memory budget's unit."""
+        return self.cost if self.activations is None else self.activations
 
     def describe(self) -> str:
         """``encoder mb 3 (image of micro-batch 1)``, for messages."""
@@ -299,6 +308,7 @@ class DataflowTable:
                     "microbatch": e.microbatch,
                     "modality": e.modality,
                     "cost": e.cost,
+                    "activations": e.activations,
                     "stage": self.forward[e.id].stage,
                     "forward": idx(self.forward[e.id]),
                     "backward": idx(self.backward[e.id]),
@@ -320,7 +330,10 @@ class DataflowTable:
             vpp=doc["vpp"],
             num_microbatches=doc["num_microbatches"],
             encoder_mbs=tuple(
-                EncoderMicroBatch(d["id"], d["microbatch"], d["modality"], d["cost"]) for d in mbs
+                EncoderMicroBatch(
+                    d["id"], d["microbatch"], d["modality"], d["cost"], d.get("activations")
+                )
+                for d in mbs
             ),
             forward={d["id"]: Slot(d["stage"], idx(d["forward"])) for d in mbs},
             backward={d["id"]: Slot(d["stage"], idx(d["backward"])) for d in mbs},
@@ -512,6 +525,8 @@ def _check_structure(table: DataflowTable) -> None:
             )
         if e.cost < 0:
             raise DataflowError(f"{e.describe()}: negative cost {e.cost}")
+        if e.memory < 0:
+            raise DataflowError(f"{e.describe()}: negative activations {e.activations}")
     for name, slots in (("forward", table.forward), ("backward", table.backward)):
         if set(slots) != seen:
             missing, extra = sorted(seen - set(slots)), sorted(set(slots) - seen)
@@ -685,6 +700,172 @@ def _plan_uniform(
     return fwd, bwd
 
 
+def _peak_live(live: Sequence[tuple[int, int, float]], lo: int, hi: int) -> float:
+    """Peak of the activations held at slots ``lo <= s < hi`` of one stage, each entry
+    ``(forward index, backward index, memory)`` held from its forward slot until its backward slot
+    (a slot runs its backwards first, so memory freed there is reused by its forwards)."""
+    points = [lo, *(f for f, _, _ in live if lo < f < hi)]
+    return max((sum(m for f, b, m in live if f <= s < b) for s in points), default=0.0)
+
+
+def _stage_budgets(budget: float | Sequence[float], pp: int) -> list[float]:
+    if isinstance(budget, int | float):
+        return [float(budget)] * pp
+    if len(budget) != pp:
+        raise DataflowError(f"budget names {len(budget)} stages, the pipeline has {pp}")
+    return [float(b) for b in budget]
+
+
+def _plan_auto(
+    proto: DataflowTable, budget: float | Sequence[float] | None
+) -> tuple[dict[int, Slot], dict[int, Slot]]:
+    """The greedy plan, or the fixed policy's table where that one is better in the time model
+    (least excess of a stage over its budget, then makespan, then peak): never worse than any
+    of them."""
+    kw = {"pp": proto.pp, "vpp": proto.vpp, "num_microbatches": proto.num_microbatches}
+    fixed = [plan_dataflow(p, **kw, encoder_mbs=proto.encoder_mbs) for p in _FIXED]
+    if budget is None:
+        budget = max(s["peak_encoder_activations"] for s in simulate(fixed[0])["stages"])
+    budgets = _stage_budgets(budget, proto.pp)
+    fwd, bwd = _AutoPlanner(proto, budgets).plan()
+    greedy = DataflowTable(**kw, encoder_mbs=proto.encoder_mbs, forward=fwd, backward=bwd)
+
+    def rank(table: DataflowTable) -> tuple[float, float, float]:
+        sim = simulate(table)
+        peaks = [s["peak_encoder_activations"] for s in sim["stages"]]
+        excess = max(p - b for p, b in zip(peaks, budgets, strict=True))  # the worst device
+        return round(max(excess, 0.0), 9), round(sim["makespan"], 9), max(peaks)
+
+    best = min([greedy, *fixed], key=rank)  # min keeps the first of ties: the greedy plan
+    return dict(best.forward), dict(best.backward)
+
+
+class _AutoPlanner:
+    """Greedy joint placement for ``auto`` (see :func:`plan_dataflow`): each encoder mb in
+    ascending (micro-batch, id) order, over every stage and slot, keeping the one with the
+    least (budget excess, makespan, activation lifetime, stage load)."""
+
+    def __init__(self, table: DataflowTable, budgets: list[float]) -> None:
+        self.table, self.budgets, self.n = table, budgets, table.num_forward_ops
+        self.g = _Graph(table.pp, table.vpp, table.num_microbatches)
+        for (_, kind, _, _), node in self.g.op.items():
+            self.g.weight[node] = 1.0 if kind == "F" else 2.0
+        self.last_f = dict.fromkeys(range(table.pp), PRE)
+        self.last_b = dict.fromkeys(range(table.pp), PRE)
+        self.live: dict[int, list[tuple[int, int, float]]] = {k: [] for k in range(table.pp)}
+        self.load = dict.fromkeys(range(table.pp), 0.0)
+        self.fwd: dict[int, Slot] = {}
+        self.bwd: dict[int, Slot] = {}
+        self.order = [[v for v, s in enumerate(self.g.stage_of) if s == k] for k in range(table.pp)]
+        self.slot_index = {v: i for (_, i), v in self.g.slot.items()}
+
+    def plan(self) -> tuple[dict[int, Slot], dict[int, Slot]]:
+        for e in sorted(self.table.encoder_mbs, key=lambda e: (e.microbatch, e.id)):
+            self._place(e)
+        return self.fwd, self.bwd
+
+    def _place(self, e: EncoderMicroBatch) -> None:
+        g = self.g
+        need, grad = g.op[(0, "F", e.microbatch, 0)], g.op[(0, "B", e.microbatch, 0)]
+        after_need, before_grad = g.reach(need), g.reach(grad, reverse=True)
+        times = g.start_times()
+        assert times is not None
+        best: tuple[tuple[float, ...], int, int, int] | None = None
+        for k in range(self.table.pp):
+            for i in self._candidates(k, after_need, times):
+                key, j = self._try(e, k, i, need, grad, before_grad)
+                if best is None or key < best[0]:
+                    best = (key, k, i, j)
+        assert best is not None  # PRE of every stage precedes stage 0's F(m, 0)
+        _, k, i, j = best
+        self._apply(e, k, i, j, need, grad)
+        self.fwd[e.id], self.bwd[e.id] = Slot(k, i), Slot(k, j)
+        self.last_f[k], self.last_b[k] = i, j
+        self.live[k].append((i, j, e.memory))
+        self.load[k] += e.cost
+
+    def _candidates(self, k: int, after_need: set[int], times: list[float]) -> list[int]:
+        """The forward slots worth trying on stage ``k``: PRE (front-loading), those followed by
+        idle time before the stage's next slot (work there may hide in it), and the latest two
+        (on demand). The others only delay more LLM ops than the latest ones; skipping them
+        keeps planning linear in the slots."""
+        g = self.g
+        valid = [
+            i for i in [PRE, *range(self.n)]
+            if i >= self.last_f[k] and g.slot[(k, i)] not in after_need
+        ]  # fmt: skip
+        order = self.order[k]
+        idle: set[int] = set()
+        slot = PRE
+        for a, b in itertools.pairwise(order):
+            if b in self.slot_index:
+                slot = self.slot_index[b]
+            elif times[b] > times[a] + g.weight[a] + _EPS:
+                idle.add(slot)
+        keep = {PRE, *valid[-2:], *idle}
+        return [i for i in valid if i in keep]
+
+    def _apply(self, e: EncoderMicroBatch, k: int, i: int, j: int, need: int, grad: int) -> None:
+        g = self.g
+        g.weight[g.slot[(k, i)]] += e.cost
+        g.edge(g.slot[(k, i)], need)
+        g.weight[g.slot[(k, j)]] += 2.0 * e.cost
+        g.edge(grad, g.slot[(k, j)])
+
+    def _undo(self, e: EncoderMicroBatch, k: int, i: int, j: int, need: int, grad: int) -> None:
+        g = self.g
+        g.weight[g.slot[(k, i)]] -= e.cost
+        g.succ[g.slot[(k, i)]].pop()
+        g.weight[g.slot[(k, j)]] -= 2.0 * e.cost
+        g.succ[grad].pop()
+
+    def _backward_slots(self, k: int, i: int, grad: int, before_grad: set[int]) -> list[int]:
+        """The first slot after the forward whose start does not wait for stage 0's B(m, 0) (else
+        POST), preceded by the first valid one where that is earlier (it frees memory sooner)."""
+        g = self.g
+        times = g.start_times()
+        assert times is not None
+        ready = times[grad] + g.weight[grad]
+        valid = [
+            j for j in range(max(i + 1, self.last_b[k], 0), self.n)
+            if g.slot[(k, j)] not in before_grad
+        ]  # fmt: skip
+        on_time = [j for j in valid if times[g.slot[(k, j)]] >= ready - _EPS]
+        first = on_time[0] if on_time else POST
+        return [valid[0], first] if valid and valid[0] < first else [first]
+
+    def _try(
+        self, e: EncoderMicroBatch, k: int, i: int, need: int, grad: int, before_grad: set[int]
+    ) -> tuple[tuple[float, ...], int]:
+        g = self.g
+        node = g.slot[(k, i)]
+        g.weight[node] += e.cost
+        g.edge(node, need)
+        js = self._backward_slots(k, i, grad, before_grad)
+        g.weight[node] -= e.cost
+        g.succ[node].pop()
+        return min(self._score(e, k, i, j, need, grad) for j in js)
+
+    def _score(
+        self, e: EncoderMicroBatch, k: int, i: int, j: int, need: int, grad: int
+    ) -> tuple[tuple[float, ...], int]:
+        g = self.g
+        self._apply(e, k, i, j, need, grad)
+        times = g.start_times()
+        self._undo(e, k, i, j, need, grad)
+        assert times is not None  # i precedes need, j follows grad: no cycle
+        makespan = max(t + w for t, w in zip(times, g.weight, strict=True))
+        excess = max(0.0, _peak_live([*self.live[k], (i, j, e.memory)], i, j) - self.budgets[k])
+        delays = sum(times[v] for v in g.op.values())
+        node, bslot = g.slot[(k, i)], g.slot[(k, j)]
+        lifetime = e.memory * (times[bslot] + g.weight[bslot] - times[node])
+        key = (
+            round(excess, 9), round(makespan, 9), round(delays, 9), round(lifetime, 9),
+            self.load[k], k, -i,
+        )  # fmt: skip
+        return key, j
+
+
 def plan_dataflow(
     policy: Policy,
     *,
@@ -692,8 +873,23 @@ def plan_dataflow(
     vpp: int,
     num_microbatches: int,
     encoder_mbs: Iterable[EncoderMicroBatch],
+    budget: float | Sequence[float] | None = None,
 ) -> DataflowTable:
     """Build a valid table with one of the policies (the result always passes validation).
+
+    - ``auto`` (the default): places each encoder mb, in ascending (micro-batch, id) order, at
+      the stage and slot (forward, then its backward at the first slot after stage 0's B(m,0)
+      has finished, else POST) that keeps the stage's live encoder activations within
+      ``budget`` and then gives the least makespan in the time model below; ties go to the
+      shortest activation lifetime (the latest slot), then the least loaded stage. Encoder work
+      thus fills idle time first (warm-up and cool-down bubbles, waits on peers: the makespan
+      does not grow), is front-loaded where that shortens the step and the budget allows, and
+      is otherwise inserted on demand. A mb that fits nowhere takes the slot exceeding the
+      budget least. ``budget``: per stage (or one for all), in :attr:`EncoderMicroBatch.memory`
+      units (bytes in the trainer and simulator: the device's memory less the LLM's, see
+      :mod:`omni_trainer.planner.budget`); where ``front_loaded`` fits it, ``auto`` is at least
+      as fast; None: the largest stage peak of the ``uniform`` table, so ``auto`` never holds
+      more encoder activations than on-demand insertion. Only ``auto`` reads it.
 
     - ``stage0``: the unimodal-like baseline; every encoder mb on stage 0 just before F(m,0),
       backward at the first stage-0 slot after B(m,0) (or POST).
@@ -730,6 +926,8 @@ def plan_dataflow(
         bwd = {e.id: Slot(stage_of[e.id], POST) for e in mbs}
     elif policy == "uniform":
         fwd, bwd = _plan_uniform(proto, _lpt(mbs, pp))
+    elif policy == "auto":
+        fwd, bwd = _plan_auto(proto, budget)
     else:
         raise DataflowError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
     table = DataflowTable(pp, vpp, num_microbatches, mbs, fwd, bwd, policy=policy)
@@ -744,8 +942,9 @@ def plan_dataflow(
 def simulate(table: DataflowTable, *, f: float = 1.0, b: float = 2.0) -> dict[str, Any]:
     """Per-stage busy/idle time and makespan of the joint schedule in the simple time model
     (LLM forward op f, backward op b, encoder forward cost*f, backward cost*b, free p2p), plus
-    each stage's peak of live encoder activations (sum of cost of mbs forwarded, not yet
-    backwarded): the memory that on-demand insertion saves and the time model does not see."""
+    each stage's peak of live encoder activations (sum of :attr:`EncoderMicroBatch.memory` of mbs
+    forwarded, not yet backwarded): the memory that on-demand insertion saves and the time model
+    does not see."""
     validate_dataflow(table)
     g = _graph_of(table, f=f, b=b)
     start = g.start_times()
@@ -756,11 +955,12 @@ def simulate(table: DataflowTable, *, f: float = 1.0, b: float = 2.0) -> dict[st
         nodes = [v for v in range(len(start)) if g.stage_of[v] == k]
         busy = sum(g.weight[v] for v in nodes)
         enc = sum(g.weight[v] for v in g.slot.values() if g.stage_of[v] == k)
-        live = peak = 0.0
-        for index in [PRE, *range(table.num_forward_ops), POST]:
-            live -= sum(table.mb(i).cost for i in table.at(k, index, "backward"))
-            live += sum(table.mb(i).cost for i in table.at(k, index, "forward"))
-            peak = max(peak, live)
+        live = [
+            (table.forward[e.id].index, table.backward[e.id].index, e.memory)
+            for e in table.encoder_mbs
+            if table.forward[e.id].stage == k
+        ]
+        peak = _peak_live(live, PRE, POST)
         stages.append(
             {
                 "stage": k,

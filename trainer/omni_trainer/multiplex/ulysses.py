@@ -31,7 +31,7 @@ from omni_trainer.distributed import comm
 from omni_trainer.models.encoders.layers import (
     AttentionFn,
     TokenMixer,
-    cu_seqlens_from_lengths,
+    Varlen,
     varlen_attention,
 )
 from omni_trainer.multiplex.lssp import shard_offsets, shard_sizes
@@ -77,6 +77,8 @@ class _Shard:
     group: dist.ProcessGroup
     sizes: tuple[int, ...]
     rank: int
+    full: Varlen
+    """The whole sample's boundaries, built once for every layer of the block."""
 
     @property
     def sp(self) -> int:
@@ -119,7 +121,8 @@ class UlyssesMixer(TokenMixer):
         sp = dist.get_world_size(group)
         if len(sizes) != sp:
             raise ValueError(f"{len(sizes)} shard sizes for a group of {sp} ranks")
-        self._shard = _Shard(group, tuple(int(s) for s in sizes), dist.get_rank(group))
+        sizes = tuple(int(s) for s in sizes)
+        self._shard = _Shard(group, sizes, dist.get_rank(group), Varlen.of([sum(sizes)]))
         try:
             yield
         finally:
@@ -132,11 +135,11 @@ class UlyssesMixer(TokenMixer):
                 f"got {x.shape[0]}"
             )
 
-    def attention(self, q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor) -> Tensor:
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, seqs: Varlen) -> Tensor:
         """Local, or (sharded) all-to-all to full sequence x local heads, core, and back."""
         shard = self._shard
         if shard is None:
-            return super().attention(q, k, v, cu_seqlens)
+            return super().attention(q, k, v, seqs)
         self._check_local(q, shard)
         n_local, heads, head_dim = q.shape
         if heads % shard.sp:
@@ -155,8 +158,7 @@ class UlyssesMixer(TokenMixer):
             group=shard.group,
         )  # [n_full, 3, heads/sp, d], tokens in sequence order
         qf, kf, vf = full.unbind(1)
-        cu_full = cu_seqlens_from_lengths([full.shape[0]], device=q.device)
-        out = self.core(qf, kf, vf, cu_full)  # [n_full, heads/sp, d]
+        out = self.core(qf, kf, vf, shard.full)  # [n_full, heads/sp, d]
         back = all_to_all(
             out,
             input_splits=list(shard.sizes),
@@ -166,13 +168,13 @@ class UlyssesMixer(TokenMixer):
         back = back.view(shard.sp, n_local, local_heads, head_dim).permute(1, 0, 2, 3)
         return back.reshape(n_local, heads, head_dim)
 
-    def gather_sequence(self, x: Tensor, cu_seqlens: Tensor) -> tuple[Tensor, Tensor]:
+    def gather_sequence(self, x: Tensor, seqs: Varlen) -> tuple[Tensor, Varlen]:
         """(Sharded) the whole sample on every rank: an all-to-all sending this shard to all ranks
         (an all-gather of uneven shards without padding; its backward sums every rank's gradient
         for this shard, the reduce-scatter that gloo lacks)."""
         shard = self._shard
         if shard is None:
-            return super().gather_sequence(x, cu_seqlens)
+            return super().gather_sequence(x, seqs)
         self._check_local(x, shard)
         full = all_to_all(
             x.repeat(shard.sp, *([1] * (x.ndim - 1))),
@@ -180,7 +182,7 @@ class UlyssesMixer(TokenMixer):
             output_splits=list(shard.sizes),
             group=shard.group,
         )
-        return full, cu_seqlens_from_lengths([full.shape[0]], device=x.device)
+        return full, shard.full
 
     def scatter_sequence(self, x_full: Tensor) -> Tensor:
         """(Sharded) this rank's contiguous shard of the whole sample."""
@@ -202,7 +204,7 @@ class ShardableEncoder(Protocol):
 
     def embed(self, media: Sequence[Tensor]) -> tuple[Tensor, list[int]]: ...
 
-    def encode_tokens(self, x: Tensor, cu_seqlens: Tensor) -> Tensor: ...
+    def encode_tokens(self, x: Tensor, seqs: Varlen) -> Tensor: ...
 
 
 def encode_sequence_parallel(
@@ -240,7 +242,5 @@ def encode_sequence_parallel(
     start = shard_offsets(sizes)[rank]
     x_local = x[start : start + sizes[rank]]
     with mixer.sharded(group, sizes):
-        out = encoder.encode_tokens(
-            x_local, cu_seqlens_from_lengths([sizes[rank]], device=x.device)
-        )
+        out = encoder.encode_tokens(x_local, Varlen.of([sizes[rank]]))
     return out[drop:] if rank == 0 else out

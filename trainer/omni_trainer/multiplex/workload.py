@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from omni_trainer.components.activation_bytes import kept_bytes_per_token
 from omni_trainer.components.model_flops import llm_forward_flops
 from omni_trainer.data.packing import PackedSequence
 from omni_trainer.models.config import ModelConfig
@@ -25,8 +26,10 @@ def encoder_micro_batches(
             model chunk, the planner's time unit.
 
     Returns:
-        The encoder micro-batches (cost in LLM forward ops) and, per id, the encoder token count
-        of each media item in packing order (the order ``collate`` lists them in).
+        The encoder micro-batches (cost in LLM forward ops, activations in bytes kept for the
+        backward: all of the mb's tokens, the bound for the busiest LSSP rank) and, per id, the
+        encoder token count of each media item in packing order (the order ``collate`` lists
+        them in).
     """
     llm = [llm_forward_flops(model, seqs) for seqs in micro_batches]
     unit = max(sum(llm) / max(len(llm), 1) / stages, 1.0)
@@ -41,8 +44,9 @@ def encoder_micro_batches(
         for modality, items in sorted(per_modality.items()):
             e = len(mbs)
             lengths[e] = items
-            flops = getattr(model.encoders, modality).flops(items)
-            mbs.append(EncoderMicroBatch(id=e, microbatch=m, modality=modality, cost=flops / unit))
+            enc = getattr(model.encoders, modality)
+            kept = kept_bytes_per_token(enc.hidden_size, enc.num_layers) * sum(items)
+            mbs.append(EncoderMicroBatch(e, m, modality, enc.flops(items) / unit, kept))
     return mbs, lengths
 
 

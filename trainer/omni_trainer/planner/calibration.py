@@ -34,9 +34,10 @@ __all__ = [
 ]
 
 SMALL_COLLECTIVES_PER_STEP = 3
-"""Latency-bound all-reduces of a data-parallel CPU step besides the gradients (``trainer.py``):
-tokens/FLOPs and the sample fingerprint in ``_global_work``, the loss in
-``forward_backward_step``. Each costs ``2 (W - 1)`` link latencies."""
+"""Latency-bound all-reduces of a data-parallel CPU step besides the gradients: tokens/FLOPs
+and the sample fingerprint in ``components.run_summary.global_work``, the loss in
+``components.step_runner.StepRunner.forward_backward``. Each costs ``2 (W - 1)`` link
+latencies."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from omni_trainer.components.activation_bytes import BF16, kept_bytes_per_token
 from omni_trainer.components.flops import attention_flops, transformer_matmul_params
 from omni_trainer.data.packing import PackedSequence
 from omni_trainer.models.config import LLMConfig, ModelConfig
@@ -46,16 +47,13 @@ __all__ = [
     "encoder_params",
     "exposed_bucketed_sync",
     "layers_per_virtual_stage",
+    "llm_activation_bytes",
     "llm_op_costs",
     "llm_stage_params",
     "static_memory",
 ]
 
 EncoderConfig = VisionEncoderConfig | AudioEncoderConfig
-BF16 = 2
-ACT_BYTES_PER_HIDDEN = 34
-"""Korthikanti et al. 2022: bytes per token per hidden unit per layer kept for backward (bf16,
-dropout masks included), with TP+SP and attention scores not stored."""
 OFFLOAD_RESIDENT_LAYERS = 2
 """Activation offload keeps two layers of one micro-batch on the device while a virtual stage
 runs it: the layer being computed and the one whose copy (to the host in F, back in B) is in
@@ -81,17 +79,22 @@ class Layout:
     back before its backward (``OFFLOAD_RESIDENT_LAYERS`` stay on the device)."""
     encoder_recompute: Literal["selective", "full"] = "selective"
     llm_zero: Literal[0, 1] = 1
-    """1: Megatron's distributed optimizer (optimizer state sharded over dp)."""
+    """1: the distributed optimizer, ZeRO-1 (``parallelism.distributedOptimizer``: fp32 main
+    weights and Adam moments sharded over dp)."""
+    sequence_parallel: bool = True
+    """``parallelism.sequenceParallel`` with tp > 1: norms, dropouts and residuals sharded
+    along the sequence; off, each TP rank keeps them whole."""
     encoder_zero: Literal[0, 2, 3] = 2
     """Encoder gradients/optimizer (2) and parameters too (3) sharded over every replica."""
     eta: int = 4096
     """LSSP: encoder samples longer than this run sequence parallel over the stage's tp ranks."""
     reorder_group: int = 1
     """Data-parallel ranks per reorder group (1: no reordering)."""
-    overlap_grad_reduce: bool = True
+    overlap_grad_reduce: bool = False
     """Megatron DDP's ``overlap_grad_reduce``: the LLM gradient reduce-scatter runs bucket by
     bucket during the last micro-batch's backward (:func:`exposed_bucketed_sync`); False prices
-    the whole sync after the backward (the pessimistic bound)."""
+    the whole sync after the backward, which is what the trainer runs (its ZeRO-1 reduces the
+    buckets after the backward: ``components/distributed_optimizer.py``)."""
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "vpp", "dp", "micro_batch_size", "reorder_group"):
@@ -197,8 +200,6 @@ def llm_op_costs(
     )
     comm *= 1.0 - tp_overlap
     head_f = device.compute_time(2.0 * h * llm.vocab_size * tokens / tp, "gemm", width=width)
-    selective_act = ACT_BYTES_PER_HIDDEN * tokens * h / tp
-    per_layer_act = BF16 * tokens * h / tp if layout.recompute == "full" else selective_act
     redo = 1.0 if layout.recompute == "full" else 0.0
     layer_fwd = layer_f + comm
     layer_bwd = (2.0 + redo) * layer_f + (1.0 + redo) * comm
@@ -206,23 +207,59 @@ def llm_op_costs(
     if layout.recompute == "offload":
         if device.host is None:
             raise ValueError(f"{device.name} has no host link to offload activations over")
-        copy = device.host.time(selective_act)
+        copy = device.host.time(
+            kept_bytes_per_token(h, 1, tp=tp, sequence_parallel=layout.sequence_parallel) * tokens
+        )
         exposed_f = max(0.0, copy - layer_fwd)
         exposed_b = max(0.0, copy - layer_bwd)
     layers = layers_per_virtual_stage(llm.num_layers, layout.pp, layout.vpp)
+    memory = llm_activation_bytes(llm, tokens, layout)
     out = []
-    for v, n in enumerate(layers):
+    for v, (n, (act, working)) in enumerate(zip(layers, memory, strict=True)):
         f = n * (layer_fwd + exposed_f)
         b = n * (layer_bwd + exposed_b)
+        if v == len(layers) - 1:
+            f += head_f
+            b += 2.0 * head_f
+        out.append(LLMOpCost(f, b, act, layer_input_bytes(llm, tokens, layout), working))
+    return out
+
+
+def layer_input_bytes(llm: LLMConfig, tokens: float, layout: Layout) -> float:
+    """The bf16 hidden states of ``tokens`` one rank sends or keeps at a layer boundary (sharded
+    along the sequence with sequence parallelism, whole on every TP rank without it)."""
+    return (
+        kept_bytes_per_token(
+            llm.hidden_size,
+            1,
+            tp=layout.tp,
+            sequence_parallel=layout.sequence_parallel,
+            full_recompute=True,
+        )
+        * tokens
+    )
+
+
+def llm_activation_bytes(
+    llm: LLMConfig, tokens: float, layout: Layout
+) -> list[tuple[float, float]]:
+    """Per virtual stage, the bytes per rank one micro-batch of ``tokens`` keeps from F to B and
+    those resident only while F or B runs (offload's layers in flight); see :func:`llm_op_costs`."""
+    h, tp, sp = llm.hidden_size, layout.tp, layout.sequence_parallel
+    full = layout.recompute == "full"
+    selective_act = kept_bytes_per_token(h, 1, tp=tp, sequence_parallel=sp) * tokens
+    per_layer_act = kept_bytes_per_token(h, 1, tp=tp, sequence_parallel=sp, full_recompute=full)
+    per_layer_act *= tokens
+    layers = layers_per_virtual_stage(llm.num_layers, layout.pp, layout.vpp)
+    out = []
+    for v, n in enumerate(layers):
         if layout.recompute == "offload":
             act, working = 0.0, min(n, OFFLOAD_RESIDENT_LAYERS) * selective_act
         else:
             act, working = n * per_layer_act, 0.0
         if v == len(layers) - 1:
-            f += head_f
-            b += 2.0 * head_f
             act += 4.0 * tokens * llm.vocab_size / tp  # fp32 logits for the loss backward
-        out.append(LLMOpCost(f, b, act, BF16 * tokens * h / tp, working))
+        out.append((act, working))
     return out
 
 
@@ -288,10 +325,8 @@ def encoder_mb_cost(
     tokens_on = unit * (
         sum(lengths[i] for i in plan.short[busiest]) + sum(lengths[i] / g for i in plan.long)
     )
-    per_token = (
-        ACT_BYTES_PER_HIDDEN * he * enc.num_layers
-        if layout.encoder_recompute == "selective"
-        else BF16 * he * enc.num_layers
+    per_token = kept_bytes_per_token(
+        he, enc.num_layers, full_recompute=layout.encoder_recompute == "full"
     )
     redo = 1.0 if layout.encoder_recompute == "full" else 0.0
     return EncoderMBCost(

@@ -6,8 +6,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from omni_trainer.config import TrainerConfig
-from omni_trainer.planner.costs import Layout
+from pydantic import ValidationError
+
+from omni_trainer.config import TrainerConfig, format_errors
+from omni_trainer.distributed.layout import layout_problems
+from omni_trainer.models.config import DEFER_HF
+from omni_trainer.planner.costs import Layout, Recompute
 from omni_trainer.planner.devices import PROFILES, DeviceProfile
 
 DEFAULT_DEVICE = "H100"
@@ -54,11 +58,52 @@ def own_layout(cfg: TrainerConfig, gpus: int) -> tuple[Layout | None, str]:
         vpp=par.virtual_pipeline,
         dp=dp,
         micro_batch_size=cfg.data.micro_batch_size,
-        encoder_zero=par.encoder.zero,
+        recompute=PLANNED_RECOMPUTE[cfg.train.recompute],
+        llm_zero=1 if par.distributed_optimizer_on(dp) else 0,
+        sequence_parallel=par.sequence_parallel_on,
+        encoder_zero=par.encoder_zero(dp),
         eta=par.encoder.eta,
         reorder_group=group,
     )
     return layout, "the manifest's"
+
+
+PLANNED_RECOMPUTE: dict[str, Recompute] = {
+    "none": "selective",
+    "selective": "selective",
+    "full": "full",
+}
+"""``train.recompute`` as the planner prices it: on GPUs the attention kernels (TE, flash) keep
+no attention scores, so recomputing core attention (selective) frees what ``none`` holds only
+on the CPU path; both cost the 34 sbh/t of Korthikanti's selective row."""
+
+
+def manifest_fields(layout: Layout, *, policy: str) -> dict[str, dict[str, Any]]:
+    """The manifest fields (camelCase, by section of ``spec.trainer``) that run ``layout``:
+    what ``omni plan --tune`` proposes is what ``omni train`` is given.
+
+    Raises:
+        ValueError: a choice the trainer cannot run (activation offload, encoder ZeRO-3).
+    """
+    if layout.recompute not in ("selective", "full"):
+        raise ValueError(f"the trainer has no {layout.recompute!r} recompute (train.recompute)")
+    if layout.encoder_zero not in (0, 2):
+        raise ValueError(f"the trainer has no encoder ZeRO-{layout.encoder_zero}")
+    return {
+        "parallelism": {
+            "tensor": layout.tp,
+            "pipeline": layout.pp,
+            "virtualPipeline": layout.vpp,
+            "sequenceParallel": layout.tp > 1 and layout.sequence_parallel,
+            "distributedOptimizer": bool(layout.llm_zero),
+            "encoder": {"eta": layout.eta, "policy": policy, "zero": layout.encoder_zero},
+        },
+        "data": {
+            "microBatchSize": layout.micro_batch_size,
+            "reorder": {"groupSize": layout.reorder_group},
+        },
+        "train": {"recompute": layout.recompute},
+    }
 
 
 def tie_ranks(tokens_per_s: Sequence[float]) -> list[str]:
@@ -72,3 +117,36 @@ def tie_ranks(tokens_per_s: Sequence[float]) -> list[str]:
         rank = labels[-1].rstrip("=") if tied_prev else str(i + 1)
         labels.append(rank + ("=" if tied_prev or tied_next else ""))
     return labels
+
+
+def with_layout(cfg: TrainerConfig, layout: Layout, *, policy: str) -> TrainerConfig:
+    """``cfg`` with :func:`manifest_fields` of ``layout`` applied, validated as a manifest is
+    (``model.llm.hf`` not read: ``models.config.DEFER_HF``).
+
+    Raises:
+        ValueError: a field the trainer's validation rejects, or a choice it cannot run.
+    """
+    doc = cfg.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    _merge(doc, manifest_fields(layout, policy=policy))
+    try:
+        return TrainerConfig.model_validate(doc, context={DEFER_HF: True})
+    except ValidationError as err:
+        raise ValueError(format_errors(err)) from None
+
+
+def trainer_problems(cfg: TrainerConfig, layout: Layout, *, policy: str = "uniform") -> list[str]:
+    """Why ``omni train`` would reject the manifest run with ``layout`` (empty: it accepts it):
+    the tuner proposes only layouts without any."""
+    try:
+        patched = with_layout(cfg, layout, policy=policy)
+    except ValueError as err:
+        return [str(err)]
+    return [f"{path}: {msg}" for path, msg in layout_problems(patched, layout.world_size)]
+
+
+def _merge(into: dict[str, Any], fields: Mapping[str, Any]) -> None:
+    for key, value in fields.items():
+        if isinstance(value, Mapping) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = dict(value) if isinstance(value, Mapping) else value

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from omni_trainer.balance.reorder import ItemMeta, plan_reorder
+from omni_trainer.components.flops import mfu
 from omni_trainer.components.model_flops import step_flops
 from omni_trainer.data.packing import PackedSequence, split_micro_batches
 from omni_trainer.multiplex.dataflow import (
@@ -52,12 +53,13 @@ __all__ = [
     "Prediction",
     "ReplicaWork",
     "ScheduleResult",
+    "encoder_budget",
     "predict",
     "predict_disaggregated",
     "run_schedule",
 ]
 
-Policy = Literal["uniform", "front_loaded", "stage0"]
+Policy = Literal["auto", "uniform", "front_loaded", "stage0"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -337,7 +339,9 @@ def _work(
                 config, lengths[e.id], llm_hidden=model.llm.hidden_size, layout=layout,
                 device=device,
             )  # fmt: skip
-            mbs.append(replace(e, cost=enc[e.id].forward / unit))
+            mbs.append(
+                replace(e, cost=enc[e.id].forward / unit, activations=enc[e.id].activation_bytes)
+            )
     link = device.inter if _crosses_nodes(layout, device) else device.intra
     static, tail = [], []
     for s in range(layout.pp):
@@ -362,6 +366,17 @@ def _work(
     return work, mbs
 
 
+def encoder_budget(
+    work: ReplicaWork, *, pp: int, vpp: int, num_microbatches: int, hbm_bytes: float
+) -> list[float]:
+    """Per stage, the bytes encoder activations may hold under ``auto``: the device memory minus
+    the LLM's needs (static bytes and the peak of its own activations in the same schedule
+    without encoders). Encoder working buffers are not counted (they live for one op)."""
+    bare = plan_dataflow("uniform", pp=pp, vpp=vpp, num_microbatches=num_microbatches,
+                         encoder_mbs=[])  # fmt: skip
+    return [max(0.0, hbm_bytes - peak) for peak in run_schedule(bare, work).peak_bytes]
+
+
 def _simulate_replica(
     workload: Workload,
     layout: Layout,
@@ -372,13 +387,13 @@ def _simulate_replica(
     with_encoders: bool = True,
 ) -> ScheduleResult:
     work, mbs = _work(workload, layout, device, replica, with_encoders=with_encoders)
-    table = plan_dataflow(
-        policy,
-        pp=layout.pp,
-        vpp=layout.vpp,
-        num_microbatches=len(replica) // layout.micro_batch_size,
-        encoder_mbs=mbs,
-    )
+    shape = {
+        "pp": layout.pp,
+        "vpp": layout.vpp,
+        "num_microbatches": len(replica) // layout.micro_batch_size,
+    }
+    budget = encoder_budget(work, **shape, hbm_bytes=device.hbm_bytes) if policy == "auto" else None
+    table = plan_dataflow(policy, **shape, encoder_mbs=mbs, budget=budget)
     return run_schedule(table, work)
 
 
@@ -450,7 +465,7 @@ def predict(
         layout=layout,
         step_time=step_time,
         tokens_per_s=tokens / step_time,
-        mfu=model_flops / (step_time * workload.world_size * device.peak_flops),
+        mfu=mfu(model_flops / step_time, workload.world_size * device.peak_flops),
         bubble=bubble,
         peak_bytes=tuple(peaks),
         hbm_bytes=device.hbm_bytes,
@@ -539,7 +554,7 @@ def predict_disaggregated(
         layout=llm_layout,
         step_time=step,
         tokens_per_s=flops.tokens * scale / step,
-        mfu=flops.training * scale / (step * n * device.peak_flops),
+        mfu=mfu(flops.training * scale / step, n * device.peak_flops),
         bubble=llm.bubble,
         peak_bytes=llm.peak_bytes,
         hbm_bytes=device.hbm_bytes,

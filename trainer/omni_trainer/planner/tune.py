@@ -6,9 +6,9 @@ reorder groups of 8) on a shortened step; then the few fastest layouts that fit 
 searched over the encoder knobs (policy, eta, reorder group size). Only configurations whose
 predicted peak memory fits the device are returned.
 
-LLM activations are kept (sel-AC), recomputed (full-AC) or offloaded to host memory
-(offload-AC). The last two only trade time for memory, so they are simulated only for layouts
-whose sel-AC variant does not fit.
+LLM activations are kept (sel-AC) or recomputed (full-AC), the trainer's ``train.recompute``
+choices (offload-AC, a what-if of the planner, only when asked for). Full-AC only trades time
+for memory, so it is simulated only for layouts whose sel-AC variant does not fit.
 
 :func:`propose_proxy` then scales the winner down for validation on a small cluster (PAPER.md
 technique 10): fewer data-parallel replicas, everything else of a replica unchanged.
@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
+from omni_trainer.distributed.config import ParallelDims
+from omni_trainer.distributed.layout import model_problems
 from omni_trainer.multiplex.dataflow import POLICIES
 from omni_trainer.planner.costs import Layout
 from omni_trainer.planner.devices import DeviceProfile
@@ -51,17 +53,19 @@ def layouts(
     tps: Iterable[int] = (1, 2, 4, 8),
     pps: Iterable[int] = (1, 2, 4, 8, 16),
     vpps: Iterable[int] = (1, 2),
-    recomputes: Sequence[str] = ("selective", "full", "offload"),
+    recomputes: Sequence[str] = ("selective", "full"),
     micro_batch_size: int = 1,
 ) -> list[Layout]:
-    """Every layout megatron accepts for the job: tp inside a node and dividing the heads, pp
-    at most the layers, vpp only with pp > 1 and micro-batches a multiple of pp, dp dividing
-    the global batch; offload only on a device with a host link."""
-    llm = workload.model.llm
+    """Every layout the trainer accepts for the job (``distributed.layout.model_problems``:
+    heads and query groups divided by tp, layers by pp x vpp; the sequence by tp for sequence
+    parallelism), with tp inside a node, vpp only with pp > 1 and micro-batches a multiple of
+    pp, dp dividing the global batch. ``recomputes`` are the trainer's (``train.recompute``);
+    the planner's what-if ``offload`` is priced only when asked for, on a device with a host
+    link."""
     n = workload.world_size
     out = []
     for tp in tps:
-        if tp > device.gpus_per_node or llm.num_attention_heads % tp or n % tp:
+        if tp > device.gpus_per_node or n % tp or workload.seq_length % tp:
             continue
         for pp in pps:
             if n % (tp * pp):
@@ -71,7 +75,9 @@ def layouts(
                 continue
             m = workload.global_batch // (dp * micro_batch_size)
             for vpp in vpps:
-                if llm.num_layers < pp * vpp or (vpp > 1 and (pp == 1 or m % pp)):
+                if vpp > 1 and (pp == 1 or m % pp):
+                    continue
+                if model_problems(workload.model, ParallelDims(n, tp=tp, pp=pp, vpp=vpp)):
                     continue
                 for rc in recomputes:
                     if rc == "offload" and device.host is None:

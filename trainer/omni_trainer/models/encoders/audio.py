@@ -24,7 +24,7 @@ from omni_trainer.models.encoders.layers import (
     MLP,
     MultiHeadSelfAttention,
     TokenMixer,
-    cu_seqlens_from_lengths,
+    Varlen,
     pad_packed,
     sincos_1d,
     unpad,
@@ -69,12 +69,12 @@ class ConvModule(nn.Module):
         self.act = nn.SiLU()
         self.pointwise_out = nn.Linear(hidden_size, hidden_size)
 
-    def forward(self, x: Tensor, cu_seqlens: Tensor) -> Tensor:
+    def forward(self, x: Tensor, seqs: Varlen) -> Tensor:
         """[total, hidden] -> [total, hidden]; the depthwise conv never crosses a clip boundary."""
         x = self.glu(self.pointwise_in(self.norm(x)))
-        x_full, cu_full = self.mixer.gather_sequence(x, cu_seqlens)
-        padded = pad_packed(x_full, cu_full).transpose(1, 2)  # [batch, hidden, max_len]
-        x = self.mixer.scatter_sequence(unpad(self.depthwise(padded).transpose(1, 2), cu_full))
+        x_full, seqs_full = self.mixer.gather_sequence(x, seqs)
+        padded = pad_packed(x_full, seqs_full).transpose(1, 2)  # [batch, hidden, max_len]
+        x = self.mixer.scatter_sequence(unpad(self.depthwise(padded).transpose(1, 2), seqs_full))
         return self.pointwise_out(self.act(self.conv_norm(x)))
 
 
@@ -104,11 +104,11 @@ class ConformerBlock(nn.Module):
         self.ffn2 = FeedForward(cfg.hidden_size, cfg.ffn_hidden_size)
         self.norm = nn.LayerNorm(cfg.hidden_size)
 
-    def forward(self, x: Tensor, cu_seqlens: Tensor) -> Tensor:
+    def forward(self, x: Tensor, seqs: Varlen) -> Tensor:
         """[total, hidden] -> [total, hidden]."""
         x = x + 0.5 * self.ffn1(x)
-        x = x + self.attn(self.attn_norm(x), cu_seqlens)
-        x = x + self.conv(x, cu_seqlens)
+        x = x + self.attn(self.attn_norm(x), seqs)
+        x = x + self.conv(x, seqs)
         x = x + 0.5 * self.ffn2(x)
         return self.norm(x)
 
@@ -150,20 +150,20 @@ class AudioEncoder(nn.Module):
                 )
         lengths = [self.cfg.num_tokens(f.shape[0]) for f in features]
         padded = nn.utils.rnn.pad_sequence(list(features), batch_first=True)
-        x = unpad(self.subsample(padded), cu_seqlens_from_lengths(lengths, device=padded.device))
+        x = unpad(self.subsample(padded), Varlen.of(lengths))
         positions = torch.cat([torch.arange(n, device=x.device) for n in lengths])
         return x + sincos_1d(positions, self.cfg.hidden_size).to(x.dtype), lengths
 
-    def encode_tokens(self, x: Tensor, cu_seqlens: Tensor) -> Tensor:
+    def encode_tokens(self, x: Tensor, seqs: Varlen) -> Tensor:
         """The Conformer blocks (each ends in its LayerNorm): [tokens, hidden] -> [tokens, hidden].
 
         Args:
             x: packed token embeddings (from :meth:`embed`, or this rank's shard of one clip when
                 the mixer is sharded).
-            cu_seqlens: sample boundaries of ``x``.
+            seqs: sample boundaries of ``x`` (built once per batch, reused by every block).
         """
         for block in self.blocks:
-            x = block(x, cu_seqlens)
+            x = block(x, seqs)
         return x
 
     def forward(self, features: Sequence[Tensor]) -> Tensor:
@@ -176,4 +176,4 @@ class AudioEncoder(nn.Module):
             [sum of frames / 4, hidden], clips in the given order.
         """
         x, lengths = self.embed(features)
-        return self.encode_tokens(x, cu_seqlens_from_lengths(lengths, device=x.device))
+        return self.encode_tokens(x, Varlen.of(lengths))

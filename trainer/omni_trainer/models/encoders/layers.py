@@ -1,62 +1,91 @@
 """Blocks shared by the modality encoders, over packed variable-length batches.
 
 The samples of a micro-batch are packed along the token axis (``x``: [total_tokens, hidden]) and
-delimited by ``cu_seqlens`` (int64 cumulative lengths starting at 0, as FlashAttention's varlen
-kernels take them): no padding is computed, and a sample's output never depends on which samples
-share its batch. Every op through which the tokens of one sample mix goes through one
-:class:`TokenMixer`, shared by all layers of an encoder: attention (:meth:`TokenMixer.attention`)
-and the Conformer's depthwise convolution (:meth:`TokenMixer.gather_sequence` /
-:meth:`TokenMixer.scatter_sequence` around it). Everything else is per token, so sequence
-parallelism (``multiplex/ulysses.py``) replaces the mixer and no block changes.
+delimited by a :class:`Varlen`: their lengths, known on the host from metadata when the batch is
+built, and the ``cu_seqlens`` FlashAttention's varlen kernels take, copied to the device once per
+batch. Every layer reuses both, so no layer reads anything back from the device (no host sync).
+No padding is computed, and a sample's output never depends on which samples share its batch.
+Every op through which the tokens of one sample mix goes through one :class:`TokenMixer`, shared
+by all layers of an encoder: attention (:meth:`TokenMixer.attention`) and the Conformer's
+depthwise convolution (:meth:`TokenMixer.gather_sequence` / :meth:`TokenMixer.scatter_sequence`
+around it). Everything else is per token, so sequence parallelism (``multiplex/ulysses.py``)
+replaces the mixer and no block changes.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-AttentionFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
-"""``(q, k, v, cu_seqlens) -> out``, each of q, k, v, out [total_tokens, heads, head_dim]."""
+
+@dataclass(frozen=True)
+class Varlen:
+    """Sample boundaries of a packed batch, built once per batch from host metadata.
+
+    Attributes:
+        lengths: tokens per sample, in packing order (host integers: splitting the packed
+            tokens per sample never reads the device).
+    """
+
+    lengths: tuple[int, ...]
+    _device_cu: dict[torch.device, Tensor] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    @classmethod
+    def of(cls, lengths: Sequence[int]) -> Varlen:
+        """Boundaries of samples with these lengths (plain ints, never device tensors)."""
+        return cls(tuple(int(n) for n in lengths))
+
+    @property
+    def total(self) -> int:
+        return sum(self.lengths)
+
+    @property
+    def max_seqlen(self) -> int:
+        return max(self.lengths, default=0)
+
+    def cu_seqlens(self, device: torch.device | str) -> Tensor:
+        """``[0, l0, l0+l1, ...]`` int32 on ``device`` (FlashAttention's format): computed on
+        the host and copied once per device, then reused by every layer. The copy to a GPU
+        goes from pinned memory, so it does not wait for the device either."""
+        device = torch.device(device)
+        cu = self._device_cu.get(device)
+        if cu is None:
+            host = torch.zeros(len(self.lengths) + 1, dtype=torch.int32)
+            host[1:] = torch.cumsum(torch.tensor(self.lengths, dtype=torch.int32), 0)
+            if device.type == "cuda":
+                host = host.pin_memory()
+            cu = self._device_cu[device] = host.to(device, non_blocking=True)
+        return cu
 
 
-def cu_seqlens_from_lengths(
-    lengths: Sequence[int], *, device: torch.device | str | None = None
-) -> Tensor:
-    """Cumulative sample boundaries ``[0, l0, l0+l1, ...]`` (int64), the varlen attention format."""
-    cu = torch.zeros(len(lengths) + 1, dtype=torch.int64, device=device)
-    if lengths:
-        cu[1:] = torch.cumsum(torch.as_tensor(lengths, dtype=torch.int64, device=device), 0)
-    return cu
+AttentionFn = Callable[[Tensor, Tensor, Tensor, Varlen], Tensor]
+"""``(q, k, v, seqs) -> out``, each of q, k, v, out [total_tokens, heads, head_dim]."""
 
 
-def seq_lengths(cu_seqlens: Tensor) -> list[int]:
-    """Per-sample lengths back from ``cu_seqlens`` (one host sync)."""
-    return torch.diff(cu_seqlens).tolist()
-
-
-def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor) -> Tensor:
+def sdpa_varlen(q: Tensor, k: Tensor, v: Tensor, seqs: Varlen) -> Tensor:
     """Bidirectional softmax attention inside each packed sample (a block-diagonal mask).
 
-    One ``scaled_dot_product_attention`` call per sample: for ~1-2K tokens on CPU this does only the
-    sum of s^2 work (a block mask over the whole pack does total^2) and each sample sees exactly
-    the same kernel shapes whatever its batch-mates. On GPU, ``flash_attn_varlen_func`` is the
-    drop-in replacement with the same arguments.
+    One ``scaled_dot_product_attention`` call per sample: for ~1-2K tokens on CPU this does only
+    the sum of s^2 work (a block mask over the whole pack does total^2) and each sample sees
+    exactly the same kernel shapes whatever its batch-mates. The split uses the host lengths.
 
     Args:
         q, k, v: [total_tokens, heads, head_dim].
-        cu_seqlens: [num_samples + 1] int64 sample boundaries.
+        seqs: the samples' boundaries.
 
     Returns:
         [total_tokens, heads, head_dim], samples in the input order.
     """
     outs = []
-    for qs, ks, vs in zip(
-        *(torch.split(t, seq_lengths(cu_seqlens)) for t in (q, k, v)), strict=True
-    ):
+    for qs, ks, vs in zip(*(torch.split(t, seqs.lengths) for t in (q, k, v)), strict=True):
         # [len, heads, dim] -> [heads, len, dim] for SDPA, and back.
         out = F.scaled_dot_product_attention(
             qs.transpose(0, 1), ks.transpose(0, 1), vs.transpose(0, 1)
@@ -67,20 +96,82 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor) -> Ten
     return torch.cat(outs)
 
 
-def pad_packed(x: Tensor, cu_seqlens: Tensor) -> Tensor:
+VarlenKernel = Callable[[Tensor, Tensor, Tensor, Tensor, int], Tensor]
+"""``(q, k, v, cu_seqlens, max_seqlen) -> out``: bidirectional attention within each sample of
+the pack in one launch, q, k, v and out [total_tokens, heads, head_dim]."""
+
+
+def _flash_attn_kernel() -> VarlenKernel:
+    """flash-attn 2.x's ``flash_attn_varlen_func`` (signature read against 2.7/2.8)."""
+    from flash_attn import flash_attn_varlen_func
+
+    def flash_attn_varlen(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, longest: int) -> Tensor:
+        return flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, 0.0, causal=False)
+
+    return flash_attn_varlen
+
+
+def _torch_kernel() -> VarlenKernel:
+    """PyTorch's own FlashAttention-2 varlen op (``torch.nn.attention.varlen``, recent torch;
+    signature read against 2.13), so GPUs without flash-attn installed get one too."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    def torch_varlen_attn(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, longest: int) -> Tensor:
+        return varlen_attn(q, k, v, cu, cu, longest, longest)
+
+    return torch_varlen_attn
+
+
+@functools.cache
+def gpu_varlen_kernel() -> VarlenKernel | None:
+    """The one-launch varlen kernel of this machine: flash-attn's where installed, else
+    PyTorch's; None without CUDA. A kernel that fails to import counts as absent: it must never
+    stop a run that per-sample SDPA can serve."""
+    if not torch.cuda.is_available():
+        return None
+    for load in (_flash_attn_kernel, _torch_kernel):
+        try:
+            return load()
+        except Exception:
+            continue
+    return None
+
+
+def _kernel_serves(q: Tensor) -> bool:
+    """FlashAttention 2's limits: CUDA, fp16/bf16, head dim a multiple of 8 up to 256."""
+    head_dim = q.shape[-1]
+    return (
+        q.is_cuda
+        and q.dtype in (torch.float16, torch.bfloat16)
+        and head_dim % 8 == 0
+        and head_dim <= 256
+    )
+
+
+def varlen_attention(q: Tensor, k: Tensor, v: Tensor, seqs: Varlen) -> Tensor:
+    """The default attention core: one varlen kernel launch for the whole pack
+    (:func:`gpu_varlen_kernel`, boundaries from the device copy of ``cu_seqlens``) where one
+    exists and the tensors suit it, per-sample SDPA (:func:`sdpa_varlen`) otherwise. Same
+    arguments, same result.
+    """
+    kernel = gpu_varlen_kernel()
+    if kernel is None or not _kernel_serves(q):
+        return sdpa_varlen(q, k, v, seqs)
+    return kernel(q, k, v, seqs.cu_seqlens(q.device), seqs.max_seqlen)
+
+
+def pad_packed(x: Tensor, seqs: Varlen) -> Tensor:
     """[total, ...] packed samples -> [batch, max_len, ...], zero-padded at the end of each sample.
 
     For per-sample convolutions: zero padding past a sample's end is exactly what a 'same'-padded
     convolution of that sample alone sees, so outputs stay batch-composition invariant.
     """
-    return nn.utils.rnn.pad_sequence(
-        list(torch.split(x, seq_lengths(cu_seqlens))), batch_first=True
-    )
+    return nn.utils.rnn.pad_sequence(list(torch.split(x, seqs.lengths)), batch_first=True)
 
 
-def unpad(x: Tensor, cu_seqlens: Tensor) -> Tensor:
+def unpad(x: Tensor, seqs: Varlen) -> Tensor:
     """Inverse of :func:`pad_packed`: [batch, max_len, ...] -> [total, ...]."""
-    return torch.cat([x[i, :n] for i, n in enumerate(seq_lengths(cu_seqlens))])
+    return torch.cat([x[i, :n] for i, n in enumerate(seqs.lengths)])
 
 
 def sincos_1d(positions: Tensor, dim: int) -> Tensor:
@@ -119,28 +210,28 @@ class TokenMixer:
     run one sample sharded along the sequence across ranks.
 
     Args:
-        core: the attention kernel over full samples (:func:`varlen_attention`, or e.g.
-            ``flash_attn_varlen_func`` on GPU).
+        core: the attention kernel over full samples (:func:`varlen_attention`: a one-launch
+            varlen kernel on GPUs, per-sample SDPA otherwise).
     """
 
     def __init__(self, core: AttentionFn = varlen_attention) -> None:
         self.core = core
 
-    def attention(self, q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor) -> Tensor:
+    def attention(self, q: Tensor, k: Tensor, v: Tensor, seqs: Varlen) -> Tensor:
         """Attention within each sample: q, k, v [tokens, heads, head_dim] -> same shape."""
-        return self.core(q, k, v, cu_seqlens)
+        return self.core(q, k, v, seqs)
 
-    def gather_sequence(self, x: Tensor, cu_seqlens: Tensor) -> tuple[Tensor, Tensor]:
+    def gather_sequence(self, x: Tensor, seqs: Varlen) -> tuple[Tensor, Varlen]:
         """The whole samples that ``x`` holds tokens of, for an op that needs neighbours.
 
         Args:
             x: [tokens, ...] this rank's tokens.
-            cu_seqlens: their sample boundaries.
+            seqs: their sample boundaries.
 
         Returns:
-            ``(x_full, cu_full)``: the full samples and their boundaries (here: unchanged).
+            ``(x_full, seqs_full)``: the full samples and their boundaries (here: unchanged).
         """
-        return x, cu_seqlens
+        return x, seqs
 
     def scatter_sequence(self, x_full: Tensor) -> Tensor:
         """Inverse of :meth:`gather_sequence` on its result's layout: back to this rank's tokens."""
@@ -185,11 +276,11 @@ class MultiHeadSelfAttention(nn.Module):
         self.mixer = mixer if mixer is not None else TokenMixer()
         """The only cross-token op here; shared with the encoder's other layers."""
 
-    def forward(self, x: Tensor, cu_seqlens: Tensor) -> Tensor:
+    def forward(self, x: Tensor, seqs: Varlen) -> Tensor:
         """[total, hidden] -> [total, hidden], attending within each sample."""
         total = x.shape[0]
         q, k, v = self.qkv(x).view(total, 3, self.num_heads, self.head_dim).unbind(1)
-        out = self.mixer.attention(q, k, v, cu_seqlens)
+        out = self.mixer.attention(q, k, v, seqs)
         return self.proj(out.reshape(total, self.num_heads * self.head_dim))
 
 
@@ -232,7 +323,7 @@ class TransformerBlock(nn.Module):
         self.mlp_norm = nn.LayerNorm(hidden_size, eps=eps)
         self.mlp = MLP(hidden_size, ffn_hidden_size, activation=activation)
 
-    def forward(self, x: Tensor, cu_seqlens: Tensor) -> Tensor:
+    def forward(self, x: Tensor, seqs: Varlen) -> Tensor:
         """[total, hidden] -> [total, hidden]."""
-        x = x + self.attn(self.attn_norm(x), cu_seqlens)
+        x = x + self.attn(self.attn_norm(x), seqs)
         return x + self.mlp(self.mlp_norm(x))

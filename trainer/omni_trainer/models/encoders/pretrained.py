@@ -22,7 +22,7 @@ from omni_trainer.models.encoders.layers import (
     ACTIVATIONS,
     TokenMixer,
     TransformerBlock,
-    cu_seqlens_from_lengths,
+    Varlen,
     unpad,
 )
 
@@ -109,16 +109,16 @@ class PretrainedVisionTower(nn.Module):
         parts = [self.patch_embed(img) for img in images]
         return torch.cat(parts), [part.shape[0] for part in parts]
 
-    def encode_tokens(self, x: Tensor, cu_seqlens: Tensor) -> Tensor:
+    def encode_tokens(self, x: Tensor, seqs: Varlen) -> Tensor:
         """The blocks (the feature layer's hidden state): [tokens, hidden] -> same."""
         for block in self.blocks:
-            x = block(x, cu_seqlens)
+            x = block(x, seqs)
         return x
 
     def forward(self, images: Sequence[Tensor]) -> Tensor:
         """[sum of output tokens, hidden], images in the given order (``cfg.num_tokens`` each)."""
         x, lengths = self.embed(images)
-        out = self.encode_tokens(x, cu_seqlens_from_lengths(lengths, device=x.device))
+        out = self.encode_tokens(x, Varlen.of(lengths))
         if not self.drop_prefix:
             return out
         return torch.cat([part[self.drop_prefix :] for part in out.split(lengths)])
@@ -170,17 +170,17 @@ class WhisperAudioEncoder(nn.Module):
         lengths = [cfg.num_tokens(f.shape[0]) for f in features]
         padded = nn.utils.rnn.pad_sequence(list(features), batch_first=True).transpose(1, 2)
         x = self.act(self.conv2(self.act(self.conv1(padded.to(self.conv1.weight.dtype)))))
-        x = unpad(x.transpose(1, 2), cu_seqlens_from_lengths(lengths, device=x.device))
+        x = unpad(x.transpose(1, 2), Varlen.of(lengths))
         pos = torch.cat([self.positions.weight[:n] for n in lengths])
         return x + pos.to(x.dtype), lengths
 
-    def encode_tokens(self, x: Tensor, cu_seqlens: Tensor) -> Tensor:
+    def encode_tokens(self, x: Tensor, seqs: Varlen) -> Tensor:
         """The blocks and the final LayerNorm: [tokens, hidden] -> same."""
         for block in self.blocks:
-            x = block(x, cu_seqlens)
+            x = block(x, seqs)
         return self.norm(x)
 
     def forward(self, features: Sequence[Tensor]) -> Tensor:
         """[sum of frames / 2, hidden] for clips of [frames, n_mels] log-mel features."""
         x, lengths = self.embed(features)
-        return self.encode_tokens(x, cu_seqlens_from_lengths(lengths, device=x.device))
+        return self.encode_tokens(x, Varlen.of(lengths))

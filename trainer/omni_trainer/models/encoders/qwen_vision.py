@@ -17,19 +17,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from omni_trainer.models.encoders.config import VisionEncoderConfig
-from omni_trainer.models.encoders.layers import (
-    ACTIVATIONS,
-    AttentionFn,
-    TokenMixer,
-    cu_seqlens_from_lengths,
-)
+from omni_trainer.models.encoders.layers import ACTIVATIONS, AttentionFn, TokenMixer, Varlen
 
 Grid = tuple[int, int, int]
 """(temporal patches, patch rows, patch columns) of one image or video."""
@@ -43,22 +38,29 @@ class TokenLayout:
     cos: Tensor
     """[tokens, head_dim] fp32."""
     sin: Tensor
-    frames: Tensor
-    """cu_seqlens with one segment per temporal frame of every sample."""
+    frames: Varlen
+    """One segment per temporal frame of every sample."""
     window_order: Tensor
     """Token indices in window order (windows of one frame consecutive)."""
     window_inverse: Tensor
     """The inverse permutation of ``window_order``."""
-    windows: Tensor
-    """cu_seqlens of the windows over ``window_order``."""
+    windows: Varlen
+    """The windows over ``window_order``."""
 
     @property
     def tokens(self) -> int:
         return self.cos.shape[0]
 
     def to(self, device: torch.device) -> TokenLayout:
-        """The layout on ``device`` (once per batch, not once per block)."""
-        return TokenLayout(*(getattr(self, f.name).to(device) for f in fields(self)))
+        """The layout's tensors on ``device`` (once per batch, not once per block; each
+        :class:`Varlen` copies its boundaries there itself, once)."""
+        return replace(
+            self,
+            cos=self.cos.to(device),
+            sin=self.sin.to(device),
+            window_order=self.window_order.to(device),
+            window_inverse=self.window_inverse.to(device),
+        )
 
 
 def grid_positions(grid: Grid, merge: int) -> Tensor:
@@ -116,10 +118,10 @@ def token_layout(
     return TokenLayout(
         cos=full.cos(),
         sin=full.sin(),
-        frames=cu_seqlens_from_lengths(frames),
+        frames=Varlen.of(frames),
         window_order=order,
         window_inverse=torch.argsort(order),
-        windows=cu_seqlens_from_lengths(windows),
+        windows=Varlen.of(windows),
     )
 
 
@@ -137,7 +139,7 @@ class WindowedRotaryCore:
 
     It is given whole samples: the packed batch :meth:`QwenVisionTower.embed` laid out, or under
     Ulysses the one sample that was embedded, gathered along the sequence for this rank's heads.
-    The ``cu_seqlens`` it is called with (whole samples) is replaced by the layout's partition.
+    The boundaries it is called with (whole samples) are replaced by the layout's partition.
     """
 
     def __init__(self, inner: AttentionFn) -> None:
@@ -147,7 +149,7 @@ class WindowedRotaryCore:
         self.windowed = False
         """Set by the tower before each block: window (true) or frame attention."""
 
-    def __call__(self, q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor) -> Tensor:
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, seqs: Varlen) -> Tensor:
         lay = self.layout
         if lay is None or q.shape[0] != lay.tokens:
             got = "no layout" if lay is None else f"a layout of {lay.tokens} tokens"
@@ -202,10 +204,10 @@ class QwenVisionAttention(nn.Module):
         self.proj = nn.Linear(hidden_size, hidden_size)
         self.mixer = mixer
 
-    def forward(self, x: Tensor, cu_seqlens: Tensor) -> Tensor:
+    def forward(self, x: Tensor, seqs: Varlen) -> Tensor:
         n = x.shape[0]
         q, k, v = self.qkv(x).view(n, 3, self.num_heads, self.head_dim).unbind(1)
-        out = self.mixer.attention(q, k, v, cu_seqlens)
+        out = self.mixer.attention(q, k, v, seqs)
         return self.proj(out.reshape(n, self.num_heads * self.head_dim))
 
 
@@ -220,8 +222,8 @@ class QwenVisionBlock(nn.Module):
         self.attn = QwenVisionAttention(h, cfg.num_heads, mixer)
         self.mlp = GatedMLP(h, cfg.ffn_hidden_size, cfg.tower.activation)
 
-    def forward(self, x: Tensor, cu_seqlens: Tensor) -> Tensor:
-        x = x + self.attn(self.norm1(x), cu_seqlens)
+    def forward(self, x: Tensor, seqs: Varlen) -> Tensor:
+        x = x + self.attn(self.norm1(x), seqs)
         return x + self.mlp(self.norm2(x))
 
 
@@ -317,16 +319,16 @@ class QwenVisionTower(nn.Module):
         ).to(x.device)
         return x, [t * h * w for t, h, w in grids]
 
-    def encode_tokens(self, x: Tensor, cu_seqlens: Tensor) -> Tensor:
-        """The blocks and the merger: [patches, hidden] (whole merge blocks) -> [patches /
-        merge^2, out_hidden_size]."""
+    def encode_tokens(self, x: Tensor, seqs: Varlen) -> Tensor:
+        """The blocks and the merger: [patches, hidden] (whole merge blocks, ``seqs`` their
+        sample boundaries) -> [patches / merge^2, out_hidden_size]."""
         full = set(self.cfg.qwen.full_attention_blocks)
         for i, block in enumerate(self.blocks):
             self.core.windowed = i not in full
-            x = block(x, cu_seqlens)
+            x = block(x, seqs)
         return self.merger(x)
 
     def forward(self, media: Sequence[Tensor]) -> Tensor:
         """[sum of output tokens, out_hidden_size], samples in the given order."""
         x, lengths = self.embed(media)
-        return self.encode_tokens(x, cu_seqlens_from_lengths(lengths, device=x.device))
+        return self.encode_tokens(x, Varlen.of(lengths))

@@ -19,7 +19,7 @@ from omni_trainer.models.encoders.config import VisionEncoderConfig
 from omni_trainer.models.encoders.layers import (
     TokenMixer,
     TransformerBlock,
-    cu_seqlens_from_lengths,
+    Varlen,
     sincos_2d,
 )
 
@@ -77,16 +77,16 @@ class VisionEncoder(nn.Module):
         pos = torch.cat([sincos_2d(h, w, self.cfg.hidden_size, device=x.device) for h, w in grids])
         return x + pos.to(x.dtype), [h * w for h, w in grids]
 
-    def encode_tokens(self, x: Tensor, cu_seqlens: Tensor) -> Tensor:
+    def encode_tokens(self, x: Tensor, seqs: Varlen) -> Tensor:
         """The blocks and the final LayerNorm: [tokens, hidden] -> [tokens, hidden].
 
         Args:
             x: packed token embeddings (from :meth:`embed`, or this rank's shard of one image when
                 the mixer is sharded).
-            cu_seqlens: sample boundaries of ``x``.
+            seqs: sample boundaries of ``x`` (built once per batch, reused by every block).
         """
         for block in self.blocks:
-            x = block(x, cu_seqlens)
+            x = block(x, seqs)
         return self.norm(x)
 
     def forward(self, images: Sequence[Tensor]) -> Tensor:
@@ -99,4 +99,4 @@ class VisionEncoder(nn.Module):
             [sum of (H/p)*(W/p), hidden]: each image's patches row-major, images in the given order.
         """
         x, lengths = self.embed(images)
-        return self.encode_tokens(x, cu_seqlens_from_lengths(lengths, device=x.device))
+        return self.encode_tokens(x, Varlen.of(lengths))

@@ -1,0 +1,316 @@
+"""What each fault costs the tiny job in the sandbox, restarted in place vs recreated.
+
+One ``omni sandbox up`` (4 CPU nodes: the real kopf operator, the kubelet simulator running the
+pods as processes, real torchrun trainers) runs the tiny job (2 nodes x 1 process, a checkpoint
+every ``--interval`` steps) once per ``restartPolicy.mode`` (``in-place``, then ``recreate``).
+Each fault is injected once the job trains again after the previous one, a few steps past a
+checkpoint, so every fault has steps to recompute:
+
+* crash: ``crash-pod`` on node rank 1 (every process of its pod but the container's init: the
+  trainer crashes, its peers fail on broken collectives);
+* container killed: ``kill-pod`` on node rank 0 (every process of its container);
+* hang: ``hang-pod`` on node rank 1 (the trainer stops; found after ``hangTimeoutSeconds``, 60);
+* SIGTERM: the pod of node rank 1 deleted with its grace period (an emergency checkpoint);
+* node lost: ``node-lost`` on node rank 1's node (``nodeLostGraceSeconds`` 5);
+* image missing on restart: ``spec.image`` changed to an image the registry lacks, then a
+  crash: a restart that keeps the pods pulls nothing; one that recreates them cannot pull.
+
+Per fault: detection (injection to the operator's restart decision, polled every 0.2 s), first
+step (injection to the first step the new attempt logged), steps recomputed (the last step
+before the fault minus the step resumed from), and training time lost (first step plus the
+recomputed steps at the median step time: the time until training is where it was).
+
+    make bench-faults
+    python bench/faults.py --modes in-place --faults crash kill
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+LABEL_ATTEMPT, LABEL_RANK = "omni.megascale.io/attempt", "omni.megascale.io/node-rank"
+FAULTS = ("crash", "kill", "hang", "sigterm", "node-lost", "image-missing")
+JOB = "tiny-cpu"
+NS = "default"
+MISSING_IMAGE = "ghcr.io/megascale-omni/trainer:0.0.0-missing"
+
+
+def _args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--modes", nargs="+", default=["in-place", "recreate"])
+    p.add_argument("--faults", nargs="+", default=list(FAULTS), choices=FAULTS)
+    p.add_argument("--interval", type=int, default=5, help="checkpoint every this many steps")
+    p.add_argument("--timeout", type=float, default=400, help="seconds per wait")
+    p.add_argument("--dir", type=Path, help="keep the sandbox, logs and checkpoints here")
+    return p.parse_args()
+
+
+@dataclass
+class Cost:
+    fault: str
+    mode: str
+    detection_s: float | None = None
+    first_step_s: float | None = None
+    recomputed: int | None = None
+    lost_s: float | None = None
+    note: str = ""
+
+
+class Sandbox:
+    """``omni sandbox up`` in a directory of its own, driven over its HTTP API."""
+
+    def __init__(self, cwd: Path) -> None:
+        self.cwd = cwd
+        argv = [sys.executable, "-m", "omni_trainer.cli", "sandbox", "up", "--nodes", "4",
+                "--gpus-per-node", "0", "--resync", "1", "--dir", ".sandbox"]  # fmt: skip
+        self.log = (cwd / "sandbox.log").open("w")
+        self.proc = subprocess.Popen(argv, cwd=cwd, stdout=self.log, stderr=subprocess.STDOUT)
+        state = cwd / ".sandbox" / "sandbox.json"
+        self.wait("the sandbox", state.exists, timeout=120)
+        self.url = json.loads(state.read_text())["server"]
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+    def request(self, method: str, path: str, body: Any = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        kind = "application/merge-patch+json" if method == "PATCH" else "application/json"
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Content-Type": kind})  # fmt: skip
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read() or b"null")
+
+    def job_path(self) -> str:
+        return f"/apis/omni.megascale.io/v1alpha1/namespaces/{NS}/omnitrainingjobs/{JOB}"
+
+    def status(self) -> dict[str, Any]:
+        try:
+            return self.request("GET", self.job_path()).get("status") or {}
+        except OSError:
+            return {}
+
+    def pods(self) -> list[dict[str, Any]]:
+        return self.request("GET", f"/api/v1/namespaces/{NS}/pods")["items"]
+
+    def pod_of_rank(self, rank: int) -> dict[str, Any]:
+        st = self.status()
+        attempt = st["attempt"] if st.get("podAttempt") is None else st["podAttempt"]
+        for pod in self.pods():
+            labels = pod["metadata"].get("labels") or {}
+            key = (labels.get(LABEL_ATTEMPT), labels.get(LABEL_RANK))
+            mine = key == (str(attempt), str(rank))
+            if mine and not pod["metadata"].get("deletionTimestamp"):
+                return pod
+        raise RuntimeError(f"no pod of node rank {rank} in attempt {attempt}")
+
+    def fault(self, fault: str, target: str) -> None:
+        from omni_operator.sandbox.cluster import inject_fault
+
+        asyncio.run(inject_fault(self.url, fault, target, namespace=NS))
+
+    def wait(self, what: str, check: Callable[[], Any], *, timeout: float) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = check()
+            if value:
+                return value
+            time.sleep(0.2)
+        raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def _job(mode: str, *, interval: int, step_log: str) -> dict[str, Any]:
+    doc = yaml.safe_load((REPO / "examples" / "tiny-cpu.yaml").read_text())
+    spec = doc["spec"]
+    spec["nodes"] = 2
+    spec["restartPolicy"] = {"mode": mode, "nodeLostGraceSeconds": 5, "hangTimeoutSeconds": 60,
+                             "backoffSeconds": {"base": 0, "max": 0}, "budget": 20,
+                             "stopGraceSeconds": 20}  # fmt: skip
+    trainer = spec["trainer"]
+    trainer["train"].update(steps=100000, stepLog=step_log)
+    trainer["checkpoint"] = {"path": f"runs/{mode}/ckpt", "intervalSteps": interval}
+    return doc
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(ValueError):  # a line being written
+            out.append(json.loads(line))
+    return out
+
+
+def _inject(sb: Sandbox, fault: str) -> Callable[[], None]:
+    """The action that injects ``fault`` (resolved now, timed by the caller)."""
+    if fault in ("crash", "image-missing"):
+        pod = sb.pod_of_rank(1)["metadata"]["name"]
+        return lambda: sb.fault("crash-pod", pod)
+    if fault == "kill":
+        pod = sb.pod_of_rank(0)["metadata"]["name"]
+        return lambda: sb.fault("kill-pod", pod)
+    if fault == "hang":
+        pod = sb.pod_of_rank(1)["metadata"]["name"]
+        return lambda: sb.fault("hang-pod", pod)
+    if fault == "sigterm":
+        pod = sb.pod_of_rank(1)["metadata"]["name"]
+        return lambda: sb.request("DELETE", f"/api/v1/namespaces/{NS}/pods/{pod}")
+    node = sb.pod_of_rank(1)["spec"]["nodeName"]
+    return lambda: sb.fault("node-lost", node)
+
+
+def run_mode(sb: Sandbox, mode: str, faults: list[str], args: argparse.Namespace) -> list[Cost]:
+    """The job in ``mode``, each fault in turn; stops at a fault that fails the job."""
+    step_log = sb.cwd / "runs" / mode / "steps.jsonl"
+    doc = _job(mode, interval=args.interval, step_log=f"runs/{mode}/steps.jsonl")
+    sb.request("POST", f"/apis/omni.megascale.io/v1alpha1/namespaces/{NS}/omnitrainingjobs", doc)
+    costs: list[Cost] = []
+    try:
+        for fault in faults:
+            try:
+                cost = _measure(sb, Cost(fault, mode), step_log, args)
+            except TimeoutError as err:  # the table shows what was measured
+                cost = Cost(fault, mode, note=str(err))
+            costs.append(cost)
+            if cost.first_step_s is None:
+                break
+    finally:
+        sb.request("DELETE", sb.job_path())
+        sb.wait("the job gone", lambda: not sb.pods(), timeout=120)
+    return costs
+
+
+def _measure(sb: Sandbox, cost: Cost, step_log: Path, args: argparse.Namespace) -> Cost:
+    """Inject ``cost.fault`` once the job trains a few steps past a checkpoint; fill in what
+    the recovery cost."""
+    attempt = sb.status().get("attempt", 0)
+
+    def ready() -> bool:
+        recs = [r for r in _records(step_log) if r["attempt"] == attempt]
+        step = max((r["step"] for r in recs), default=0)
+        return len(recs) >= args.interval + 2 and step % args.interval >= 2
+
+    sb.wait(f"{cost.mode}: attempt {attempt} training", ready, timeout=args.timeout)
+    if cost.fault == "image-missing":
+        sb.request("PATCH", sb.job_path(), {"spec": {"image": MISSING_IMAGE}})
+    lost = sb.pod_of_rank(1)["spec"]["nodeName"] if cost.fault == "node-lost" else None
+    inject = _inject(sb, cost.fault)
+    before = sb.status().get("restarts", 0)
+    t0 = time.time()
+    inject()
+    reached = max(r["step"] for r in _records(step_log))
+
+    def decided() -> bool:
+        st = sb.status()
+        return st.get("restarts", 0) > before or st.get("phase") == "Failed"
+
+    sb.wait(f"{cost.mode}/{cost.fault}: a restart decision", decided, timeout=args.timeout)
+    cost.detection_s = time.time() - t0
+    new = sb.status()["attempt"]
+
+    def first() -> dict[str, Any] | None:
+        recs = [r for r in _records(step_log) if r["attempt"] == new]
+        if not recs and sb.status().get("phase") == "Failed":
+            return {"failed": True}
+        return min(recs, key=lambda r: r["time"]) if recs else None
+
+    try:
+        rec = sb.wait(f"the first step of attempt {new}", first, timeout=args.timeout)
+    except TimeoutError as err:
+        cost.note = str(err)
+        return cost
+    if rec.get("failed"):
+        cost.note = f"job Failed: {sb.status().get('message', '')[:100]}"
+        return cost
+    history = sb.status()["restartHistory"][-1]
+    cost.first_step_s = rec["time"] - t0
+    cost.recomputed = max(reached - (rec["step"] - 1), 0)
+    median = statistics.median(_step_times(_records(step_log)))
+    cost.lost_s = cost.first_step_s + cost.recomputed * median
+    cost.note = (f"{history['mode']} ({history['reason']}), step time {median:.2f} s, "
+                 f"operator lostSeconds {history.get('lostSeconds')}")  # fmt: skip
+    if lost is not None:
+        sb.fault("node-ready", lost)  # the node comes back for later placements
+    return cost
+
+
+def _step_times(records: list[dict[str, Any]]) -> list[float]:
+    """Seconds between consecutive steps of one attempt (restarts excluded)."""
+    out = []
+    for a, b in itertools.pairwise(records):
+        if a["attempt"] == b["attempt"] and b["step"] == a["step"] + 1:
+            out.append(b["time"] - a["time"])
+    return out or [0.0]
+
+
+def _fmt(value: float | int | None, unit: str = "s") -> str:
+    if value is None:
+        return "-"
+    return f"{value:.1f} {unit}" if isinstance(value, float) else f"{value}"
+
+
+def print_table(costs: list[Cost], modes: list[str]) -> None:
+    by = {(c.fault, c.mode): c for c in costs}
+    cols = ["detect", "1st step", "recomp", "lost"]
+    head = f"{'fault':<14}" + "".join(f"{m + ' ' + c:>22}" for m in modes for c in cols)
+    print(head)
+    for fault in dict.fromkeys(c.fault for c in costs):
+        row = f"{fault:<14}"
+        for m in modes:
+            c = by.get((fault, m))
+            vals = (c.detection_s, c.first_step_s, c.recomputed, c.lost_s) if c else (None,) * 4
+            row += "".join(f"{_fmt(v):>22}" for v in vals)
+        print(row)
+    if len(modes) == 2:
+        print(f"\n{'fault':<14}{'lost ' + modes[0]:>20}{'lost ' + modes[1]:>20}{'ratio':>10}")
+        for fault in dict.fromkeys(c.fault for c in costs):
+            a, b = by.get((fault, modes[0])), by.get((fault, modes[1]))
+            la, lb = (a.lost_s if a else None), (b.lost_s if b else None)
+            ratio = f"{lb / la:.1f}x" if la and lb else "-"
+            print(f"{fault:<14}{_fmt(la):>20}{_fmt(lb):>20}{ratio:>10}")
+    print("\nnotes:")
+    for c in costs:
+        print(f"  {c.mode:<9} {c.fault:<14} {c.note}")
+
+
+def main() -> None:
+    args = _args()
+    os.environ.setdefault("PYTHONPATH", f"{REPO / 'trainer'}:{REPO / 'operator'}")
+    with tempfile.TemporaryDirectory(prefix="omni-faults-") as tmp:
+        cwd = args.dir.resolve() if args.dir else Path(tmp)
+        cwd.mkdir(parents=True, exist_ok=True)
+        sb = Sandbox(cwd)
+        costs: list[Cost] = []
+        try:
+            for mode in args.modes:
+                costs += run_mode(sb, mode, list(args.faults), args)
+                print(f"{mode}: done ({len(costs)} faults so far)", flush=True)
+        finally:
+            sb.close()
+    print_table(costs, args.modes)
+
+
+if __name__ == "__main__":
+    main()

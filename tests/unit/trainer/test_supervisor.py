@@ -1,0 +1,107 @@
+"""The in-pod supervisor: restarts its trainer for each attempt the operator names, exits
+(tagged) when its trainer fails first, and waits after a container restart."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from omni_trainer.supervisor import (
+    Supervisor,
+    decide,
+    order,
+    read_order,
+    tag,
+    untag,
+)
+
+
+def test_decide() -> None:
+    assert decide(target=None, ran=None, running=False, exit_code=None) == "wait"
+    assert decide(target=0, ran=None, running=False, exit_code=None) == "start"
+    assert decide(target=0, ran=0, running=True, exit_code=None) == "wait"
+    assert decide(target=1, ran=0, running=True, exit_code=None) == "restart"
+    assert decide(target=0, ran=0, running=False, exit_code=1) == "exit"  # failed first
+    assert decide(target=1, ran=0, running=False, exit_code=1) == "start"  # ordered already
+    assert decide(target=0, ran=0, running=False, exit_code=None) == "wait"  # restarted container
+    assert decide(target=1, ran=0, running=False, exit_code=0) == "exit"  # trained to the end
+
+
+def test_orders_and_tags(tmp_path: Path) -> None:
+    path = tmp_path / "attempt"
+    assert read_order(path, pods=0) is None
+    path.write_text(order(3, pods=1))
+    assert read_order(path, pods=1) == 3 and read_order(path, pods=0) is None  # other pods'
+    path.write_text('{"attempt": 3')
+    assert read_order(path, pods=1) is None  # partial
+    assert untag(tag(4, "rank 1: RuntimeError: x")) == (4, "rank 1: RuntimeError: x")
+    assert untag("RuntimeError: x") == (None, "RuntimeError: x")
+
+
+def _script(tmp_path: Path, body: str) -> list[str]:
+    """A 'trainer' that appends its attempt to runs.txt, then runs ``body``."""
+    runs = tmp_path / "runs.txt"
+    code = (f"import os, sys, time\nopen({str(runs)!r}, 'a').write("
+            f"os.environ['OMNI_RESTART_ATTEMPT'] + '\\n')\n{body}")  # fmt: skip
+    return [sys.executable, "-c", code]
+
+
+def _runs(tmp_path: Path) -> list[str]:
+    path = tmp_path / "runs.txt"
+    return path.read_text().split() if path.exists() else []
+
+
+@pytest.fixture
+def termination(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "termination-log"
+    path.write_bytes(b"")
+    monkeypatch.setenv("OMNI_TERMINATION_LOG", str(path))
+    return path
+
+
+def test_a_failed_trainer_ends_the_container_tagged_and_a_restart_waits(
+    tmp_path: Path, termination: Path
+) -> None:
+    (tmp_path / "attempt").write_text(order(2, pods=0))
+    body = "open(os.environ['OMNI_TERMINATION_LOG'], 'w').write('ValueError: bad'); sys.exit(3)"
+    sup = Supervisor(_script(tmp_path, body), attempt_file=tmp_path / "attempt",
+                     state_dir=tmp_path / "state", poll_s=0.02)  # fmt: skip
+    assert sup.run() == 3
+    assert termination.read_text() == "[attempt 2] ValueError: bad"
+    # The kubelet restarts the container: the new supervisor waits for a newer attempt.
+    again = Supervisor(_script(tmp_path, "pass"), attempt_file=tmp_path / "attempt",
+                       state_dir=tmp_path / "state", poll_s=0.02)  # fmt: skip
+    threading.Timer(0.5, lambda: (tmp_path / "attempt").write_text(order(3, pods=0))).start()
+    start = time.monotonic()
+    assert again.run() == 0 and time.monotonic() - start >= 0.5
+    assert _runs(tmp_path) == ["2", "3"]
+
+
+def test_a_newer_attempt_kills_the_running_trainer_and_its_children(
+    tmp_path: Path, termination: Path
+) -> None:
+    pids = tmp_path / "pids"
+    body = (f"import subprocess\nif os.environ['OMNI_RESTART_ATTEMPT'] == '0':\n"
+            f"    c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+            f"    open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{c.pid}}')\n"
+            f"    time.sleep(60)\n")  # fmt: skip
+    (tmp_path / "attempt").write_text(order(0, pods=0))
+    sup = Supervisor(_script(tmp_path, body), attempt_file=tmp_path / "attempt",
+                     state_dir=tmp_path / "state", poll_s=0.02)  # fmt: skip
+
+    def bump() -> None:
+        while not pids.exists():
+            time.sleep(0.02)
+        (tmp_path / "attempt").write_text(order(1, pods=0))
+
+    threading.Thread(target=bump, daemon=True).start()
+    assert sup.run() == 0
+    assert _runs(tmp_path) == ["0", "1"]
+    for pid in map(int, pids.read_text().split()):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

@@ -1,0 +1,108 @@
+"""The trainer's checkpoints (``checkpoint`` section): resume, ``initFrom``, periodic and
+emergency saves, and the figures the operator reads, over a :class:`Checkpointer`."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from omni_trainer.checkpoint.checkpointer import Checkpointer, SaveResult
+from omni_trainer.checkpoint.config import CheckpointConfig
+from omni_trainer.checkpoint.state import ModelState
+from omni_trainer.components.dataplane import DataPlane
+from omni_trainer.components.metrics import MetricsSink
+from omni_trainer.components.timing import PhaseTimer
+from omni_trainer.distributed import comm
+from omni_trainer.interop.runtime import find_checkpoint
+from omni_trainer.mcore.parallel import ProcessGroups
+
+
+class CheckpointSession:
+    """Checkpoints of one run; with no ``checkpoint`` section it saves and resumes nothing.
+
+    ``state`` builds this rank's :class:`ModelState` (a collective under ZeRO-1: every rank
+    calls it together).
+    """
+
+    def __init__(
+        self,
+        cfg: CheckpointConfig | None,
+        *,
+        groups: ProcessGroups,
+        state: Callable[[], ModelState],
+        data: DataPlane,
+        timer: PhaseTimer,
+        metrics: MetricsSink,
+    ) -> None:
+        self.cfg, self.groups, self.state, self.data = cfg, groups, state, data
+        self.timer, self.metrics = timer, metrics
+        self.checkpointer = Checkpointer(cfg, layout=groups.dims.as_dict()) if cfg else None
+        self.saved_step: int | None = None
+        """The last step saved or loaded (None: none yet)."""
+        self.save_seconds = 0.0
+        """The longest save so far, blocking and background (the stop decision budgets it)."""
+
+    def start(self, *, resume: bool) -> int:
+        """The step to start from: the latest complete checkpoint when resuming (if any), else
+        0 after ``checkpoint.initFrom``'s weights (if set)."""
+        step = self._resume() if resume and self.checkpointer else None
+        if step is None:
+            self._init_from()
+            step = 0
+        self.saved_step = step
+        return step
+
+    def _resume(self) -> int | None:
+        found = self.checkpointer.load_latest(self.state())
+        if found is None:
+            return None
+        self.data.load_state_dict(found.loader_state)
+        return found.step
+
+    def _init_from(self) -> None:
+        """A fresh run starts from another checkpoint's weights only."""
+        source = self.cfg.init_from if self.cfg else None
+        if source is not None:
+            root, step = find_checkpoint(source)
+            weights = dataclasses.replace(self.state(), optimizer=None)
+            Checkpointer(CheckpointConfig(path=root), cache_plans=False).load(step, weights)
+
+    def due(self, step: int) -> bool:
+        return self.checkpointer is not None and self.cfg.due(step)
+
+    def save(self, step: int) -> None:
+        """Asynchronous checkpoint after ``step`` completed steps; the loop waits for the host
+        copy only. The loader state saved is every shard's, so any layout can resume it."""
+        with self.timer.span("checkpoint_blocking"):
+            previous = self.checkpointer.wait()  # save() would wait for it too; we report it
+            everyone = comm.all_gather_object(self.data.state_dict(), group=self.groups.dp)
+            shards = {k: v for state in everyone for k, v in state["shards"].items()}
+            self.checkpointer.save(step, self.state(), {"shards": shards})
+            self.saved_step = step
+        self._report(previous)
+
+    def poll(self) -> None:
+        if self.checkpointer is not None:
+            self._report(self.checkpointer.poll())
+
+    def close(self) -> None:
+        """Wait for the last save.
+
+        Raises:
+            RuntimeError: it failed (the run must not look complete).
+        """
+        if self.checkpointer:
+            last = self.checkpointer.close()
+            if last is not None and not last.committed:
+                raise RuntimeError(f"the last checkpoint failed: {last.errors}")
+            self._report(last)
+
+    def _report(self, result: SaveResult | None) -> None:
+        """Export a committed checkpoint (the operator reads it to refill the restart budget)."""
+        if result is not None and result.committed:
+            self.save_seconds = max(self.save_seconds, result.blocking_s + result.background_s)
+            self.metrics.record_checkpoint(
+                step=result.step,
+                seconds=result.blocking_s + result.background_s,
+                blocking_seconds=result.blocking_s,
+            )

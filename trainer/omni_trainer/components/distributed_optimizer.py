@@ -1,0 +1,303 @@
+"""ZeRO-1 for the LLM (``parallelism.distributedOptimizer``): main weights and optimizer state
+sharded over the data-parallel ranks, megatron's distributed-optimizer layout.
+
+Why our own rather than megatron-core's ``DistributedDataParallel`` + ``DistributedOptimizer``:
+the step keeps one torch AdamW over the LLM shards and the encoders (LR multipliers per module,
+ZeRO-2 encoders, frozen parameters), one gradient norm clipped jointly over LLM and encoders,
+and the per-parameter checkpoint format (``checkpoint/state.py``) that loads in any layout;
+megatron's optimizer would bring its own parameter groups, clipping and checkpoint layout.
+
+Layout (as megatron's): the trainable LLM parameters are laid end to end in one fp32 gradient
+buffer, cut into buckets (each padded to a multiple of the group size); rank r of the group owns
+the r-th equal slice of every bucket. After the backward each bucket is reduce-scattered, so a
+rank holds the summed gradient of its slices only; AdamW keeps state for those slices only
+(fp32 *main* slices of bf16 weights, or views of fp32 weights); after the step every bucket's
+updated slices are all-gathered into the model weights. Adam is elementwise, so the update is
+the unsharded one: only memory and communication change.
+
+Checkpoints stay per parameter: :meth:`DistributedMainParams.checkpoint_view` gathers full
+weights and optimizer state for the save and scatters them back after a load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from omni_trainer.components.precision import CheckpointView, copy_sharding_attrs
+from omni_trainer.distributed import comm
+
+BUCKET_ALIGN = 16  # elements: every rank's slice of a bucket starts 64-byte aligned (fp32)
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """A range ``[start, start + size)`` of the flat buffer holding ``members`` (param indices)."""
+
+    start: int
+    size: int
+    members: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """The part ``[lo, hi)`` of parameter ``index`` (flattened) this rank owns, at ``at`` in its
+    slice of ``bucket``."""
+
+    bucket: int
+    index: int
+    lo: int
+    hi: int
+    at: int
+
+
+def plan_buckets(
+    numels: list[int], *, shards: int, bucket_numel: int
+) -> tuple[list[int], list[Bucket]]:
+    """Flat offsets of each parameter and the buckets: parameters in order, a bucket closed once
+    it holds ``bucket_numel`` elements, padded to a multiple of ``shards`` x ``BUCKET_ALIGN``."""
+    offsets: list[int] = []
+    buckets: list[Bucket] = []
+    start, members, filled = 0, [], 0
+    align = shards * BUCKET_ALIGN
+    for i, n in enumerate(numels):
+        offsets.append(start + filled)
+        members.append(i)
+        filled += n
+        if filled >= bucket_numel or i == len(numels) - 1:
+            size = -(-filled // align) * align
+            buckets.append(Bucket(start, size, tuple(members)))
+            start, members, filled = start + size, [], 0
+    return offsets, buckets
+
+
+def plan_pieces(
+    numels: list[int], offsets: list[int], buckets: list[Bucket], *, shards: int, rank: int
+) -> list[Piece]:
+    """What ``rank`` owns: per bucket, the parameters its slice overlaps, and where."""
+    pieces = []
+    for b, bucket in enumerate(buckets):
+        width = bucket.size // shards
+        lo_flat = bucket.start + rank * width
+        hi_flat = lo_flat + width
+        for i in bucket.members:
+            lo, hi = max(lo_flat, offsets[i]), min(hi_flat, offsets[i] + numels[i])
+            if lo < hi:
+                pieces.append(Piece(b, i, lo - offsets[i], hi - offsets[i], lo - lo_flat))
+    return pieces
+
+
+class DistributedMainParams:
+    """The LLM's gradient buffer, this rank's main slices and the three collectives of a step.
+
+    The interface is :class:`omni_trainer.components.precision.MainParams`'s (the unsharded
+    case): the trainer uses either.
+    """
+
+    def __init__(
+        self, params: list[nn.Parameter], *, group: dist.ProcessGroup, bucket_numel: int
+    ) -> None:
+        self.model_params = params
+        self.group = group
+        self.shards = comm.size(group)
+        self.rank = dist.get_rank(group) if self.shards > 1 else 0
+        self.numels = [p.numel() for p in params]
+        self.offsets, self.buckets = plan_buckets(
+            self.numels, shards=self.shards, bucket_numel=bucket_numel
+        )
+        device = params[0].device if params else torch.device("cpu")
+        total = self.buckets[-1].start + self.buckets[-1].size if self.buckets else 0
+        self.grad_buffer = torch.zeros(total, dtype=torch.float32, device=device)
+        self._grads = [
+            self.grad_buffer[o : o + p.numel()].view_as(p)
+            for p, o in zip(params, self.offsets, strict=True)
+        ]
+        for p, g in zip(params, self._grads, strict=True):
+            p.register_post_accumulate_grad_hook(_accumulate_into(g))
+        self._index = {id(p): i for i, p in enumerate(params)}
+        self.pieces = plan_pieces(
+            self.numels, self.offsets, self.buckets, shards=self.shards, rank=self.rank
+        )
+        self.main: list[nn.Parameter] = [self._main_slice(piece) for piece in self.pieces]
+        self._origin = {
+            id(m): params[pc.index] for m, pc in zip(self.main, self.pieces, strict=True)
+        }
+
+    def _main_slice(self, piece: Piece) -> nn.Parameter:
+        """fp32 main slice: a view of an fp32 weight (updated in place), a copy of a bf16 one."""
+        p = self.model_params[piece.index]
+        flat = p.detach().view(-1)[piece.lo : piece.hi]
+        main = nn.Parameter(flat if p.dtype == torch.float32 else flat.float())
+        copy_sharding_attrs(p, main)
+        start = self.offsets[piece.index]
+        main.grad = self.grad_buffer[start + piece.lo : start + piece.hi]
+        return main
+
+    # -- the step -----------------------------------------------------------------------------
+    @property
+    def norm_group(self) -> dist.ProcessGroup | None:
+        """Where the squares of :attr:`main`'s gradients are summed into the global norm."""
+        return self.group if self.shards > 1 else None
+
+    def origin_of(self, main: nn.Parameter) -> nn.Parameter:
+        """The model parameter a main slice belongs to (its LR group, weight decay)."""
+        return self._origin[id(main)]
+
+    def grad_of(self, param: nn.Parameter) -> torch.Tensor | None:
+        """This rank's fp32 gradient of ``param`` (whole until :meth:`reduce_gradients`)."""
+        i = self._index.get(id(param))
+        return None if i is None else self._grads[i]
+
+    def zero_grad(self) -> None:
+        self.grad_buffer.zero_()
+
+    def reduce_gradients(self) -> None:
+        """Bucket by bucket, the group's summed gradient of this rank's slices (reduce-scatter)."""
+        if self.shards == 1:
+            return
+        for bucket in self.buckets:
+            full = self.grad_buffer[bucket.start : bucket.start + bucket.size]
+            mine = comm.reduce_scatter(full, group=self.group)
+            full[self.rank * mine.numel() : (self.rank + 1) * mine.numel()].copy_(mine)
+
+    @torch.no_grad()
+    def step_done(self) -> None:
+        """The updated main slices into the model weights everywhere (bucketed all-gather)."""
+        for b, bucket in enumerate(self.buckets):
+            dtype = self.model_params[bucket.members[0]].dtype
+            full = comm.all_gather_flat(self._local_slice(b, self.main, dtype), group=self.group)
+            for i in bucket.members:
+                at = self.offsets[i] - bucket.start
+                self.model_params[i].view(-1).copy_(full[at : at + self.numels[i]])
+
+    def _local_slice(self, b: int, values: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        """This rank's slice of bucket ``b`` filled from per-piece ``values`` (padding zero)."""
+        out = torch.zeros(self.buckets[b].size // self.shards, dtype=dtype, device=self.device)
+        for piece, v in zip(self.pieces, values, strict=True):
+            if piece.bucket == b:
+                out[piece.at : piece.at + piece.hi - piece.lo].copy_(v)
+        return out
+
+    @property
+    def device(self) -> torch.device:
+        return self.grad_buffer.device
+
+    def bytes(self) -> dict[str, int]:
+        """Bytes of model weights, fp32 main slices (bf16 only: fp32 ones are views) and the
+        gradient buffer."""
+        model = sum(p.numel() * p.element_size() for p in self.model_params)
+        copies = sum(
+            m.numel() * m.element_size()
+            for m, pc in zip(self.main, self.pieces, strict=True)
+            if self.model_params[pc.index].dtype != torch.float32
+        )
+        return {
+            "params_bytes": model + copies,
+            "grads_bytes": self.grad_buffer.numel() * self.grad_buffer.element_size(),
+        }
+
+    # -- whole tensors: checkpoints and tests (collectives over the group) ---------------------
+    def _gather(self, values: list[torch.Tensor], dtype: torch.dtype) -> list[torch.Tensor]:
+        """Per parameter, the whole tensor assembled from every rank's per-piece ``values``."""
+        out: list[torch.Tensor] = [torch.empty(0)] * len(self.model_params)
+        for b, bucket in enumerate(self.buckets):
+            full = comm.all_gather_flat(self._local_slice(b, values, dtype), group=self.group)
+            for i in bucket.members:
+                at = self.offsets[i] - bucket.start
+                out[i] = full[at : at + self.numels[i]].view_as(self.model_params[i]).clone()
+        return out
+
+    def full_grads(self) -> dict[int, torch.Tensor]:
+        """id(model param) -> its whole reduced (and clipped) gradient, after a step."""
+        grads = self._gather([m.grad for m in self.main], torch.float32)
+        return {id(p): g for p, g in zip(self.model_params, grads, strict=True)}
+
+    def checkpoint_view(self, optimizer: torch.optim.Optimizer) -> CheckpointView:
+        """Whole fp32 weights and optimizer state per parameter (gathered now), and the hook that
+        scatters a load back into the slices, the model and ``optimizer``."""
+        fp32 = all(p.dtype == torch.float32 for p in self.model_params)
+        if fp32:  # the model weights are the main weights: save and load them directly
+            full = list(self.model_params)
+        else:
+            full = [
+                copy_sharding_attrs(p, nn.Parameter(t, requires_grad=False))
+                for p, t in zip(
+                    self.model_params, self._gather(self.main, torch.float32), strict=True
+                )
+            ]
+        view = _OptimizerView(_full_state(self, optimizer, full))
+        ours = {id(t) for t in full}
+        for p, s in optimizer.state.items():  # the encoders' state, as it is
+            if id(p) not in self._origin:
+                view.state[p] = s
+
+        @torch.no_grad()
+        def loaded() -> None:
+            for main, piece in zip(self.main, self.pieces, strict=True):
+                if not fp32:
+                    main.copy_(full[piece.index].view(-1)[piece.lo : piece.hi])
+                state = view.state.get(full[piece.index])
+                if state is not None:
+                    optimizer.state[main] = {
+                        k: v.view(-1)[piece.lo : piece.hi].clone() if v.ndim else v.clone()
+                        for k, v in state.items()
+                    }
+            if not fp32:
+                for p, t in zip(self.model_params, full, strict=True):
+                    p.copy_(t)
+            for p, s in view.state.items():
+                if id(p) not in ours:
+                    optimizer.state[p] = s
+
+        return CheckpointView(
+            full={id(p): t for p, t in zip(self.model_params, full, strict=True)},
+            optimizer=view,
+            loaded=loaded,
+        )
+
+
+class _OptimizerView:
+    """What a checkpoint sees of the optimizer: ``state`` keyed by whole parameters."""
+
+    def __init__(self, state: dict) -> None:
+        self.state = state
+
+
+def _full_state(
+    params: DistributedMainParams, optimizer: torch.optim.Optimizer, full: list[torch.Tensor]
+) -> dict:
+    """Whole per-parameter optimizer state (elementwise slots gathered, scalars copied)."""
+    mine = [optimizer.state.get(m) for m in params.main]
+    local = next((s for s in mine if s), {})
+    everyone = comm.all_gather_object(
+        {k: (v.ndim, float(v) if v.ndim == 0 else None) for k, v in local.items()},
+        group=params.group,
+    )
+    slots = {k: v for keys in everyone for k, v in keys.items()}
+    if not slots:  # no step taken yet
+        return {}
+    out: dict = {t: {} for t in full}
+    for key, (ndim, scalar) in sorted(slots.items()):
+        if ndim == 0:
+            for t in full:
+                out[t][key] = torch.tensor(scalar, dtype=torch.float32)
+            continue
+        values = [
+            s[key] if s else torch.zeros_like(m) for s, m in zip(mine, params.main, strict=True)
+        ]
+        for t, v in zip(full, params._gather(values, torch.float32), strict=True):
+            out[t][key] = v
+    return out
+
+
+def _accumulate_into(main_grad: torch.Tensor):
+    """Autograd hook: the micro-batch gradient into the fp32 buffer (fp32 accumulation)."""
+
+    def hook(p: nn.Parameter) -> None:
+        main_grad.add_(p.grad)
+        p.grad = None
+
+    return hook

@@ -1,0 +1,132 @@
+"""The trainer's memory budget for ``auto``: bytes of encoder activations a stage may hold.
+
+Like the simulator's :func:`~omni_trainer.planner.simulate.encoder_budget`: the device's memory
+minus the LLM's static bytes and the peak of its own activations in the pipeline schedule
+without encoders. Pure Python except :func:`device_memory_bytes` (torch, imported there).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from omni_trainer.data.packing import PackedSequence
+from omni_trainer.distributed.config import ParallelDims
+from omni_trainer.multiplex.dataflow import stage_ops
+from omni_trainer.planner.costs import Layout, llm_activation_bytes, static_memory
+
+if TYPE_CHECKING:
+    import torch
+
+    from omni_trainer.config import TrainerConfig
+
+__all__ = [
+    "device_memory_bytes",
+    "encoder_budget",
+    "host_available_bytes",
+    "llm_activation_peaks",
+    "planning_budget",
+    "trainer_layout",
+]
+
+
+def trainer_layout(cfg: TrainerConfig, dims: ParallelDims) -> Layout:
+    """The cost model's view of a run (context parallel ranks shard the optimizer state like
+    data parallel ones; their share of the tokens is :func:`llm_activation_peaks`')."""
+    par = cfg.parallelism
+    return Layout(
+        tp=dims.tp,
+        pp=dims.pp,
+        vpp=dims.vpp,
+        dp=dims.dp * dims.cp,
+        micro_batch_size=cfg.data.micro_batch_size,
+        recompute="full" if cfg.train.recompute == "full" else "selective",
+        llm_zero=1 if par.distributed_optimizer_on(dims.dp) else 0,
+        sequence_parallel=par.sequence_parallel_on,
+        encoder_zero=2 if par.encoder_zero(dims.dp) == 2 else 0,
+    )
+
+
+def llm_activation_peaks(
+    cfg: TrainerConfig,
+    layout: Layout,
+    micro_batches: Sequence[Sequence[PackedSequence]],
+    *,
+    context: int = 1,
+) -> list[float]:
+    """Per stage, the peak bytes of LLM activations held in the step's 1F1B order (each op's
+    activations from its forward to its backward, offload's resident layers while it runs);
+    ``context`` ranks share each micro-batch's tokens."""
+    tokens = [sum(g.length for s in mb for g in s.segments) / context for mb in micro_batches]
+    memory = [llm_activation_bytes(cfg.model.llm, t, layout) for t in tokens]
+    peaks = []
+    for stage in range(layout.pp):
+        live = peak = 0.0
+        ops = stage_ops(stage=stage, pp=layout.pp, vpp=layout.vpp, num_microbatches=len(tokens))
+        for op in ops:
+            held, working = memory[op.microbatch][op.chunk * layout.pp + stage]
+            live += held if op.kind == "F" else 0.0
+            peak = max(peak, live + working)
+            live -= held if op.kind == "B" else 0.0
+        peaks.append(peak)
+    return peaks
+
+
+def encoder_budget(
+    cfg: TrainerConfig,
+    dims: ParallelDims,
+    micro_batches: Sequence[Sequence[PackedSequence]],
+    device_bytes: float,
+) -> list[float]:
+    """Per stage, ``device_bytes`` minus the LLM's static bytes and activation peak (at least
+    0: then ``auto`` holds as few encoder activations as it can)."""
+    layout = trainer_layout(cfg, dims)
+    peaks = llm_activation_peaks(cfg, layout, micro_batches, context=dims.cp)
+    return [
+        max(0.0, device_bytes - sum(static_memory(cfg.model, layout, s).values()) - peak)
+        for s, peak in enumerate(peaks)
+    ]
+
+
+def host_available_bytes() -> float:
+    """The host's available memory (``MemAvailable``), in bytes."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+@functools.cache
+def device_memory_bytes(device: torch.device) -> float:
+    """The memory one rank may plan with: a GPU's total, or the host's available memory divided
+    by the local processes; the least over all ranks (every rank plans the same table), measured
+    once per process."""
+    import torch
+    import torch.distributed as dist
+
+    if device.type == "cuda":
+        mine = float(torch.cuda.get_device_properties(device).total_memory)
+    else:
+        mine = host_available_bytes() / int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if dist.is_available() and dist.is_initialized():
+        t = torch.tensor([mine], dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        mine = float(t.item())
+    return mine
+
+
+def planning_budget(
+    cfg: TrainerConfig,
+    dims: ParallelDims,
+    micro_batches: Sequence[Sequence[PackedSequence]],
+    device_bytes: Callable[[], float],
+) -> float | list[float]:
+    """``auto``'s budget for this step: the manifest's ``memoryBudget``, else derived from the
+    memory ``device_bytes()`` gives (:func:`encoder_budget`; called only then)."""
+    manifest = cfg.parallelism.encoder.memory_budget_bytes
+    if manifest is not None:
+        return float(manifest)
+    return encoder_budget(cfg, dims, micro_batches, device_bytes())

@@ -1,0 +1,235 @@
+"""The in-pod supervisor (``omni supervise``): restarts the trainer inside its pod.
+
+With ``restartPolicy.mode: in-place`` every trainer pod runs ``omni supervise -- torchrun ...``
+as its container's first process. The operator says which restart attempt should run in the
+job's ConfigMap (key :data:`ATTEMPT_KEY`, mounted as a file); each pod's supervisor watches that
+file and, when it names a newer attempt than the one it started, kills its trainer (hung or
+still running beside a crashed peer) and starts the new attempt, which resumes from the latest
+checkpoint. Every pod thus restarts together without a pod being deleted, scheduled, pulled or
+its container recreated.
+
+When its own trainer fails and no newer attempt is ordered yet, the supervisor exits with the
+trainer's code: the container terminates (the operator sees it in the pod's status, no API
+access needed), the kubelet restarts the container under the pod's ``restartPolicy:
+OnFailure``, and the new supervisor waits for the operator's next attempt (what it ran is kept
+in an emptyDir that outlives the container). Its termination message starts with
+``[attempt N]``, so the operator tells a failure of the current attempt from a late echo of an
+older one. SIGTERM (the pod deleted) goes to the trainer, which stops gracefully.
+
+The supervisor imports no torch: it is the container's init and must stay small.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from omni_trainer import termination
+
+ATTEMPT_KEY = "attempt"
+"""The ConfigMap key (and file name under the config mount) naming the attempt to run, as
+:func:`order`: ``{"attempt": N, "pods": M}``, for the pods created by attempt M only (pods of an
+older attempt, still running on a partitioned node, must not start it)."""
+STATE_DIR = "/var/run/omni"
+"""An emptyDir: what the supervisor started survives a restart of its container."""
+RAN_FILE = "ran-attempt"
+TRAINER_MESSAGE = "trainer-termination-log"
+ATTEMPT_ENV = "OMNI_RESTART_ATTEMPT"
+POLL_S = 0.2
+_TAG = re.compile(r"^\[attempt (\d+)\] ?")
+
+Action = Literal["start", "restart", "wait", "exit"]
+
+
+def tag(attempt: int, message: str) -> str:
+    """A failure's termination message, tagged with the attempt that failed."""
+    return f"[attempt {attempt}] {message}".rstrip()
+
+
+def untag(message: str) -> tuple[int | None, str]:
+    """The attempt a termination message is tagged with (None: untagged) and the message."""
+    m = _TAG.match(message or "")
+    return (int(m.group(1)), message[m.end() :]) if m else (None, message)
+
+
+def decide(*, target: int | None, ran: int | None, running: bool, exit_code: int | None) -> Action:
+    """What the supervisor does next (pure).
+
+    Args:
+        target: the attempt the operator wants (None: the file is not there yet).
+        ran: the attempt this pod last started (None: none, a fresh pod).
+        running: a trainer runs in this container.
+        exit_code: the exit code of this container's trainer when it ended (None: none ended).
+    """
+    newer = target is not None and (ran is None or target > ran)
+    if running:
+        return "restart" if newer and ran is not None else "wait"
+    if exit_code == 0:
+        return "exit"  # trained to the end
+    if newer:
+        return "start"
+    return "exit" if exit_code is not None else "wait"
+
+
+def order(attempt: int, *, pods: int) -> str:
+    """The ConfigMap value: run ``attempt`` in the pods that attempt ``pods`` created."""
+    return json.dumps({"attempt": attempt, "pods": pods})
+
+
+def read_order(path: Path, *, pods: int) -> int | None:
+    """The attempt the operator wants these pods (created by attempt ``pods``) to run; None
+    when the file is missing, partial, or addressed to other pods."""
+    try:
+        data = json.loads(path.read_text())
+        return int(data["attempt"]) if int(data["pods"]) == pods else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def read_int(path: Path) -> int | None:
+    """An integer file (a ConfigMap key, the state file); None when missing or partial."""
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _become_subreaper() -> None:
+    """Orphaned trainer workers (their torchrun died) reparent to us, so a restart finds and
+    kills them (PR_SET_CHILD_SUBREAPER; as a container's PID 1 we are their reaper anyway)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
+
+
+def _descendants() -> list[int]:
+    """Every live process below this one (children of children included)."""
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        return [p.pid for p in psutil.Process().children(recursive=True)]
+    return []
+
+
+def _reap(keep: int | None) -> None:
+    """Collect exited orphans (zombies reparented to us), but never ``keep``: our own child's
+    status belongs to its Popen (reaped here, it would read as exit 0)."""
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process().children():
+            if child.pid != keep:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(child.pid, os.WNOHANG)
+
+
+@dataclass
+class Supervisor:
+    """Runs ``command`` for the attempt in ``attempt_file`` (see the module docstring)."""
+
+    command: Sequence[str]
+    attempt_file: Path
+    state_dir: Path
+    pods: int = 0
+    """The attempt that created this pod (its ``OMNI_RESTART_ATTEMPT``)."""
+    poll_s: float = POLL_S
+    _proc: subprocess.Popen[bytes] | None = None
+    _stopping: bool = False
+
+    @property
+    def _ran_file(self) -> Path:
+        return self.state_dir / RAN_FILE
+
+    @property
+    def _message_file(self) -> Path:
+        return self.state_dir / TRAINER_MESSAGE
+
+    def run(self) -> int:
+        """Supervise until the trainer succeeds, fails without a newer attempt, or is stopped;
+        the exit code is the trainer's."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        _become_subreaper()
+        previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        try:
+            return self._loop()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def _loop(self) -> int:
+        exit_code: int | None = None
+        while True:
+            _reap(self._proc.pid if self._proc is not None else None)
+            running = self._proc is not None and self._proc.poll() is None
+            if self._proc is not None and not running:
+                code = self._proc.returncode
+                exit_code, self._proc = (128 - code if code < 0 else code), None  # as a runtime
+                self._kill_all()  # workers that outlived their torchrun
+            if self._stopping:  # SIGTERM went to the trainer: wait for it, start nothing
+                if not running:
+                    return self._finish(exit_code if exit_code is not None else 143)
+                time.sleep(self.poll_s)
+                continue
+            action = decide(
+                target=read_order(self.attempt_file, pods=self.pods),
+                ran=read_int(self._ran_file),
+                running=running,
+                exit_code=exit_code,
+            )
+            if action == "exit":
+                assert exit_code is not None
+                return self._finish(exit_code)
+            if action in ("start", "restart"):
+                if running:
+                    self._kill_all()
+                    self._wait_gone()
+                exit_code = None
+                self._start(read_order(self.attempt_file, pods=self.pods))
+            time.sleep(self.poll_s)
+
+    def _start(self, attempt: int | None) -> None:
+        assert attempt is not None
+        self._message_file.write_bytes(b"")
+        env = {**os.environ, ATTEMPT_ENV: str(attempt), termination.ENV: str(self._message_file)}
+        self._ran_file.write_text(f"{attempt}\n")
+        print(f"omni supervise: starting attempt {attempt}: {' '.join(self.command)}", flush=True)
+        self._proc = subprocess.Popen(list(self.command), env=env)
+
+    def _on_sigterm(self, signum: int, frame: object) -> None:
+        """The pod is deleted: the trainer gets SIGTERM and stops gracefully."""
+        self._stopping = True
+        if self._proc is not None and self._proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.send_signal(signal.SIGTERM)
+
+    def _kill_all(self) -> None:
+        for pid in _descendants():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+    def _wait_gone(self, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while _descendants() and time.monotonic() < deadline:
+            _reap(None)
+            time.sleep(0.05)
+        self._proc = None
+
+    def _finish(self, code: int) -> int:
+        """The container's termination message: the trainer's, tagged when it failed."""
+        message = ""
+        with contextlib.suppress(OSError):
+            message = self._message_file.read_text(errors="replace").strip()
+        ran = read_int(self._ran_file)
+        if code != 0 and ran is not None:
+            message = tag(ran, message or f"the trainer exited with code {code}")
+        if message:
+            termination.report(message)
+        return code
