@@ -26,6 +26,7 @@ whole run: a part that would not fit is skipped, the training run's timeout is w
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import json
 import os
@@ -219,7 +220,7 @@ def single_rank() -> torch.device:
 def specs_to_compare(smoke: bool) -> tuple[str, str, str | None]:
     """(reference spec, compared spec, why TE is not compared): TE where it works; else the
     local spec on both sides: in the CPU smoke run (the harness runs; the difference must be 0)
-    and on a GPU without TE (see :func:`reference_device`)."""
+    and on a GPU without TE (see :func:`per_sample_reference`)."""
     from omni_trainer.models.llm import transformer_engine_usable
 
     if transformer_engine_usable():
@@ -230,12 +231,21 @@ def specs_to_compare(smoke: bool) -> tuple[str, str, str | None]:
     return "local", "local", f"{why}: local spec on both sides"
 
 
-def reference_device(spec: str, ref_spec: str, device: torch.device) -> torch.device:
-    """Where the reference runs: beside the compared model, except when both are the local spec
-    on a GPU (no TE): then the GPU's kernels are checked against the CPU's fp32 run, the path
-    the CPU tests prove against transformers."""
-    same = spec == ref_spec == "local"
-    return torch.device("cpu") if same and device.type == "cuda" else device
+@contextlib.contextmanager
+def per_sample_attention(enabled: bool):
+    """The local spec's packed attention as the CPU runs it (causal SDPA per sample) instead of
+    the GPU's one-launch varlen kernel: the reference a GPU without TE is checked against."""
+    from omni_trainer.models import packed
+
+    if not enabled:
+        yield
+        return
+    kernel = packed.gpu_varlen_kernel
+    packed.gpu_varlen_kernel = lambda: None
+    try:
+        yield
+    finally:
+        packed.gpu_varlen_kernel = kernel
 
 
 # -- the models and the packed batch ----------------------------------------------------------
@@ -339,35 +349,34 @@ def part_te_vs_local(shapes: Shapes, smoke: bool) -> dict:
 
     ref_spec, spec, note = specs_to_compare(smoke)
     device = single_rank()
-    ref_device = reference_device(spec, ref_spec, device)
+    per_sample = spec == ref_spec == "local" and device.type == "cuda"
     out: dict = {"specs": [spec, ref_spec], "sample_lengths": list(shapes.sample_lengths)}
-    out["devices"] = [str(device), str(ref_device)]
+    if per_sample:
+        out["reference"] = "local spec, causal SDPA per sample (the CPU path)"
     if note:
         out["note"] = note
     fp32_ref: list[tuple] = []  # the fp32 local run, once it ran
 
-    def run(spec_name: str, dtype: torch.dtype, on: torch.device) -> tuple:
-        model, cfg = build_llm(shapes.compare_llm, spec=spec_name, dtype=dtype, seed=1, device=on)
-        batch = packed_batch(shapes.sample_lengths, cfg.vocab_size, on)
-        return forward_backward(model, batch), global_llm_names(model)
+    def run(spec_name: str, dtype: torch.dtype, *, reference: bool) -> tuple:
+        model, cfg = build_llm(
+            shapes.compare_llm, spec=spec_name, dtype=dtype, seed=1, device=device
+        )
+        batch = packed_batch(shapes.sample_lengths, cfg.vocab_size, device)
+        with per_sample_attention(reference and per_sample):
+            return forward_backward(model, batch), global_llm_names(model)
 
     def one(dtype: torch.dtype) -> dict:
-        if ref_device != device and fp32_ref:  # the CPU reference is fp32 only (one run)
-            expected, ref_names = fp32_ref[0], None
-        else:
-            expected, ref_names = run(ref_spec, dtype if ref_device == device else torch.float32,
-                                      ref_device)  # fmt: skip
-        got, names = run(spec, dtype, device)
-        if ref_names is not None and (
-            names.keys() != ref_names.keys()
-            or not all(torch.equal(names[n].cpu(), ref_names[n].cpu()) for n in ref_names)
+        expected, ref_names = run(ref_spec, dtype, reference=True)
+        got, names = run(spec, dtype, reference=False)
+        if names.keys() != ref_names.keys() or not all(
+            torch.equal(names[n], ref_names[n]) for n in ref_names
         ):
             raise AssertionError("the two specs did not build the same name-seeded weights")
         tol = TOLERANCE[dtype_name(dtype)]
         result = compare(got, expected, tol)
         if dtype == torch.float32:
             fp32_ref.append(expected)
-        elif fp32_ref and ref_device == device:  # bf16: each spec against the fp32 local run
+        elif fp32_ref:  # bf16: each spec against the fp32 local run
             vs_ref = [compare(r, fp32_ref[0], tol) for r in (expected, got)]
             keys = ("logits_rel_error", "grads_median_rel_error")
             result["vs_fp32_local"] = {s: {k: r[k] for k in keys} for s, r in zip(

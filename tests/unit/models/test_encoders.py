@@ -85,7 +85,8 @@ def test_the_gpu_kernel_gets_the_packed_boundaries(
 
     seen = {}
 
-    def fake(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.0, *, causal=False):
+    def fake(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.0, *, causal=False, **kw):
+        causal = causal or kw.get("window_size") == (-1, 0)  # flash-attn's / torch's keyword
         seen.update(cu=cu_q.tolist(), same=cu_q is cu_k, max=(max_q, max_k), causal=causal)
         seen.update(dropout=dropout_p)
         lengths = torch.diff(cu_q).tolist()  # the test's fake may read back; the real one not
@@ -97,14 +98,18 @@ def test_the_gpu_kernel_gets_the_packed_boundaries(
         )
     else:
         monkeypatch.setitem(sys.modules, "flash_attn", None)  # import fails: not installed
-        monkeypatch.setattr(varlen, "varlen_attn", fake)
+
+        def torch_fake(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1)):
+            return fake(q, k, v, cu_q, cu_k, max_q, max_k, window_size=window_size)
+
+        monkeypatch.setattr(varlen, "varlen_attn", torch_fake)
     kernel = layers.gpu_varlen_kernel()
     assert installed in kernel.__name__
     seqs = Varlen.of([4, 2, 6])
     q, k, v = (torch.randn(12, 2, 8, generator=gen) for _ in range(3))
     varlen_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), seqs)
     assert seen == {}  # CPU tensors: the kernel cannot serve them, SDPA does
-    monkeypatch.setattr(layers, "_kernel_serves", lambda q: True)
+    monkeypatch.setattr(layers, "kernel_serves", lambda q: True)
     out = varlen_attention(q, k, v, seqs)
     expected = {"cu": [0, 4, 6, 12], "same": True, "max": (6, 6), "causal": False, "dropout": 0.0}
     assert seen == expected

@@ -52,7 +52,7 @@ def _write_back(tensor: Tensor, staged: Tensor) -> Tensor:
 
 # -- tensor collectives -------------------------------------------------------------------------
 def all_reduce(tensor: Tensor, *, group: Group = None, op: str = "sum") -> Tensor:
-    """Reduce ``tensor`` in place over ``group`` (``op``: sum or max); returns it."""
+    """Reduce ``tensor`` in place over ``group`` (``op``: sum, max or min); returns it."""
     if size(group) == 1:
         return tensor
     staged = _staged(tensor, comm_device(group))
@@ -142,7 +142,7 @@ def barrier(group: Group = None) -> None:
         dist.barrier(group=group)
 
 
-_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
 
 # -- point to point -----------------------------------------------------------------------------

@@ -5,8 +5,9 @@ A collated micro-batch ``[b, s]`` reaches the LLM as one packed row ``[1, b * s]
 (and each row's trailing padding run) are delimited by ``cu_seqlens``. megatron passes the
 boundaries down to core attention and to RoPE (which then restarts positions in every sample):
 TE's ``DotProductAttention`` (GPU) runs flash / cuDNN varlen kernels on them; on the local spec
-(CPU) :class:`PackedAttention` takes their place through the layer spec (megatron's own way of
-swapping kernels) and runs causal SDPA per sample. Read against megatron-core 0.16.1
+:class:`PackedAttention` takes their place through the layer spec (megatron's own way of
+swapping kernels): one causal varlen kernel launch for the pack on a GPU (flash-attn's or
+PyTorch's, ``encoders.layers.gpu_varlen_kernel``), causal SDPA per sample on the CPU. Read against megatron-core 0.16.1
 (``transformer/attention.py`` squeezes the batch dimension for ``qkv_format='thd'``;
 ``models/common/embeddings/rope_utils.py`` applies RoPE per ``cu_seqlens`` segment).
 
@@ -27,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from megatron.core.packed_seq_params import PackedSeqParams
 from torch import nn
+
+from omni_trainer.models.encoders.layers import gpu_varlen_kernel, kernel_serves
 
 
 @dataclass
@@ -118,9 +121,13 @@ class PackedAttention(BoundaryAttention):
     sequence."""
 
     def _causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """[..., heads, n, dim] causal attention (grouped-query heads broadcast by SDPA)."""
+        """[..., heads, n, dim] causal attention. Grouped-query heads: broadcast by SDPA on the
+        CPU; repeated on a GPU, where ``enable_gqa`` would leave only the flash kernel (bf16)
+        and the math kernel (an [n, n] score matrix per head) to an fp32 run."""
+        if q.is_cuda and k.shape[-3] != q.shape[-3]:
+            k, v = (t.repeat_interleave(q.shape[-3] // t.shape[-3], dim=-3) for t in (k, v))
         return F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, scale=self.softmax_scale, enable_gqa=True
+            q, k, v, is_causal=True, scale=self.softmax_scale, enable_gqa=k.shape[-3] != q.shape[-3]
         )
 
     def attend(self, query, key, value, boundaries: PackedSeqParams | None) -> torch.Tensor:
@@ -130,6 +137,18 @@ class PackedAttention(BoundaryAttention):
             return out.permute(2, 0, 1, 3).reshape(s, b, -1)
         if not isinstance(boundaries, PackedSamples) or boundaries.qkv_format != "thd":
             raise ValueError("PackedAttention needs PackedSamples boundaries in thd format")
+        kernel = gpu_varlen_kernel()
+        if kernel is not None and kernel_serves(query):  # one launch for the pack (GPU)
+            out = kernel(
+                query,
+                key,
+                value,
+                boundaries.cu_seqlens_q,
+                boundaries.max_seqlen_q,
+                causal=True,
+                scale=self.softmax_scale,
+            )
+            return out.reshape(query.shape[0], -1)
         lengths = list(boundaries.seqlens)
         parts = zip(
             *(t.transpose(0, 1).split(lengths, dim=1) for t in (query, key, value)), strict=True

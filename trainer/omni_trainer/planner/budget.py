@@ -105,16 +105,15 @@ def device_memory_bytes(device: torch.device) -> float:
     by the local processes; the least over all ranks (every rank plans the same table), measured
     once per process."""
     import torch
-    import torch.distributed as dist
+
+    from omni_trainer.distributed import comm
 
     if device.type == "cuda":
         mine = float(torch.cuda.get_device_properties(device).total_memory)
     else:
         mine = host_available_bytes() / int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    if dist.is_available() and dist.is_initialized():
-        t = torch.tensor([mine], dtype=torch.float64, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN)
-        mine = float(t.item())
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        mine = float(comm.all_reduce(torch.tensor([mine], dtype=torch.float64), op="min").item())
     return mine
 
 

@@ -96,28 +96,60 @@ def sdpa_varlen(q: Tensor, k: Tensor, v: Tensor, seqs: Varlen) -> Tensor:
     return torch.cat(outs)
 
 
-VarlenKernel = Callable[[Tensor, Tensor, Tensor, Tensor, int], Tensor]
-"""``(q, k, v, cu_seqlens, max_seqlen) -> out``: bidirectional attention within each sample of
-the pack in one launch, q, k, v and out [total_tokens, heads, head_dim]."""
+VarlenKernel = Callable[..., Tensor]
+"""``(q, k, v, cu_seqlens, max_seqlen, *, causal=False, scale=None) -> out``: attention within
+each sample of the pack in one launch (bidirectional, or causal for the LLM); q, k, v and out
+[total_tokens, heads, head_dim], k and v possibly with fewer heads (grouped-query attention);
+``scale`` None: 1/sqrt(head_dim)."""
 
 
 def _flash_attn_kernel() -> VarlenKernel:
-    """flash-attn 2.x's ``flash_attn_varlen_func`` (signature read against 2.7/2.8)."""
+    """flash-attn 2.x's ``flash_attn_varlen_func`` (signature read against 2.7/2.8; grouped-query
+    heads native)."""
     from flash_attn import flash_attn_varlen_func
 
-    def flash_attn_varlen(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, longest: int) -> Tensor:
-        return flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, 0.0, causal=False)
+    def flash_attn_varlen(
+        q: Tensor, k: Tensor, v: Tensor, cu: Tensor, longest: int, *, causal=False, scale=None
+    ) -> Tensor:
+        return flash_attn_varlen_func(
+            q, k, v, cu, cu, longest, longest, 0.0, softmax_scale=scale, causal=causal
+        )
 
     return flash_attn_varlen
 
 
 def _torch_kernel() -> VarlenKernel:
-    """PyTorch's own FlashAttention-2 varlen op (``torch.nn.attention.varlen``, recent torch;
-    signature read against 2.13), so GPUs without flash-attn installed get one too."""
+    """PyTorch's own FlashAttention-2 varlen op (``torch.nn.attention.varlen``, torch >= 2.9),
+    so GPUs without flash-attn installed get one too. Its keywords changed between releases
+    (2.9: ``is_causal``; 2.13: ``window_size``, ``scale``, ``enable_gqa``): the ones this torch
+    lacks are done around it (grouped-query heads repeated, the query pre-scaled)."""
+    import inspect
+
     from torch.nn.attention.varlen import varlen_attn
 
-    def torch_varlen_attn(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, longest: int) -> Tensor:
-        return varlen_attn(q, k, v, cu, cu, longest, longest)
+    params = inspect.signature(varlen_attn).parameters
+    if "window_size" in params:
+        causal_kw = {"window_size": (-1, 0)}
+    elif "is_causal" in params:
+        causal_kw = {"is_causal": True}
+    else:
+        raise ImportError("this torch's varlen_attn has no causal mode")
+
+    def torch_varlen_attn(
+        q: Tensor, k: Tensor, v: Tensor, cu: Tensor, longest: int, *, causal=False, scale=None
+    ) -> Tensor:
+        kwargs = dict(causal_kw) if causal else {}
+        if scale is not None:
+            if "scale" in params:
+                kwargs["scale"] = scale
+            else:  # the kernel multiplies by 1/sqrt(d)
+                q = q * (scale * q.shape[-1] ** 0.5)
+        if k.shape[1] != q.shape[1]:
+            if "enable_gqa" in params:
+                kwargs["enable_gqa"] = True
+            else:
+                k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+        return varlen_attn(q, k, v, cu, cu, longest, longest, **kwargs)
 
     return torch_varlen_attn
 
@@ -137,7 +169,7 @@ def gpu_varlen_kernel() -> VarlenKernel | None:
     return None
 
 
-def _kernel_serves(q: Tensor) -> bool:
+def kernel_serves(q: Tensor) -> bool:
     """FlashAttention 2's limits: CUDA, fp16/bf16, head dim a multiple of 8 up to 256."""
     head_dim = q.shape[-1]
     return (
@@ -155,7 +187,7 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, seqs: Varlen) -> Tensor:
     arguments, same result.
     """
     kernel = gpu_varlen_kernel()
-    if kernel is None or not _kernel_serves(q):
+    if kernel is None or not kernel_serves(q):
         return sdpa_varlen(q, k, v, seqs)
     return kernel(q, k, v, seqs.cu_seqlens(q.device), seqs.max_seqlen)
 
