@@ -7,9 +7,10 @@ boundaries down to core attention and to RoPE (which then restarts positions in 
 TE's ``DotProductAttention`` (GPU) runs flash / cuDNN varlen kernels on them; on the local spec
 :class:`PackedAttention` takes their place through the layer spec (megatron's own way of
 swapping kernels): one causal varlen kernel launch for the pack on a GPU (flash-attn's or
-PyTorch's, ``encoders.layers.gpu_varlen_kernel``), causal SDPA per sample on the CPU. Read against megatron-core 0.16.1
-(``transformer/attention.py`` squeezes the batch dimension for ``qkv_format='thd'``;
-``models/common/embeddings/rope_utils.py`` applies RoPE per ``cu_seqlens`` segment).
+PyTorch's, ``encoders.layers.gpu_varlen_kernel``), causal SDPA per sample on the CPU. Read
+against megatron-core 0.16.1 (``transformer/attention.py`` squeezes the batch dimension for
+``qkv_format='thd'``; ``models/common/embeddings/rope_utils.py`` applies RoPE per
+``cu_seqlens`` segment).
 
 Why per-sample SDPA rather than ``flex_attention`` with a document mask on CPU (measured with
 ``bench/attention.py``): torch 2.13's flex attention has no backward on CPU, so it cannot train
