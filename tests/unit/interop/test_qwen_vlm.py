@@ -188,3 +188,50 @@ def test_images_are_wrapped_in_vision_start_and_end(tmp_path) -> None:
     messages = [{"from": "human", "value": "<image>\nhi"}, {"from": "gpt", "value": "ok"}]
     plain = ChatRenderer(tok).render(messages, [("image", 6)])
     assert start not in plain.tokens.tolist()  # tower-only imports and other models: no wrap
+
+
+def test_generate_with_an_image_equals_transformers(tmp_path) -> None:
+    """``omni generate --image`` on a whole Qwen2.5-VL: the image sized by the model's own
+    processor, its positions between <|vision_start|> and <|vision_end|>, on M-RoPE's 3D
+    positions; prompt ids, greedy tokens and their log-probabilities equal transformers'."""
+    import json
+
+    import transformers
+    from PIL import Image
+
+    from .hf_models import save_tokenizer
+    from .test_generate_media import NEW_TOKENS, ours, write_image
+
+    path = tmp_path / "qwen"
+    save_qwen2_5_vl(path)
+    save_tokenizer(path, extra_special=("<|vision_start|>", "<|vision_end|>"))
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    marks = tok.convert_tokens_to_ids(["<image>", "<|vision_start|>", "<|vision_end|>"])
+    config = json.loads((path / "config.json").read_text())
+    keys = ("image_token_id", "vision_start_token_id", "vision_end_token_id")
+    config |= dict(zip(keys, marks, strict=True))
+    (path / "config.json").write_text(json.dumps(config))
+    image = write_image(tmp_path / "a.png", 0)
+    got = ours(tmp_path, path, "<image> the quick fox", "--image", image, "--raw")
+
+    pixels = transformers.AutoImageProcessor.from_pretrained(path)(
+        images=[Image.open(image)], return_tensors="pt"
+    )
+    n = int(pixels["image_grid_thw"].prod()) // 4  # 2x2 patches per token
+    ids = torch.tensor(
+        [tok(f"<|vision_start|>{'<image>' * n}<|vision_end|> the quick fox").input_ids]
+    )
+    assert got["prompt_ids"] == ids[0].tolist() and n > 1
+    ref = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(path).eval()
+    stop = [tok.eos_token_id, ref.generation_config.eos_token_id]
+    with torch.no_grad():
+        full = ref.generate(
+            input_ids=ids, **pixels, mm_token_type_ids=(ids == marks[0]).int(), do_sample=False,
+            max_new_tokens=NEW_TOKENS, eos_token_id=stop,
+        )  # fmt: skip
+        logits = ref(input_ids=full, **pixels, mm_token_type_ids=(full == marks[0]).int()).logits
+    new = full[0, ids.shape[1] :].tolist()
+    assert got["output_ids"] == new and new
+    logprobs = logits[0, ids.shape[1] - 1 :].log_softmax(-1)
+    want = [float(logprobs[i, t]) for i, t in enumerate(new)]
+    assert got["logprobs"] == pytest.approx(want, abs=1e-4)

@@ -80,6 +80,16 @@ def normalize_messages(raw: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
     return out
 
 
+def wrapped_image(tokenizer: Any, image_wrap: tuple[int, int] | None) -> str:
+    """What each ``<image>`` becomes before tokenizing: itself, or itself between the
+    ``image_wrap`` tokens (Qwen2.5-VL's ``<|vision_start|>``, ``<|vision_end|>``, as its
+    processor writes them)."""
+    if image_wrap is None:
+        return "<image>"
+    start, end = tokenizer.convert_ids_to_tokens(list(image_wrap))
+    return f"{start}<image>{end}"
+
+
 class ChatRenderer:
     """Renders conversations with one tokenizer's chat template."""
 
@@ -92,12 +102,7 @@ class ChatRenderer:
     ) -> None:
         self.tok = tokenizer
         self.system_prompt = system_prompt
-        self._image = "<image>"
-        """What each ``<image>`` becomes before rendering: itself, or itself between the
-        ``image_wrap`` tokens (Qwen2.5-VL's ``<|vision_start|>``, ``<|vision_end|>``)."""
-        if image_wrap is not None:
-            start, end = tokenizer.convert_ids_to_tokens(list(image_wrap))
-            self._image = f"{start}<image>{end}"
+        self._image = wrapped_image(tokenizer, image_wrap)
         self._special = sorted(
             {t for t in tokenizer.all_special_tokens if t}
             | {t.content for t in tokenizer.added_tokens_decoder.values() if t.special},

@@ -160,7 +160,14 @@ def generate(
         HFModelError: no usable tokenizer, media the model cannot take, placeholders that do
             not match the items (each named with the fix).
     """
-    from omni_trainer.interop.media_prompt import item_tokens, load_items, media_prompt, place_media
+    from omni_trainer.data.chat import wrapped_image
+    from omni_trainer.interop.media_prompt import (
+        PLACEHOLDERS,
+        item_tokens,
+        load_items,
+        media_prompt,
+        place_media,
+    )
     from omni_trainer.interop.runtime import hf_files_dir, single_process_model
     from omni_trainer.interop.tokenizer import load_checked_tokenizer
 
@@ -168,6 +175,8 @@ def generate(
     items = load_items(cfg, images, audio)
     tokens = item_tokens(cfg, items)
     text = place_media(tok, prompt, {m: len(x) for m, x in items.items()}, raw=raw)
+    image = wrapped_image(tok, cfg.media_geometry().image_wrap)  # as training renders images
+    text = text.replace(PLACEHOLDERS["image"], image)
     placed = media_prompt(tok, text, tokens, raw=raw)
     gen_file = hf_files_dir(cfg.tokenizer) / "generation_config.json"
     gen_cfg = json.loads(gen_file.read_text()) if gen_file.is_file() else None
