@@ -18,6 +18,7 @@ from omni_trainer.models.encoders.audio import AudioEncoder
 from omni_trainer.models.encoders.config import AudioEncoderConfig, VisionEncoderConfig
 from omni_trainer.models.encoders.qwen_vision import QwenVisionTower
 from omni_trainer.models.encoders.vision import VisionEncoder
+from omni_trainer.models.recompute import Recompute
 from omni_trainer.multiplex.lssp import plan_lssp
 from omni_trainer.multiplex.ulysses import UlyssesMixer, encode_sequence_parallel
 
@@ -100,8 +101,10 @@ def one_long_sample(which: str, tokens_hw: tuple[int, int]) -> dict:
     return {"sizes": sizes, **diffs(gathered(local), ref.detach(), grads(enc, reduce=True), g_ref)}
 
 
-def lssp_batch(which: str) -> dict:
-    """A mixed micro-batch planned by LSSP: short samples DP, long ones SP, same encoder."""
+def lssp_batch(which: str, recompute: str = "none") -> dict:
+    """A mixed micro-batch planned by LSSP: short samples DP, long ones SP, same encoder; with
+    ``recompute`` there (the reference without), so blocks and attention cores rerun in the
+    backward, after the sharded forward has ended."""
     shapes = [(1, 5), (5, 7), (2, 4), (1, 3), (3, 7), (2, 3), (1, 1)]
     enc = build(which)
     arrays = [media(which, hw, seed=10 + i) for i, hw in enumerate(shapes)]
@@ -110,6 +113,7 @@ def lssp_batch(which: str) -> dict:
     ref = enc(arrays)
     (ref * torch.cat(weights)).sum().backward()
     g_ref = grads(enc, reduce=False)
+    enc.mixer.recompute = Recompute(recompute)
 
     rank = dist.get_rank()
     plan = plan_lssp(lengths, eta=10, group_size=dist.get_world_size(), cost=float)
@@ -163,6 +167,11 @@ def main() -> None:
         "qwen_35": one_long_sample("qwen", (5, 7)),
         "qwen_1": one_long_sample("qwen", (1, 1)),
         "lssp_qwen": lssp_batch("qwen"),
+        "lssp_vision_full": lssp_batch("vision", "full"),
+        "lssp_audio_full": lssp_batch("audio", "full"),
+        "lssp_audio_selective": lssp_batch("audio", "selective"),
+        "lssp_qwen_full": lssp_batch("qwen", "full"),
+        "lssp_qwen_selective": lssp_batch("qwen", "selective"),
         "heads": heads_must_divide(),
     }
     dist.barrier()

@@ -5,7 +5,9 @@ a long image (5x7 = 35 patches) and a long clip (37 tokens, conv kernel 15 wider
 both split unevenly; samples with fewer tokens than ranks (empty shards); a mixed LSSP batch
 (short samples data parallel, long ones sequence parallel, the same encoder instance), for the ViT,
 the Conformer and the Qwen2.5-VL tower (35 merged tokens of 4 patches each, window attention:
-shards hold whole 2x2 blocks, the kernel sees the whole image); and the heads-divisibility error.
+shards hold whole 2x2 blocks, the kernel sees the whole image), also with full and selective
+recompute (blocks rerun in the backward with the mixer's sharded state restored); and the
+heads-divisibility error.
 
 Tolerance (fp32): 1e-5 absolute on the outputs (post-LayerNorm, O(1)) concatenated in rank order
 against the single-rank encoding, and 1e-5 absolute on every parameter gradient of
@@ -29,15 +31,9 @@ pytestmark = pytest.mark.dist
 TOLERANCE = 1e-5
 WORKER = Path(__file__).with_name("_ulysses_worker.py")
 SCENARIOS = [
-    "vision_35",
-    "audio_37",
-    "vision_1",
-    "audio_3",
-    "lssp_vision",
-    "lssp_audio",
-    "qwen_35",
-    "qwen_1",
-    "lssp_qwen",
+    *("vision_35", "audio_37", "vision_1", "audio_3", "lssp_vision", "lssp_audio"),
+    *("lssp_vision_full", "lssp_audio_full", "lssp_audio_selective"),  # train.recompute
+    *("qwen_35", "qwen_1", "lssp_qwen", "lssp_qwen_full", "lssp_qwen_selective"),
 ]
 
 

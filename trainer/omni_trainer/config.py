@@ -70,14 +70,15 @@ class TrainConfig(Spec):
     )
     recompute: Literal["none", "selective", "full"] = Field(
         "none",
-        description="activation recompute in the backward: selective = core attention, "
-        "full = whole transformer layers (recomputeLayers per model chunk)",
+        description="activation recompute in the backward, for the LLM and the encoders: "
+        "selective = core attention, full = whole transformer layers (recomputeLayers per "
+        "LLM model chunk and per encoder)",
     )
     recompute_layers: int | None = Field(
         None,
         ge=1,
-        description="with recompute: full, the layers of each model chunk recomputed (the "
-        "first ones; megatron's block method); default all",
+        description="with recompute: full, the layers of each LLM model chunk and of each "
+        "encoder recomputed (the first ones; megatron's block method); default all",
     )
 
     @model_validator(mode="after")

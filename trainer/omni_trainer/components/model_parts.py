@@ -21,8 +21,9 @@ from omni_trainer.components.precision import MainParams, compute_dtype
 from omni_trainer.config import OptimizerConfig, TrainerConfig
 from omni_trainer.mcore.parallel import ProcessGroups
 from omni_trainer.models.freeze import parameter_modules
-from omni_trainer.models.llm import LLMRuntime, Recompute, all_reduce_tied_embedding_grads
+from omni_trainer.models.llm import LLMRuntime, all_reduce_tied_embedding_grads
 from omni_trainer.models.omni import OmniModel
+from omni_trainer.models.recompute import Recompute
 
 
 @dataclass

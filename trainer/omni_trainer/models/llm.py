@@ -2,33 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
 from omni_trainer.models.config import LLMConfig
-
-
-@dataclass(frozen=True)
-class Recompute:
-    """Activation recompute (``train.recompute``): none, selective (core attention) or full
-    (whole layers: the first ``layers`` of each model chunk, all when None)."""
-
-    mode: Literal["none", "selective", "full"] = "none"
-    layers: int | None = None
-
-    def megatron_kwargs(self) -> dict:
-        if self.mode == "selective":
-            return {"recompute_granularity": "selective", "recompute_modules": ["core_attn"]}
-        if self.mode == "full":
-            return {
-                "recompute_granularity": "full",
-                "recompute_method": "block",
-                "recompute_num_layers": self.layers or 1 << 30,
-            }
-        return {}
+from omni_trainer.models.recompute import Recompute
 
 
 @dataclass(frozen=True)
@@ -38,7 +19,7 @@ class LLMRuntime:
     megatron's activation recompute, and sequence parallelism (``models.sequence_parallel``)."""
 
     params_dtype: torch.dtype = torch.float32
-    recompute: Recompute = Recompute()
+    recompute: Recompute = field(default_factory=Recompute)
     sequence_parallel: bool = False
     layer_spec: Literal["auto", "local", "te"] = "auto"
     """megatron's layer spec: ``auto`` is TE's where CUDA and TE work, the local one otherwise;

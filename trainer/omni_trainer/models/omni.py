@@ -77,6 +77,7 @@ class OmniModel(nn.Module):
             if enc_cfg is None:
                 continue
             self.encoders[modality] = build_encoder(modality, enc_cfg)
+            self.encoders[modality].mixer.recompute = llm_runtime.recompute  # train.recompute
             self.projectors[modality] = Projector(enc_cfg.output_size, cfg.llm.hidden_size)
         qwen = cfg.encoders.image is not None and cfg.encoders.image.qwen is not None
         if cfg.hf is not None and qwen:  # Qwen2.5-VL: the tower's merger is the projector

@@ -9,8 +9,8 @@ TE's ``DotProductAttention`` (GPU) runs flash / cuDNN varlen kernels on them; on
 swapping kernels): one causal varlen kernel launch for the pack on a GPU (flash-attn's or
 PyTorch's, ``encoders.layers.gpu_varlen_kernel``), causal SDPA per sample on the CPU. Read
 against megatron-core 0.16.1 (``transformer/attention.py`` squeezes the batch dimension for
-``qkv_format='thd'``; ``models/common/embeddings/rope_utils.py`` applies RoPE per
-``cu_seqlens`` segment).
+``qkv_format='thd'``; ``models/common/embeddings/rope_utils.py`` applies RoPE per ``cu_seqlens``
+segment).
 
 Why per-sample SDPA rather than ``flex_attention`` with a document mask on CPU (measured with
 ``bench/attention.py``): torch 2.13's flex attention has no backward on CPU, so it cannot train

@@ -128,6 +128,17 @@ class UlyssesMixer(TokenMixer):
         finally:
             self._shard = None
 
+    def state(self) -> _Shard | None:
+        return self._shard
+
+    @contextmanager
+    def restored(self, state: _Shard | None) -> Iterator[None]:
+        previous, self._shard = self._shard, state
+        try:
+            yield
+        finally:
+            self._shard = previous
+
     def _check_local(self, x: Tensor, shard: _Shard) -> None:
         if x.shape[0] != shard.local:
             raise ValueError(
@@ -158,7 +169,7 @@ class UlyssesMixer(TokenMixer):
             group=shard.group,
         )  # [n_full, 3, heads/sp, d], tokens in sequence order
         qf, kf, vf = full.unbind(1)
-        out = self.core(qf, kf, vf, shard.full)  # [n_full, heads/sp, d]
+        out = self.core_attention(qf, kf, vf, shard.full)  # [n_full, heads/sp, d]
         back = all_to_all(
             out,
             input_splits=list(shard.sizes),

@@ -43,6 +43,7 @@ def trainer_layout(cfg: TrainerConfig, dims: ParallelDims) -> Layout:
         dp=dims.dp * dims.cp,
         micro_batch_size=cfg.data.micro_batch_size,
         recompute="full" if cfg.train.recompute == "full" else "selective",
+        encoder_recompute="full" if cfg.train.recompute == "full" else "selective",
         llm_zero=1 if par.distributed_optimizer_on(dims.dp) else 0,
         sequence_parallel=par.sequence_parallel_on,
         encoder_zero=2 if par.encoder_zero(dims.dp) == 2 else 0,

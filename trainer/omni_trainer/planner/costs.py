@@ -78,6 +78,7 @@ class Layout:
     ``offload`` copies the selective activations to host memory after each layer's forward and
     back before its backward (``OFFLOAD_RESIDENT_LAYERS`` stay on the device)."""
     encoder_recompute: Literal["selective", "full"] = "selective"
+    """The encoders follow ``train.recompute`` (``full``: only each block's input is kept)."""
     llm_zero: Literal[0, 1] = 1
     """1: the distributed optimizer, ZeRO-1 (``parallelism.distributedOptimizer``: fp32 main
     weights and Adam moments sharded over dp)."""

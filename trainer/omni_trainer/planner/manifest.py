@@ -59,6 +59,7 @@ def own_layout(cfg: TrainerConfig, gpus: int) -> tuple[Layout | None, str]:
         dp=dp,
         micro_batch_size=cfg.data.micro_batch_size,
         recompute=PLANNED_RECOMPUTE[cfg.train.recompute],
+        encoder_recompute="full" if cfg.train.recompute == "full" else "selective",
         llm_zero=1 if par.distributed_optimizer_on(dp) else 0,
         sequence_parallel=par.sequence_parallel_on,
         encoder_zero=par.encoder_zero(dp),

@@ -90,6 +90,7 @@ def layouts(
                             dp=dp,
                             micro_batch_size=micro_batch_size,
                             recompute=rc,  # type: ignore[arg-type]
+                            encoder_recompute="full" if rc == "full" else "selective",
                             reorder_group=_group(dp, 8),
                         )
                     )

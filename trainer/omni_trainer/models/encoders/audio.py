@@ -162,8 +162,7 @@ class AudioEncoder(nn.Module):
                 the mixer is sharded).
             seqs: sample boundaries of ``x`` (built once per batch, reused by every block).
         """
-        for block in self.blocks:
-            x = block(x, seqs)
+        x = self.mixer.run_blocks(self.blocks, x, seqs)
         return x
 
     def forward(self, features: Sequence[Tensor]) -> Tensor:

@@ -16,12 +16,17 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from omni_trainer.models.recompute import Recompute
 
 
 @dataclass(frozen=True)
@@ -241,6 +246,10 @@ class TokenMixer:
     locally; :class:`~omni_trainer.multiplex.ulysses.UlyssesMixer` overrides the three methods to
     run one sample sharded along the sequence across ranks.
 
+    The mixer also runs the encoder's blocks (:meth:`run_blocks`), so activation recompute
+    (``recompute``, ``train.recompute``) is one setting for every layer: ``selective`` recomputes
+    the attention core in the backward, ``full`` whole blocks (the first ``layers``).
+
     Args:
         core: the attention kernel over full samples (:func:`varlen_attention`: a one-launch
             varlen kernel on GPUs, per-sample SDPA otherwise).
@@ -248,10 +257,44 @@ class TokenMixer:
 
     def __init__(self, core: AttentionFn = varlen_attention) -> None:
         self.core = core
+        self.recompute = Recompute()
 
     def attention(self, q: Tensor, k: Tensor, v: Tensor, seqs: Varlen) -> Tensor:
         """Attention within each sample: q, k, v [tokens, heads, head_dim] -> same shape."""
+        return self.core_attention(q, k, v, seqs)
+
+    def core_attention(self, q: Tensor, k: Tensor, v: Tensor, seqs: Varlen) -> Tensor:
+        """The attention core on whole samples; under selective recompute it keeps only its
+        inputs and reruns in the backward (the scores / softmax are never kept)."""
+        if self.recompute.mode == "selective" and torch.is_grad_enabled():
+            return checkpoint(self.core, q, k, v, seqs, use_reentrant=False)
         return self.core(q, k, v, seqs)
+
+    def run_blocks(self, blocks: nn.ModuleList, x: Tensor, seqs: Varlen) -> Tensor:
+        """``x`` through ``blocks`` in order. Under full recompute the first ``layers`` blocks
+        keep only their input and rerun in the backward, with the mixer as it was in the forward
+        (a sharded sample's backward runs after its forward's :meth:`state` has been left)."""
+        full = self.recompute.mode == "full" and torch.is_grad_enabled()
+        count = len(blocks) if self.recompute.layers is None else self.recompute.layers
+        for i, block in enumerate(blocks):
+            if full and i < count:
+                x = checkpoint(self._rerun, block, self.state(), x, seqs, use_reentrant=False)
+            else:
+                x = block(x, seqs)
+        return x
+
+    def _rerun(self, block: nn.Module, state: Any, x: Tensor, seqs: Varlen) -> Tensor:
+        with self.restored(state):
+            return block(x, seqs)
+
+    def state(self) -> Any:
+        """What the mixer's calls depend on beyond their arguments (here: nothing)."""
+        return None
+
+    @contextmanager
+    def restored(self, state: Any) -> Iterator[None]:
+        """Within the block, the mixer in ``state`` (from :meth:`state`)."""
+        yield
 
     def gather_sequence(self, x: Tensor, seqs: Varlen) -> tuple[Tensor, Varlen]:
         """The whole samples that ``x`` holds tokens of, for an op that needs neighbours.

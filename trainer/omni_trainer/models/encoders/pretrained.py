@@ -111,8 +111,7 @@ class PretrainedVisionTower(nn.Module):
 
     def encode_tokens(self, x: Tensor, seqs: Varlen) -> Tensor:
         """The blocks (the feature layer's hidden state): [tokens, hidden] -> same."""
-        for block in self.blocks:
-            x = block(x, seqs)
+        x = self.mixer.run_blocks(self.blocks, x, seqs)
         return x
 
     def forward(self, images: Sequence[Tensor]) -> Tensor:
@@ -176,8 +175,7 @@ class WhisperAudioEncoder(nn.Module):
 
     def encode_tokens(self, x: Tensor, seqs: Varlen) -> Tensor:
         """The blocks and the final LayerNorm: [tokens, hidden] -> same."""
-        for block in self.blocks:
-            x = block(x, seqs)
+        x = self.mixer.run_blocks(self.blocks, x, seqs)
         return self.norm(x)
 
     def forward(self, features: Sequence[Tensor]) -> Tensor:

@@ -5,10 +5,12 @@ native dynamic resolution, no resizing beyond the processor's. Tokens stay in th
 order (every 2x2 block of patches contiguous, blocks row-major) from the patch embedding to the
 merger, so the merger's output is already in the LLM's order. The 2D rotary embedding and the
 attention partition (windows of ``window_units`` merged tokens in most blocks, whole frames in
-``full_attention_blocks``) live in one attention kernel, :class:`WindowedRotaryCore`, that the
-tower puts inside its :class:`~.layers.TokenMixer`: the mixer hands that kernel whole samples both
-data-parallel and under Ulysses (after its all-to-all), so window attention and rotary angles need
-no sharding logic of their own. The math equals transformers'
+``full_attention_blocks``) live in one attention kernel, :class:`WindowedRotaryCore`, that each
+block puts inside the tower's :class:`~.layers.TokenMixer`: the mixer hands that kernel whole
+samples both data-parallel and under Ulysses (after its all-to-all), so window attention and
+rotary angles need no sharding logic of their own. The layout travels with the tokens
+(:class:`LaidOut`) and each kernel is immutable, so a block or kernel rerun in the backward
+(``train.recompute``) sees its own forward's layout and partition. The math equals transformers'
 ``Qwen2_5_VisionTransformerPretrainedModel`` (which permutes tokens into window order and back;
 attention within a window does not depend on the order).
 """
@@ -61,6 +63,14 @@ class TokenLayout:
             window_order=self.window_order.to(device),
             window_inverse=self.window_inverse.to(device),
         )
+
+
+@dataclass(frozen=True)
+class LaidOut(Varlen):
+    """Sample boundaries with the samples' :class:`TokenLayout` (from the tower's last embed):
+    a block rerun in the backward gets the layout of its own forward with its arguments."""
+
+    layout: TokenLayout | None = None
 
 
 def grid_positions(grid: Grid, merge: int) -> Tensor:
@@ -133,29 +143,27 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return (xf * cos[:, None] + rotated * sin[:, None]).to(x.dtype)
 
 
+@dataclass(frozen=True)
 class WindowedRotaryCore:
-    """The tower's attention kernel: rotary angles, then ``inner`` attention within the windows
-    (``windowed``) or within the frames of the tokens it is given.
+    """The tower's attention kernel for one block: rotary angles, then ``inner`` attention
+    within the windows (``windowed``) or within the frames of the tokens it is given.
 
     It is given whole samples: the packed batch :meth:`QwenVisionTower.embed` laid out, or under
     Ulysses the one sample that was embedded, gathered along the sequence for this rank's heads.
     The boundaries it is called with (whole samples) are replaced by the layout's partition.
     """
 
-    def __init__(self, inner: AttentionFn) -> None:
-        self.inner = inner
-        self.layout: TokenLayout | None = None
-        """Set by the tower's ``embed`` for the samples it embedded."""
-        self.windowed = False
-        """Set by the tower before each block: window (true) or frame attention."""
+    inner: AttentionFn
+    layout: TokenLayout
+    windowed: bool
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, seqs: Varlen) -> Tensor:
         lay = self.layout
-        if lay is None or q.shape[0] != lay.tokens:
-            got = "no layout" if lay is None else f"a layout of {lay.tokens} tokens"
+        if q.shape[0] != lay.tokens:
             raise RuntimeError(
-                f"the Qwen2.5-VL attention got {q.shape[0]} tokens but {got}: encode_tokens "
-                "must run on whole samples from the last embed (or their Ulysses shards)"
+                f"the Qwen2.5-VL attention got {q.shape[0]} tokens but a layout of {lay.tokens} "
+                "tokens: encode_tokens must run on whole samples from the last embed (or their "
+                "Ulysses shards)"
             )
         q, k = _rotate(q, lay.cos, lay.sin), _rotate(k, lay.cos, lay.sin)
         if not self.windowed:
@@ -194,19 +202,27 @@ class GatedMLP(nn.Module):
 
 
 class QwenVisionAttention(nn.Module):
-    """Fused QKV, the mixer's attention (rotary and partition in its kernel), projection."""
+    """Fused QKV, the mixer's attention (rotary and partition in this block's kernel),
+    projection."""
 
-    def __init__(self, hidden_size: int, num_heads: int, mixer: TokenMixer) -> None:
+    def __init__(
+        self, hidden_size: int, num_heads: int, mixer: TokenMixer, *, inner: AttentionFn,
+        windowed: bool,
+    ) -> None:  # fmt: skip
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = hidden_size // num_heads
         self.qkv = nn.Linear(hidden_size, 3 * hidden_size)
         self.proj = nn.Linear(hidden_size, hidden_size)
         self.mixer = mixer
+        self.inner = inner
+        """The attention kernel over whole samples (the mixer's, before the tower's)."""
+        self.windowed = windowed
 
-    def forward(self, x: Tensor, seqs: Varlen) -> Tensor:
+    def forward(self, x: Tensor, seqs: LaidOut) -> Tensor:
         n = x.shape[0]
         q, k, v = self.qkv(x).view(n, 3, self.num_heads, self.head_dim).unbind(1)
+        self.mixer.core = WindowedRotaryCore(self.inner, seqs.layout, self.windowed)
         out = self.mixer.attention(q, k, v, seqs)
         return self.proj(out.reshape(n, self.num_heads * self.head_dim))
 
@@ -214,15 +230,17 @@ class QwenVisionAttention(nn.Module):
 class QwenVisionBlock(nn.Module):
     """``x + attn(norm1(x))``, then ``x + mlp(norm2(x))``."""
 
-    def __init__(self, cfg: VisionEncoderConfig, mixer: TokenMixer) -> None:
+    def __init__(
+        self, cfg: VisionEncoderConfig, mixer: TokenMixer, *, inner: AttentionFn, windowed: bool
+    ) -> None:
         super().__init__()
         h, eps = cfg.hidden_size, cfg.tower.norm_epsilon
         self.norm1 = RMSNorm(h, eps)
         self.norm2 = RMSNorm(h, eps)
-        self.attn = QwenVisionAttention(h, cfg.num_heads, mixer)
+        self.attn = QwenVisionAttention(h, cfg.num_heads, mixer, inner=inner, windowed=windowed)
         self.mlp = GatedMLP(h, cfg.ffn_hidden_size, cfg.tower.activation)
 
-    def forward(self, x: Tensor, seqs: Varlen) -> Tensor:
+    def forward(self, x: Tensor, seqs: LaidOut) -> Tensor:
         x = x + self.attn(self.norm1(x), seqs)
         return x + self.mlp(self.norm2(x))
 
@@ -264,9 +282,10 @@ class QwenVisionTower(nn.Module):
         self.merge_unit = cfg.qwen.merge_size**2
         """Block tokens per output token: Ulysses shards of a long sample are multiples of it."""
         self.mixer = mixer if mixer is not None else TokenMixer()
-        """Cross-token ops of every block; its kernel becomes the tower's windowed rotary one."""
-        self.core = WindowedRotaryCore(self.mixer.core)
-        self.mixer.core = self.core
+        """Cross-token ops of every block; each block sets its windowed rotary kernel in it."""
+        inner = self.mixer.core
+        self.layout: TokenLayout | None = None
+        """The samples of the last :meth:`embed`."""
         q = cfg.qwen
         self.patch_embed = nn.Module()
         self.patch_embed.proj = nn.Conv3d(
@@ -275,7 +294,10 @@ class QwenVisionTower(nn.Module):
             kernel_size=(q.temporal_patch_size, cfg.patch_size, cfg.patch_size),
             bias=False,
         )  # applied as one matmul over the flattened patches (the same operation)
-        self.blocks = nn.ModuleList(QwenVisionBlock(cfg, self.mixer) for _ in range(cfg.num_layers))
+        self.blocks = nn.ModuleList(
+            QwenVisionBlock(cfg, self.mixer, inner=inner, windowed=i not in q.full_attention_blocks)
+            for i in range(cfg.num_layers)
+        )
         self.merger = PatchMerger(cfg)
 
     def patchify(self, media: Tensor) -> tuple[Tensor, Grid]:
@@ -310,7 +332,7 @@ class QwenVisionTower(nn.Module):
         x = F.linear(torch.cat([p for p, _ in parts]).to(weight.dtype), weight.flatten(1))
         grids = [g for _, g in parts]
         q = self.cfg.qwen
-        self.core.layout = token_layout(
+        self.layout = token_layout(
             grids,
             merge=q.merge_size,
             window_units=q.window_units,
@@ -322,11 +344,10 @@ class QwenVisionTower(nn.Module):
     def encode_tokens(self, x: Tensor, seqs: Varlen) -> Tensor:
         """The blocks and the merger: [patches, hidden] (whole merge blocks, ``seqs`` their
         sample boundaries) -> [patches / merge^2, out_hidden_size]."""
-        full = set(self.cfg.qwen.full_attention_blocks)
-        for i, block in enumerate(self.blocks):
-            self.core.windowed = i not in full
-            x = block(x, seqs)
-        return self.merger(x)
+        if self.layout is None:
+            raise RuntimeError("the Qwen2.5-VL tower: encode_tokens needs an embed first")
+        laid = LaidOut(seqs.lengths, layout=self.layout)
+        return self.merger(self.mixer.run_blocks(self.blocks, x, laid))
 
     def forward(self, media: Sequence[Tensor]) -> Tensor:
         """[sum of output tokens, out_hidden_size], samples in the given order."""

@@ -85,8 +85,7 @@ class VisionEncoder(nn.Module):
                 the mixer is sharded).
             seqs: sample boundaries of ``x`` (built once per batch, reused by every block).
         """
-        for block in self.blocks:
-            x = block(x, seqs)
+        x = self.mixer.run_blocks(self.blocks, x, seqs)
         return self.norm(x)
 
     def forward(self, images: Sequence[Tensor]) -> Tensor:
