@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from omni_trainer.models.encoders.audio import AudioEncoder
 from omni_trainer.models.encoders.config import AudioEncoderConfig, VisionEncoderConfig
+from omni_trainer.models.encoders.qwen_vision import QwenVisionTower
 from omni_trainer.models.encoders.vision import VisionEncoder
 from omni_trainer.models.recompute import Recompute
 from omni_trainer.multiplex.lssp import plan_lssp
@@ -25,20 +26,26 @@ VIT = VisionEncoderConfig(preset="vit-tiny")
 # kernel 15 reaches 7 tokens either side: more than a 4-rank shard of a 37-token clip holds
 CONFORMER = AudioEncoderConfig(preset="conformer-tiny", conv_kernel_size=15)
 
+QWEN = VisionEncoderConfig(hf=sys.argv[2])
+"""A tiny Qwen2.5-VL tower: config.json alone in ``argv[2]`` (random init here)."""
+
 
 def build(which: str) -> nn.Module:
     torch.manual_seed(0)
     if which == "vision":
         return VisionEncoder(VIT, mixer=UlyssesMixer())
+    if which == "qwen":
+        return QwenVisionTower(QWEN, mixer=UlyssesMixer())
     return AudioEncoder(CONFORMER, mixer=UlyssesMixer())
 
 
 def media(which: str, tokens_hw: tuple[int, int], seed: int) -> Tensor:
-    """An image of ``h x w`` patches, or a clip of ``h * w`` tokens."""
+    """An image of ``h x w`` output tokens, or a clip of ``h * w`` tokens."""
     gen = torch.Generator().manual_seed(seed)
     h, w = tokens_hw
-    if which == "vision":
-        return torch.randn(3, h * VIT.patch_size, w * VIT.patch_size, generator=gen)
+    if which in ("vision", "qwen"):
+        side = VIT.position_side if which == "vision" else QWEN.position_side
+        return torch.randn(3, h * side, w * side, generator=gen)
     return torch.randn(4 * h * w, CONFORMER.n_mels, generator=gen)
 
 
@@ -156,9 +163,15 @@ def main() -> None:
         "audio_3": one_long_sample("audio", (3, 1)),
         "lssp_vision": lssp_batch("vision"),
         "lssp_audio": lssp_batch("audio"),
+        # 35 merged tokens = 140 patches in windows of 4x4 patches: shards of whole 2x2 blocks
+        "qwen_35": one_long_sample("qwen", (5, 7)),
+        "qwen_1": one_long_sample("qwen", (1, 1)),
+        "lssp_qwen": lssp_batch("qwen"),
         "lssp_vision_full": lssp_batch("vision", "full"),
         "lssp_audio_full": lssp_batch("audio", "full"),
         "lssp_audio_selective": lssp_batch("audio", "selective"),
+        "lssp_qwen_full": lssp_batch("qwen", "full"),
+        "lssp_qwen_selective": lssp_batch("qwen", "selective"),
         "heads": heads_must_divide(),
     }
     dist.barrier()

@@ -123,21 +123,43 @@ class TrainerConfig(Spec):
 
         image, audio = self.model.encoders.image, self.model.encoders.audio
         imported = image is not None and image.tower is not None
-        if imported:  # the tower's own processor sizes the images
+        qwen = image.qwen if imported else None
+        processor = settings = None
+        if qwen is not None:  # dynamic resolution within the tower processor's pixel bounds
+            from omni_trainer.data.media import ImageSettings, preprocessor_config
+
+            settings = ImageSettings.from_processor(
+                preprocessor_config(image.hf),
+                patch_size=image.patch_size,
+                merge_size=qwen.merge_size,
+                temporal_patch_size=qwen.temporal_patch_size,
+            )
+        elif imported:  # the tower's own processor sizes the images
             from omni_trainer.data.media import tower_image_processor
 
             processor = tower_image_processor(
                 image.hf, family=image.tower.family, side=image.tower.image_size
             )
         return MediaGeometry(
-            patch_size=image.patch_size if image else 14,
+            patch_size=image.position_side if image else 14,
             audio_subsampling=audio.subsampling if audio else 4,
             n_mels=audio.n_mels if audio else 80,
             encoders=tuple(m for m, _ in self.model.encoders.items()),
             image_extra_tokens=image.prefix_tokens - image.drop_prefix if imported else 0,
-            image_processor=processor if imported else None,
+            image_processor=processor,
+            image_settings=settings,
+            image_wrap=qwen.image_wrap if qwen and self.model.hf else None,
             audio_max_frames=audio.max_frames if audio else None,
         )
+
+    @model_validator(mode="after")
+    def _positions_fit_layout(self) -> TrainerConfig:
+        if self.model.llm.mrope_section is not None and self.parallelism.context > 1:
+            raise ValueError(
+                "parallelism.context: the LLM's M-RoPE (Qwen2.5-VL) positions are not sharded "
+                "for context parallelism; set context: 1"
+            )
+        return self
 
     @model_validator(mode="after")
     def _data_fits_model(self) -> TrainerConfig:

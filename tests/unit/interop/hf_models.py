@@ -37,15 +37,22 @@ def save_llm(path: Path, family: str, **overrides) -> Path:
     return path
 
 
-def save_tokenizer(path: Path, vocab_size: int = 300, chat_template: str = CHAT_TEMPLATE) -> Path:
-    """A byte-level BPE trained in-process, with a chat template, saved beside a model."""
+def save_tokenizer(
+    path: Path,
+    vocab_size: int = 300,
+    chat_template: str = CHAT_TEMPLATE,
+    *,
+    extra_special: tuple[str, ...] = (),
+) -> Path:
+    """A byte-level BPE trained in-process, with a chat template (and ``extra_special``
+    tokens), saved beside a model."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    special = ["<|user|>", "<|assistant|>", "<|end|>", "<image>"]
+    special = ["<|user|>", "<|assistant|>", "<|end|>", "<image>", *extra_special]
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         special_tokens=special,
@@ -217,4 +224,58 @@ def save_llava(
     _perturb(model)
     model.save_pretrained(path)
     save_image_processor(path, vision, _VISION["image_size"])
+    return model.eval()
+
+
+QWEN_VISION = dict(
+    depth=3,
+    hidden_size=32,
+    intermediate_size=48,
+    num_heads=4,
+    patch_size=4,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
+    window_size=16,  # windows of 2 x 2 merged tokens
+    out_hidden_size=64,
+    fullatt_block_indexes=[1],
+)
+"""A tiny Qwen2.5-VL vision tower: 8-pixel merged tokens, window and full-attention blocks."""
+QWEN_TOKENS = {"image": 300, "video": 301, "vision_start": 302, "vision_end": 303}
+
+
+def save_qwen2_5_vl(path: Path, *, min_pixels: int = 8 * 8 * 4, max_pixels: int = 8 * 8 * 64):
+    """A random Qwen2.5-VL (vision tower + merger + Qwen2 LLM with M-RoPE) saved with
+    ``save_pretrained`` (``visual.*``, ``model.layers.*``), with its image processor; returns
+    the model for reference outputs."""
+    import transformers
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+
+    text = {**_SMALL, "num_hidden_layers": 2, "bos_token_id": 1, "eos_token_id": 2,
+            "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3],
+                                "rope_theta": 10000.0}}  # fmt: skip
+    config = transformers.Qwen2_5_VLConfig(
+        vision_config=QWEN_VISION,
+        text_config=text,
+        image_token_id=QWEN_TOKENS["image"],
+        video_token_id=QWEN_TOKENS["video"],
+        vision_start_token_id=QWEN_TOKENS["vision_start"],
+        vision_end_token_id=QWEN_TOKENS["vision_end"],
+    )
+    torch.manual_seed(0)
+    model = transformers.Qwen2_5_VLForConditionalGeneration(config)
+    _perturb(model)
+    with torch.no_grad():  # sharp attention in the tower, so a wrong window or angle shows
+        for block in model.model.visual.blocks:
+            block.attn.qkv.weight.mul_(25.0)
+    model.save_pretrained(path)
+    processor = Qwen2VLImageProcessorPil(
+        patch_size=QWEN_VISION["patch_size"],
+        merge_size=QWEN_VISION["spatial_merge_size"],
+        temporal_patch_size=QWEN_VISION["temporal_patch_size"],
+        min_pixels=min_pixels,
+        max_pixels=max_pixels,
+    )
+    processor.save_pretrained(path)
     return model.eval()

@@ -182,3 +182,26 @@ def test_failed_llava_export_names_the_tensor_and_leaves_nothing(tmp_path, monke
     assert f"tensor {key!r}" in result.output and "has shape [32, 47]" in result.output
     assert "the model expects [32, 48]" in result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml", "src"]
+
+
+def test_llm_with_a_qwen_tower_exports_the_llm_and_names_the_tower(tmp_path) -> None:
+    """An HF LLM with an imported Qwen2.5-VL tower is not LLaVA's recipe (LLaVA holds CLIP /
+    SigLIP towers): the LLM is written in its family and the tower is named as left out."""
+    from .hf_models import save_qwen2_5_vl
+
+    llm = save_llm(tmp_path / "llm", "llama")
+    save_tokenizer(llm)  # it has <image>: only the tower's family keeps this from a LLaVA
+    save_qwen2_5_vl(tmp_path / "qwen")
+    doc = text_job({"hf": str(llm)})
+    doc["spec"]["trainer"]["model"]["encoders"] = {"image": {"hf": str(tmp_path / "qwen")}}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["export", str(job), "--out", str(out)])
+    assert result.exit_code == 0, result.output + str(result.exception)
+    assert (
+        "note: not exported: the image encoder and projector: a LLaVA holds CLIP / SigLIP "
+        "towers, not a qwen2_5_vl one" in " ".join(result.output.split())
+    )
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"]

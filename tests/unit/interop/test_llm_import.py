@@ -86,7 +86,7 @@ def test_unsupported_architecture_names_the_supported_list(tmp_path) -> None:
     assert (
         "architecture 'GPT2LMHeadModel' is not supported as model.llm.hf (supported: "
         "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM; and as model.hf: "
-        "LlavaForConditionalGeneration)" in str(err.value)
+        "LlavaForConditionalGeneration, Qwen2_5_VLForConditionalGeneration)" in str(err.value)
     )
 
 

@@ -51,7 +51,7 @@ def step_flops(model: ModelConfig, global_batch) -> StepFlops:
     for modality, lengths in sorted(media_lengths.items()):
         enc = getattr(model.encoders, modality)
         # Projector (Linear enc->llm, GELU, Linear llm->llm) runs on every media token.
-        projector = matmul_flops(sum(lengths), llm.hidden_size, enc.hidden_size + llm.hidden_size)
+        projector = matmul_flops(sum(lengths), llm.hidden_size, enc.output_size + llm.hidden_size)
         encoder_forward[modality] = enc.flops(lengths) + projector
     return StepFlops(
         tokens=sum(seg_lengths),

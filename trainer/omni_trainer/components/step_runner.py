@@ -9,6 +9,7 @@ serves every layout, a single process included.
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 
 import torch
@@ -104,6 +105,13 @@ class StepRunner:
         dims = self.groups.dims
         groups_of_seqs = split_micro_batches(local, self.cfg.data.micro_batch_size)
         micro = [collate(seqs, self.cfg.data.seq_length) for seqs in groups_of_seqs]
+        if self.cfg.model.llm.mrope_section is not None:  # Qwen2.5-VL: 3D positions of media
+            from omni_trainer.interop.qwen2_5_vl import batch_positions
+
+            side = self.cfg.model.encoders.image.position_side
+            micro = [
+                dataclasses.replace(mb, position_ids=batch_positions(mb, side=side)) for mb in micro
+            ]
         counts = torch.tensor([float(sum(mb.num_loss_tokens for mb in micro))], dtype=torch.float64)
         comm.all_reduce(counts, group=self.groups.dp)
         self._global_tokens = max(float(counts.item()), 1.0)
@@ -164,10 +172,10 @@ class StepRunner:
                 decoder_input=decoder_input,
                 labels=labels,
             )
-        else:
+        else:  # positions: M-RoPE's angles come from them on every stage
             output = model(
                 input_ids=None,
-                position_ids=None,
+                position_ids=batch.position_ids,
                 attention_mask=None,
                 packed_seq_params=batch.packed_seq_params,
                 labels=labels,

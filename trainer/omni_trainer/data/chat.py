@@ -80,12 +80,29 @@ def normalize_messages(raw: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
     return out
 
 
+def wrapped_image(tokenizer: Any, image_wrap: tuple[int, int] | None) -> str:
+    """What each ``<image>`` becomes before tokenizing: itself, or itself between the
+    ``image_wrap`` tokens (Qwen2.5-VL's ``<|vision_start|>``, ``<|vision_end|>``, as its
+    processor writes them)."""
+    if image_wrap is None:
+        return "<image>"
+    start, end = tokenizer.convert_ids_to_tokens(list(image_wrap))
+    return f"{start}<image>{end}"
+
+
 class ChatRenderer:
     """Renders conversations with one tokenizer's chat template."""
 
-    def __init__(self, tokenizer: Any, *, system_prompt: str | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        system_prompt: str | None = None,
+        image_wrap: tuple[int, int] | None = None,
+    ) -> None:
         self.tok = tokenizer
         self.system_prompt = system_prompt
+        self._image = wrapped_image(tokenizer, image_wrap)
         self._special = sorted(
             {t for t in tokenizer.all_special_tokens if t}
             | {t.content for t in tokenizer.added_tokens_decoder.values() if t.special},
@@ -149,6 +166,10 @@ class ChatRenderer:
         if self.system_prompt and messages[0]["role"] != "system":
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         messages = self._place_missing(messages, [m for m, _ in media])
+        if self._image != "<image>":
+            messages = [
+                m | {"content": m["content"].replace("<image>", self._image)} for m in messages
+            ]
         text, loss_spans = self.loss_char_spans(messages)
         queues: dict[str, list[int]] = {}
         for modality, n in media:

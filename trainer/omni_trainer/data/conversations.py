@@ -122,8 +122,10 @@ class ConversationSource:
         self.geometry = geometry
         self.encoders = set(encoders)
         self.num_samples: int | None = self._index()
-        self.renderer = ChatRenderer(tokenizer, system_prompt=config.system_prompt)
-        self.image = ImageSettings(
+        self.renderer = ChatRenderer(
+            tokenizer, system_prompt=config.system_prompt, image_wrap=geometry.image_wrap
+        )
+        self.image = geometry.image_settings or ImageSettings(
             min_pixels=media.min_pixels,
             max_pixels=media.max_pixels,
             patch_size=geometry.patch_size,

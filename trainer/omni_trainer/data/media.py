@@ -98,6 +98,33 @@ class ImageSettings:
     image_std: tuple[float, ...] = OPENAI_CLIP_STD
     resample: int = BICUBIC
 
+    @classmethod
+    def from_processor(
+        cls, raw: dict, *, patch_size: int, merge_size: int, temporal_patch_size: int
+    ) -> ImageSettings:
+        """The settings of a Qwen2-VL ``preprocessor_config.json`` (``raw``; empty:
+        Qwen2VLImageProcessor's defaults) for a tower of these patch sizes: the pixel bounds as
+        ``min_pixels``/``max_pixels`` or ``size: {shortest_edge, longest_edge}``."""
+        tower = dict(
+            patch_size=patch_size, merge_size=merge_size, temporal_patch_size=temporal_patch_size
+        )
+        for key, value in tower.items():
+            if int(raw.get(key, value)) != value:
+                raise ValueError(
+                    f"preprocessor_config.json: {key} {raw[key]} differs from the tower's {value}"
+                )
+        size, default = raw.get("size") or {}, cls()
+        return cls(
+            min_pixels=int(
+                raw.get("min_pixels") or size.get("shortest_edge") or default.min_pixels
+            ),
+            max_pixels=int(raw.get("max_pixels") or size.get("longest_edge") or default.max_pixels),
+            image_mean=tuple(raw.get("image_mean", default.image_mean)),
+            image_std=tuple(raw.get("image_std", default.image_std)),
+            resample=int(raw.get("resample", default.resample)),
+            **tower,
+        )
+
     @property
     def factor(self) -> int:
         return self.patch_size * self.merge_size
@@ -200,18 +227,23 @@ class FixedImageSettings:
         return _normalize(x, self.image_mean, self.image_std, self.rescale_factor)
 
 
-def tower_image_processor(path: str, *, family: str, side: int) -> FixedImageSettings:
-    """The image settings of an imported CLIP / SigLIP tower: its ``preprocessor_config.json``
-    (a directory or ``s3://`` prefix), else the family's defaults at its trained size."""
+def preprocessor_config(path: str) -> dict:
+    """An imported model's ``preprocessor_config.json`` (a directory or ``s3://`` prefix);
+    empty when it has none (its family's defaults apply)."""
     import json
 
     from omni_trainer.data.blobs import read_bytes
 
     try:
-        raw = json.loads(read_bytes(f"{path.rstrip('/')}/preprocessor_config.json"))
+        return json.loads(read_bytes(f"{path.rstrip('/')}/preprocessor_config.json"))
     except FileNotFoundError:
-        raw = {}
-    return FixedImageSettings.from_processor(raw, family=family, side=side)
+        return {}
+
+
+def tower_image_processor(path: str, *, family: str, side: int) -> FixedImageSettings:
+    """The image settings of an imported CLIP / SigLIP tower: its ``preprocessor_config.json``,
+    else the family's defaults at its trained size."""
+    return FixedImageSettings.from_processor(preprocessor_config(path), family=family, side=side)
 
 
 # -- audio --------------------------------------------------------------------------------------

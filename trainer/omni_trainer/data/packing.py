@@ -119,7 +119,8 @@ class MicroBatch:
     segment_ids: np.ndarray
     """[b, s] int32 segment index within the row, -1 on padding; attention stays inside."""
     position_ids: np.ndarray
-    """[b, s] int64, restarting at 0 for every segment (0 on padding)."""
+    """[b, s] int64, restarting at 0 for every segment (0 on padding); M-RoPE models replace
+    it by [3, b, s] (``interop.qwen2_5_vl.batch_positions``)."""
     media: list[MediaItem] = field(default_factory=list)
     sample_ids: list[str] = field(default_factory=list)
 

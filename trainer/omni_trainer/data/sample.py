@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from omni_trainer.data.config import Modality
-from omni_trainer.data.media import FixedImageSettings
+from omni_trainer.data.media import FixedImageSettings, ImageSettings
 
 MEDIA_DTYPE = np.dtype(np.float32)
 """What every loaded media array is, whatever its source stores."""
@@ -60,6 +60,12 @@ class MediaGeometry:
     image_processor: FixedImageSettings | None = None
     """An imported tower's processor (CLIP / SigLIP): images are resized and cropped to its
     size instead of the dynamic resolution of ``data.media``."""
+    image_settings: ImageSettings | None = None
+    """An imported dynamic-resolution tower's processor (Qwen2.5-VL): its pixel bounds, patch
+    and merge sizes replace ``data.media``'s (``patch_size`` is then its merged patch)."""
+    image_wrap: tuple[int, int] | None = None
+    """Token ids the chat renderer writes before and after each image's positions (a whole
+    Qwen2.5-VL's ``vision_start_token_id`` and ``vision_end_token_id``)."""
     audio_max_frames: int | None = None
     """Longest clip the audio encoder takes (Whisper's position table); longer clips are cut."""
 

@@ -1,5 +1,6 @@
 """HF -> our encoder weights: CLIP / SigLIP vision towers and Whisper's encoder
-(``models/encoders/pretrained.py``), read tensor by tensor from safetensors.
+(``models/encoders/pretrained.py``), Qwen2.5-VL's vision tower (``models/encoders/qwen_vision.py``,
+named as transformers names it: the map is its prefix), read tensor by tensor from safetensors.
 
 Where the tower sits in the checkpoint is found from its keys, so one map serves a vision-only
 model (``embeddings.*``), a dual encoder (``vision_model.*``; its text tower is never read) and a
@@ -15,6 +16,7 @@ import re
 import torch
 from torch import nn
 
+from omni_trainer.interop import qwen2_5_vl
 from omni_trainer.interop.source import HFModelError
 
 ZERO = ""
@@ -57,6 +59,7 @@ _FAMILIES = {
     "clip": (_VISION, _VISION_BLOCK, "encoder.layers.", "embeddings.patch_embedding.weight"),
     "siglip": (_VISION, _VISION_BLOCK, "encoder.layers.", "embeddings.patch_embedding.weight"),
     "whisper": (_WHISPER, _WHISPER_BLOCK, "layers.", "encoder.conv1.weight"),
+    qwen2_5_vl.FAMILY: ({}, {}, "blocks.", qwen2_5_vl.ANCHOR),
 }
 _BLOCK = re.compile(r"blocks\.(\d+)\.(.+)\.(weight|bias)")
 
@@ -64,6 +67,8 @@ _BLOCK = re.compile(r"blocks\.(\d+)\.(.+)\.(weight|bias)")
 def hf_names(name: str, family: str, prefix: str) -> tuple[str, ...]:
     """The checkpoint tensors behind our parameter ``name``, stacked along dim 0 (``ZERO``:
     a part the checkpoint lacks)."""
+    if family == qwen2_5_vl.FAMILY:
+        return (prefix + name,)
     top, block, layers, _ = _FAMILIES[family]
     if name in top:
         return tuple(prefix + n for n in top[name])

@@ -2,9 +2,10 @@
 
 The LLM is written in the family it came from (``model.llm.hf``'s config.json, updated to the
 exported dtype) or, for presets, as a Llama; a whole LLaVA (``model.hf``) as
-``LlavaForConditionalGeneration`` (``llava_export``). The output appears atomically: everything is
-written into a hidden sibling directory that is renamed to ``--out`` only once complete, so a
-failure never leaves a half-written model where transformers would load it.
+``LlavaForConditionalGeneration`` (``llava_export``), a whole Qwen2.5-VL as itself (the LLM and
+its tower, ``qwen2_5_vl.tower_tensors``). The output appears atomically: everything is written
+into a hidden sibling directory that is renamed to ``--out`` only once complete, so a failure
+never leaves a half-written model where transformers would load it.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 
 import torch
 
 from omni_trainer.config import TrainerConfig
+from omni_trainer.interop import qwen2_5_vl
 from omni_trainer.interop.llm import split_full, tensor_map
 from omni_trainer.interop.source import HFModelError
 from omni_trainer.models.config import LLMConfig
@@ -40,7 +43,8 @@ SIDE_FILES = (
     "processor_config.json",
 )
 SHARD_BYTES = 2 << 30
-EXPORTABLE_VLMS = ("LlavaForConditionalGeneration",)
+LLAVA = "LlavaForConditionalGeneration"
+EXPORTABLE_VLMS = (LLAVA, qwen2_5_vl.VLM)
 
 
 @dataclass
@@ -134,8 +138,9 @@ class ExportPlan:
 
     config: dict
     """The config.json."""
-    vlm: bool
-    """A whole LLaVA (tower and projector too), not the LLM alone."""
+    vlm: str | None
+    """The architecture of the whole VLM written (tower and projector too); None: the LLM
+    alone."""
     skipped: list[str] = field(default_factory=list)
     """Why each part left out is left out."""
 
@@ -168,7 +173,8 @@ def check_export(cfg: TrainerConfig, out: Path) -> ExportPlan:
         text = read_config(llm.hf) if llm.hf else llama_config(llm, torch.float32)
         composed, why = composed_config(cfg, dict(text))
         config = composed or text
-    vlm = config["architectures"][0] in EXPORTABLE_VLMS
+    arch = config["architectures"][0]
+    vlm = arch if arch in EXPORTABLE_VLMS else None
     skipped = [f"the image encoder and projector: {why}"] if why else []
     if cfg.model.encoders.audio is not None:
         skipped.append("the audio encoder and projector: no exported family here holds audio")
@@ -206,6 +212,15 @@ def _vlm_tensors(model, cfg: TrainerConfig, config: dict) -> Iterator[tuple[str,
         yield layout.saved[name], tensor
 
 
+def _tensors(model, cfg: TrainerConfig, plan: ExportPlan) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name on disk, tensor) of everything the plan writes."""
+    if plan.vlm == LLAVA:
+        return _vlm_tensors(model, cfg, plan.config)
+    if plan.vlm == qwen2_5_vl.VLM:  # the LLM as Qwen2's names, the tower under ``visual.``
+        return chain(_llm_tensors(model, cfg), qwen2_5_vl.tower_tensors(model))
+    return _llm_tensors(model, cfg)
+
+
 def write_hf(
     model, cfg: TrainerConfig, out: Path, *, step: int | None, shard_bytes: int | None = None
 ) -> ExportResult:
@@ -214,7 +229,7 @@ def write_hf(
 
     plan = check_export(cfg, out)
     llm, config = cfg.model.llm, plan.config
-    tensors = _vlm_tensors(model, cfg, config) if plan.vlm else _llm_tensors(model, cfg)
+    tensors = _tensors(model, cfg, plan)
     sources = [(hf_files_dir(cfg.tokenizer), SIDE_FILES), (hf_files_dir(llm.hf), SIDE_FILES)]
     if plan.vlm:  # the tower's image processor (a dual encoder's text tokenizer stays behind)
         sources.append((hf_files_dir(cfg.model.encoders.image.hf), ("preprocessor_config.json",)))
@@ -234,7 +249,7 @@ def write_hf(
                 if (source / name).is_file() and not (tmp / name).exists():
                     shutil.copyfile(source / name, tmp / name)
                     files.append(name)
-        if plan.vlm and not (tmp / "processor_config.json").exists():
+        if plan.vlm == LLAVA and not (tmp / "processor_config.json").exists():
             from omni_trainer.interop.llava_export import write_processor
 
             files += [name] if (name := write_processor(tmp, cfg)) else []

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -69,6 +69,24 @@ class MediaInput:
 
     features: torch.Tensor
     positions: torch.Tensor
+    image_grids: list[tuple[int, int, int]] = field(default_factory=list)
+    """M-RoPE only: ``(offset, rows, cols)`` of each image's merged tokens."""
+
+
+def image_grids(
+    cfg, images: list[torch.Tensor], positions: torch.Tensor
+) -> list[tuple[int, int, int]]:
+    """``(offset, rows, cols)`` of each image (``positions`` lists the images' first, each
+    image's tokens in a row) for M-RoPE; none for a model without it."""
+    if cfg.llm.mrope_section is None:
+        return []
+    side = cfg.encoders.image.position_side
+    grids, at = [], 0
+    for image in images:
+        rows, cols = image.shape[-2] // side, image.shape[-1] // side
+        grids.append((int(positions[at]), rows, cols))
+        at += rows * cols
+    return grids
 
 
 def encode_media(model, items: dict[str, list[torch.Tensor]], positions: torch.Tensor):
@@ -82,13 +100,24 @@ def encode_media(model, items: dict[str, list[torch.Tensor]], positions: torch.T
     joined = torch.cat(features)
     if joined.shape[0] != len(positions):
         raise HFModelError(f"{len(positions)} media positions for {joined.shape[0]} features")
-    return MediaInput(joined, positions)
+    return MediaInput(joined, positions, image_grids(model.cfg, items.get("image", []), positions))
+
+
+def rope_positions(chunk, length: int, media: MediaInput | None) -> torch.Tensor:
+    """The LLM's ``position_ids`` of one sequence: [1, len], or with M-RoPE [3, 1, len] (text
+    on all three axes alike, each image's merged tokens on its grid)."""
+    if chunk.position_embedding_type != "mrope":
+        return torch.arange(length)[None]
+    from omni_trainer.interop.qwen2_5_vl import mrope_positions
+
+    grids = media.image_grids if media is not None else []
+    return torch.from_numpy(mrope_positions(length, grids))[:, None]
 
 
 def forward(chunk, ids: torch.Tensor, media: MediaInput | None = None) -> torch.Tensor:
     """One forward of the LLM on one sequence ([1, len] ids), media features written at their
     positions -> [1, len, padded vocab]."""
-    positions = torch.arange(ids.shape[1], device=ids.device)[None]
+    positions = rope_positions(chunk, ids.shape[1], media).to(ids.device)
     emb = None
     if media is not None:
         emb = chunk.embedding(input_ids=ids, position_ids=positions)  # [len, 1, hidden]
@@ -131,7 +160,14 @@ def generate(
         HFModelError: no usable tokenizer, media the model cannot take, placeholders that do
             not match the items (each named with the fix).
     """
-    from omni_trainer.interop.media_prompt import item_tokens, load_items, media_prompt, place_media
+    from omni_trainer.data.chat import wrapped_image
+    from omni_trainer.interop.media_prompt import (
+        PLACEHOLDERS,
+        item_tokens,
+        load_items,
+        media_prompt,
+        place_media,
+    )
     from omni_trainer.interop.runtime import hf_files_dir, single_process_model
     from omni_trainer.interop.tokenizer import load_checked_tokenizer
 
@@ -139,6 +175,8 @@ def generate(
     items = load_items(cfg, images, audio)
     tokens = item_tokens(cfg, items)
     text = place_media(tok, prompt, {m: len(x) for m, x in items.items()}, raw=raw)
+    image = wrapped_image(tok, cfg.media_geometry().image_wrap)  # as training renders images
+    text = text.replace(PLACEHOLDERS["image"], image)
     placed = media_prompt(tok, text, tokens, raw=raw)
     gen_file = hf_files_dir(cfg.tokenizer) / "generation_config.json"
     gen_cfg = json.loads(gen_file.read_text()) if gen_file.is_file() else None

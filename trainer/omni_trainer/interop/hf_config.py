@@ -9,10 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from omni_trainer.interop import qwen2_5_vl
 from omni_trainer.interop.source import HFModelError
 
 SUPPORTED_LLMS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
-SUPPORTED_VLMS = ("LlavaForConditionalGeneration",)
+SUPPORTED_VLMS = ("LlavaForConditionalGeneration", qwen2_5_vl.VLM)
 _TEXT_ARCHS = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
@@ -35,11 +36,11 @@ def rope_settings(config: dict[str, Any], where: str) -> tuple[float, dict[str, 
     theta = float(params.pop("rope_theta", config.get("rope_theta", 10000.0)))
     scaling = params or dict(config.get("rope_scaling") or {})
     kind = scaling.pop("rope_type", scaling.pop("type", "default"))
-    if kind not in _ROPE_TYPES:
+    if kind not in (*_ROPE_TYPES, "mrope"):
         raise HFModelError(
             f"{where}: rope type {kind!r} is not supported (supported: {', '.join(_ROPE_TYPES)})"
         )
-    if kind == "default":
+    if kind in ("default", "mrope"):  # M-RoPE's sections: qwen2_5_vl.mrope_section
         return theta, None
     keep = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
     return theta, {"type": kind, **{k: float(scaling[k]) for k in keep if k in scaling}}
@@ -71,7 +72,10 @@ def llm_fields(config: dict[str, Any], where: str) -> dict[str, Any]:
     """The LLM config fields (snake_case) a Llama/Mistral/Qwen2 ``config.json`` describes (or
     the language model of a LLaVA one)."""
     arch = architecture(config, where)
-    if arch in SUPPORTED_VLMS:
+    if arch == qwen2_5_vl.VLM:
+        config = qwen2_5_vl.text_config(config)
+        arch = config["architectures"][0]
+    elif arch in SUPPORTED_VLMS:
         config = vlm_text_config(config, where)
         arch = config["architectures"][0]
     if arch not in SUPPORTED_LLMS:
@@ -111,12 +115,19 @@ def llm_fields(config: dict[str, Any], where: str) -> dict[str, Any]:
         sliding_window=int(config["sliding_window"])
         if use_window and config.get("sliding_window")
         else None,
+        mrope_section=qwen2_5_vl.mrope_section(config, where),
     )
 
 
 # -- encoders -------------------------------------------------------------------------------------
 
-SUPPORTED_VISION = ("CLIPModel", "CLIPVisionModel", "SiglipModel", "SiglipVisionModel")
+SUPPORTED_VISION = (
+    "CLIPModel",
+    "CLIPVisionModel",
+    "SiglipModel",
+    "SiglipVisionModel",
+    *qwen2_5_vl.ARCHITECTURES,
+)
 SUPPORTED_AUDIO = ("WhisperForConditionalGeneration", "WhisperModel")
 _VISION_TYPES = {
     "clip": "clip",
@@ -155,7 +166,8 @@ class HFTower:
     """What an imported encoder's config.json says beyond the manifest's shape fields."""
 
     family: str
-    """``clip``, ``siglip`` or ``whisper``: the module and weight map the tower uses."""
+    """``clip``, ``siglip``, ``qwen2_5_vl`` or ``whisper``: the module and weight map the tower
+    uses."""
     total_layers: int
     """Layers in the checkpoint (the model builds only those up to its feature layer)."""
     norm_epsilon: float
@@ -165,6 +177,13 @@ class HFTower:
     """Vision: the side the position table was trained for (other sizes interpolate it)."""
     max_positions: int = 0
     """Audio: the longest clip in encoder positions (Whisper's ``max_source_positions``)."""
+    qwen: qwen2_5_vl.QwenVision | None = None
+    """Qwen2.5-VL: patch merging, windows, 2D rotary (None for the other families)."""
+
+    @property
+    def output_size(self) -> int | None:
+        """Width of the tower's output when it is not the blocks' (Qwen2.5-VL's merger)."""
+        return self.qwen.out_hidden_size if self.qwen else None
 
     @property
     def class_token(self) -> bool:
@@ -207,7 +226,18 @@ def vision_fields(
     config: dict[str, Any], where: str, *, feature_layer: int
 ) -> tuple[dict[str, Any], HFTower]:
     """Our vision encoder's shape fields and the tower's settings from a CLIP / SigLIP
-    config.json (a dual encoder's or a VLM's ``vision_config``, a vision-only model's keys)."""
+    config.json (a dual encoder's or a VLM's ``vision_config``, a vision-only model's keys), or
+    a Qwen2.5-VL tower's (every block is built: ``feature_layer`` does not apply)."""
+    if qwen2_5_vl.is_qwen_vision(config):
+        fields, act, qwen = qwen2_5_vl.vision_fields(config, where)
+        tower = HFTower(
+            family=qwen2_5_vl.FAMILY,
+            total_layers=fields["num_layers"],
+            norm_epsilon=1e-6,
+            activation=act,
+            qwen=qwen,
+        )
+        return fields, tower
     vision = config.get("vision_config") or config
     kind = _VISION_TYPES.get(str(vision.get("model_type", config.get("model_type"))))
     if kind is None:

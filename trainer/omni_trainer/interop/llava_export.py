@@ -27,6 +27,7 @@ from omni_trainer.interop.source import HFModelError
 _TOWER_KEY = "embeddings.patch_embedding.weight"
 _PROJECTOR_KEY = PROJECTOR["fc1"] + ".weight"
 PROCESSOR_CONFIG = "processor_config.json"
+LLAVA_TOWERS = ("clip", "siglip")
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,8 @@ def composed_config(cfg, text_config: dict[str, Any]) -> tuple[dict[str, Any] | 
         return None, ""
     if image.tower is None:
         return None, "the image encoder is this project's own architecture (no HF family holds it)"
+    if image.tower.family not in LLAVA_TOWERS:
+        return None, f"a LLaVA holds CLIP / SigLIP towers, not a {image.tower.family} one"
     try:
         from omni_trainer.interop.tokenizer import load_checked_tokenizer
 

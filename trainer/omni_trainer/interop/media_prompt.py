@@ -119,7 +119,9 @@ def load_items(cfg, images: list[Path], audio: list[Path]) -> dict[str, list[tor
                 f"it takes {', '.join(cfg.model.modalities)} only"
             )
     media = cfg.data.media
-    dynamic = ImageSettings(media.min_pixels, media.max_pixels, g.patch_size, merge_size=1)
+    dynamic = g.image_settings or ImageSettings(  # Qwen2.5-VL: its processor's bounds
+        media.min_pixels, media.max_pixels, g.patch_size, merge_size=1
+    )
     out: dict[str, list[torch.Tensor]] = {m: [] for m in g.encoders}
     for path in images:
         fixed = g.image_processor

@@ -32,7 +32,7 @@ class DeviceBatch:
     tokens: torch.Tensor  # [1, t]
     labels: torch.Tensor  # [1, t]
     loss_mask: torch.Tensor  # [1, t] float
-    position_ids: torch.Tensor  # [1, t], restarting in every sample
+    position_ids: torch.Tensor  # [1, t], restarting in every sample; M-RoPE: [3, 1, t]
     packed_seq_params: PackedSeqParams
     media: dict[str, MediaBatch]
 
@@ -78,7 +78,9 @@ def to_device_batch(
         tokens=row(mb.tokens),
         labels=row(mb.labels),
         loss_mask=row(mb.loss_mask),
-        position_ids=row(mb.position_ids),
+        position_ids=torch.as_tensor(mb.position_ids, device=device).reshape(
+            *mb.position_ids.shape[:-2], 1, -1
+        ),
         packed_seq_params=pack_boundaries(mb.segment_ids, device),
         media={
             m: MediaBatch(arrays=arrays, flat_positions=torch.cat(positions))

@@ -95,6 +95,7 @@ _HF_FIELDS = (
     "qkv_bias",
     "tie_embeddings",
     "sliding_window",
+    "mrope_section",
 )
 
 
@@ -123,6 +124,13 @@ class LLMConfig(Spec):
     tie_embeddings: bool = Field(False, description="the output layer reuses the embedding")
     sliding_window: int | None = Field(
         None, ge=1, description="attention window (Mistral); data.seqLength must not exceed it"
+    )
+    mrope_section: list[int] | None = Field(
+        None,
+        min_length=3,
+        max_length=3,
+        description="M-RoPE (Qwen2.5-VL): rotary channel pairs for time, height and width; "
+        "media tokens take 3D positions",
     )
     init_method_std: float = Field(0.02, gt=0)
     freeze: bool = Field(False, description="train none of the LLM's weights")

@@ -106,10 +106,13 @@ def build_gpt(
         **_parallel_sizes(),
         bias_dropout_fusion=False,
         masked_softmax_fusion=False,
-        apply_rope_fusion=use_te,  # TE's fused THD RoPE: no host sync per layer on GPU
+        # TE's fused THD RoPE: no host sync per layer on GPU; it reads each sample's angles
+        # from position 0, so M-RoPE's per-token angles take megatron's unfused THD path
+        apply_rope_fusion=use_te and cfg.mrope_section is None,
         persist_layer_norm=False,
         gradient_accumulation_fusion=False,
         sequence_parallel=sequence_parallel,
+        mrope_section=cfg.mrope_section,
         **runtime.recompute.megatron_kwargs(),
     )
     if use_te:
@@ -135,7 +138,7 @@ def build_gpt(
         pre_process=pre_process,
         post_process=post_process,
         share_embeddings_and_output_weights=cfg.tie_embeddings,
-        position_embedding_type="rope",
+        position_embedding_type="rope" if cfg.mrope_section is None else "mrope",
         rotary_base=cfg.rotary_base,
         vp_stage=vp_stage,
     )

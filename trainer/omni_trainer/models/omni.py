@@ -21,8 +21,11 @@ def build_encoder(modality: str, cfg) -> nn.Module:
             PretrainedVisionTower,
             WhisperAudioEncoder,
         )
+        from omni_trainer.models.encoders.qwen_vision import QwenVisionTower
 
-        tower_cls = PretrainedVisionTower if modality == "image" else WhisperAudioEncoder
+        tower_cls = {"whisper": WhisperAudioEncoder, "qwen2_5_vl": QwenVisionTower}.get(
+            cfg.tower.family, PretrainedVisionTower
+        )
         encoder = tower_cls(cfg, mixer=UlyssesMixer())
         load_encoder(encoder, cfg.hf, cfg.tower.family)
         return encoder
@@ -75,8 +78,11 @@ class OmniModel(nn.Module):
                 continue
             self.encoders[modality] = build_encoder(modality, enc_cfg)
             self.encoders[modality].mixer.recompute = llm_runtime.recompute  # train.recompute
-            self.projectors[modality] = Projector(enc_cfg.hidden_size, cfg.llm.hidden_size)
-        if cfg.hf is not None:  # a whole VLM: its projector too
+            self.projectors[modality] = Projector(enc_cfg.output_size, cfg.llm.hidden_size)
+        qwen = cfg.encoders.image is not None and cfg.encoders.image.qwen is not None
+        if cfg.hf is not None and qwen:  # Qwen2.5-VL: the tower's merger is the projector
+            self.projectors["image"] = nn.Identity()
+        elif cfg.hf is not None:  # a whole LLaVA: its projector too
             from omni_trainer.interop.encoders import load_projector
 
             load_projector(self.projectors["image"], cfg.hf)

@@ -210,6 +210,8 @@ class ShardableEncoder(Protocol):
     mixer: TokenMixer
     drop_prefix: int
     """Leading block outputs of a sample that are not encoder output (CLIP's class token)."""
+    merge_unit: int
+    """Block tokens per output token (Qwen2.5-VL's merger: 4), merged after the blocks."""
 
     def embed(self, media: Sequence[Tensor]) -> tuple[Tensor, list[int]]: ...
 
@@ -234,7 +236,8 @@ def encode_sequence_parallel(
         This rank's shard of the output, [n_local, hidden]; concatenated in group-rank order the
         shards are the single-rank encoding of the sample. The shards are ``shard_sizes`` of the
         output tokens: the first rank also runs the blocks on the ``drop_prefix`` leading tokens
-        the output leaves out, and drops them.
+        the output leaves out, and drops them. An encoder that merges ``merge_unit`` block
+        tokens into one output token gets shards of whole merge units.
     """
     mixer = encoder.mixer
     if not isinstance(mixer, UlyssesMixer):
@@ -242,9 +245,9 @@ def encode_sequence_parallel(
             f"sequence parallelism needs an encoder built with a UlyssesMixer, "
             f"got {type(mixer).__name__}"
         )
-    drop = encoder.drop_prefix
+    drop, unit = encoder.drop_prefix, encoder.merge_unit
     x, (n,) = encoder.embed([sample])
-    sizes = shard_sizes(n - drop, dist.get_world_size(group))
+    sizes = [s * unit for s in shard_sizes((n - drop) // unit, dist.get_world_size(group))]
     sizes[0] += drop
     rank = dist.get_rank(group)
     start = shard_offsets(sizes)[rank]

@@ -265,12 +265,13 @@ def llm_activation_bytes(
 
 
 def _encoder_split(enc: EncoderConfig, lengths: Sequence[int]) -> tuple[float, float]:
-    """(GEMM FLOPs, attention FLOPs) of one encoder forward over independent samples."""
+    """(GEMM FLOPs, attention FLOPs) of one encoder forward over independent samples (of
+    these output token counts; the blocks see ``merge_unit`` times as many)."""
     attn = attention_flops(
         num_layers=enc.num_layers,
         num_heads=enc.num_heads,
         head_dim=enc.hidden_size // enc.num_heads,
-        seq_lengths=lengths,
+        seq_lengths=[n * enc.merge_unit for n in lengths],
     )
     return enc.flops(lengths) - attn, attn
 
@@ -307,11 +308,11 @@ def encoder_mb_cost(
     as encoder GEMM work.
     """
     g = layout.tp
-    he = enc.hidden_size
+    he, unit = enc.hidden_size, enc.merge_unit  # unit: block tokens per output token
 
     def seconds(n: int) -> float:
         gemm, attn = _encoder_split(enc, [n])
-        gemm += 2.0 * n * llm_hidden * (he + llm_hidden)
+        gemm += 2.0 * n * llm_hidden * (enc.output_size + llm_hidden)
         return device.compute_time(gemm, "gemm", width=he) + device.compute_time(attn, "attention")
 
     plan = plan_lssp(lengths, eta=layout.eta, group_size=g, cost=seconds)
@@ -319,10 +320,11 @@ def encoder_mb_cost(
     compute = plan.rank_cost[busiest]
     link = device.link(g)
     a2a = sum(
-        enc.num_layers * 4 * all_to_all_time(lengths[i] / g * he * BF16, g, link) for i in plan.long
+        enc.num_layers * 4 * all_to_all_time(lengths[i] * unit / g * he * BF16, g, link)
+        for i in plan.long
     )
-    tokens_on = sum(lengths[i] for i in plan.short[busiest]) + sum(
-        lengths[i] / g for i in plan.long
+    tokens_on = unit * (
+        sum(lengths[i] for i in plan.short[busiest]) + sum(lengths[i] / g for i in plan.long)
     )
     per_token = kept_bytes_per_token(
         he, enc.num_layers, full_recompute=layout.encoder_recompute == "full"
@@ -357,7 +359,7 @@ def encoder_params(model: ModelConfig) -> float:
         enc = getattr(model.encoders, modality)
         if enc is not None:
             h = model.llm.hidden_size
-            total += enc.params() + enc.hidden_size * h + h * h
+            total += enc.params() + enc.output_size * h + h * h
     return total
 
 

@@ -155,6 +155,18 @@ class ImportableEncoder(Spec):
         """The imported tower's settings (None for our own encoders)."""
         return self._tower
 
+    @property
+    def merge_unit(self) -> int:
+        """Block tokens per output token (Qwen2.5-VL's 2x2 merger: 4; otherwise 1)."""
+        qwen = self._tower.qwen if self._tower is not None else None
+        return qwen.merge_size**2 if qwen else 1
+
+    @property
+    def output_size(self) -> int:
+        """Width of the encoder's output, the projector's input (Qwen2.5-VL's merger: the LLM's
+        hidden size; otherwise the blocks' width)."""
+        return (self._tower.output_size if self._tower else None) or self.hidden_size
+
     def _resolve_hf(self, info: ValidationInfo, shape_fields: tuple[str, ...], read) -> None:
         """Fill the shape fields from ``hf`` (``read(config, where)`` -> fields, tower), or
         check that every shape field is set when there is no ``hf``."""
@@ -186,7 +198,7 @@ _VISION_SHAPE = ("hidden_size", "num_layers", "num_heads", "ffn_hidden_size", "p
 
 class VisionEncoderConfig(ImportableEncoder):
     """A ViT over images of any resolution (multiples of the patch size), or an imported CLIP /
-    SigLIP vision tower (``hf``)."""
+    SigLIP / Qwen2.5-VL vision tower (``hf``)."""
 
     hf: str | None = Field(
         None,
@@ -238,6 +250,12 @@ class VisionEncoderConfig(ImportableEncoder):
         self._resolve_hf(info, _VISION_SHAPE, self._read_hf)
         if not self.resolved:
             return self
+        feature = sorted(self.model_fields_set & {"feature_layer", "feature_select"})
+        if self.qwen is not None and feature:
+            raise ValueError(
+                f"{', '.join(_camel(n) for n in feature)}: a Qwen2.5-VL tower outputs its "
+                "merger's tokens (every block is used, none dropped); remove it"
+            )
         _check_heads(self.hidden_size, self.num_heads)
         if self.freeze_layers is not None:
             start, stop = self.freeze_layers
@@ -263,6 +281,18 @@ class VisionEncoderConfig(ImportableEncoder):
         return vision_fields(config, where, feature_layer=self.feature_layer)
 
     @property
+    def qwen(self):
+        """An imported Qwen2.5-VL tower's settings (``interop.qwen2_5_vl.QwenVision``), else
+        None."""
+        return self._tower.qwen if self._tower is not None else None
+
+    @property
+    def position_side(self) -> int:
+        """Pixels along each side of the square one output token covers (the patch, or
+        Qwen2.5-VL's 2x2 merged patches); image sides must be multiples of it."""
+        return self.patch_size * (self.qwen.merge_size if self.qwen else 1)
+
+    @property
     def prefix_tokens(self) -> int:
         """Tokens the blocks see before an image's patches (CLIP's class token)."""
         return int(self._tower is not None and self._tower.class_token)
@@ -270,13 +300,15 @@ class VisionEncoderConfig(ImportableEncoder):
     @property
     def drop_prefix(self) -> int:
         """Leading block outputs of each image left out of the encoder's output."""
-        return int(self._tower is not None and self.feature_select == "default")
+        clip_like = self._tower is not None and self.qwen is None
+        return int(clip_like and self.feature_select == "default")
 
     def num_tokens(self, height: int, width: int) -> int:
         """Encoder output tokens (= LLM positions) of one ``height x width`` image."""
-        p = self.patch_size
+        p = self.position_side
         if height % p or width % p:
-            raise ValueError(f"image {height}x{width} is not a multiple of patch_size {p}")
+            what = "patch_size x merge size" if self.qwen else "patch_size"
+            raise ValueError(f"image {height}x{width} is not a multiple of {what} {p}")
         return (height // p) * (width // p) + self.prefix_tokens - self.drop_prefix
 
     def params(self) -> int:
@@ -288,13 +320,47 @@ class VisionEncoderConfig(ImportableEncoder):
         conv = self.in_channels * self.patch_size**2 * h
         if self._tower is None:
             return conv + h + self.num_layers * block + 2 * h  # + final LN
+        if self.qwen is not None:
+            return self._qwen_params()
         t = self._tower
         positions = (t.image_size // self.patch_size) ** 2 + self.prefix_tokens
         extra = 3 * h if t.class_token else h  # class token + pre-LN, or the conv's bias
         return conv + positions * h + extra + self.num_layers * block
 
+    def _qwen_matmuls(self) -> tuple[int, int, int]:
+        """Matmul weights of a Qwen2.5-VL tower: (patch embed, all blocks, merger)."""
+        h, f, q = self.hidden_size, self.ffn_hidden_size, self.qwen
+        conv = self.in_channels * q.temporal_patch_size * self.patch_size**2 * h
+        merged = h * q.merge_size**2
+        # qkv 3h^2, proj h^2, gate + up + down 3hf; merger: fc1 merged^2, fc2 merged x out
+        blocks = self.num_layers * (4 * h * h + 3 * h * f)
+        return conv, blocks, merged * (merged + q.out_hidden_size)
+
+    def _qwen_params(self) -> int:
+        """Parameters of ``QwenVisionTower``: matmuls, biases, RMSNorm weights."""
+        h, f, q = self.hidden_size, self.ffn_hidden_size, self.qwen
+        conv, blocks, merger = self._qwen_matmuls()
+        # per block: 2 norms, qkv bias 3h, proj bias h, gate/up biases 2f, down bias h
+        per_block_vectors = 2 * h + 3 * h + h + 2 * f + h
+        merger_vectors = h + h * q.merge_size**2 + q.out_hidden_size  # ln_q, fc1 bias, fc2 bias
+        return conv + blocks + merger + self.num_layers * per_block_vectors + merger_vectors
+
     def flops(self, token_lengths: Sequence[int]) -> float:
-        """Forward FLOPs for images of these patch counts (see ``components/flops.py``)."""
+        """Forward FLOPs for images of these output token counts (see
+        ``components/flops.py``; Qwen2.5-VL: merge_size^2 patches per token, attention counted
+        over whole images, an upper bound for its windowed blocks)."""
+        if self.qwen is not None:
+            conv, blocks, merger = self._qwen_matmuls()
+            unit = self.qwen.merge_size**2
+            patches = [n * unit for n in token_lengths]
+            return 2.0 * ((conv + blocks) * sum(patches) + merger * sum(token_lengths)) + (
+                attention_flops(
+                    num_layers=self.num_layers,
+                    num_heads=self.num_heads,
+                    head_dim=self.hidden_size // self.num_heads,
+                    seq_lengths=patches,
+                )
+            )
         h, f = self.hidden_size, self.ffn_hidden_size
         matmul_params = self.in_channels * self.patch_size**2 * h
         matmul_params += self.num_layers * (4 * h * h + 2 * h * f)

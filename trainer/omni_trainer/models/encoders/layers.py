@@ -330,6 +330,7 @@ ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "quick_gelu": QuickGELU,
     "gelu_pytorch_tanh": tanh_gelu,
     "gelu_new": tanh_gelu,
+    "silu": nn.SiLU,
 }
 """Hugging Face ``hidden_act`` names -> the module computing it."""
 

@@ -81,6 +81,9 @@ class PretrainedVisionTower(nn.Module):
     """A CLIP or SigLIP vision tower up to its feature layer (LLaVA's ``vision_feature_layer``),
     whose output drops ``cfg.drop_prefix`` leading tokens per image (the class token)."""
 
+    merge_unit = 1
+    """Block tokens per output token."""
+
     def __init__(self, cfg: VisionEncoderConfig, *, mixer: TokenMixer | None = None) -> None:
         super().__init__()
         if cfg.tower is None:
@@ -127,6 +130,7 @@ class WhisperAudioEncoder(nn.Module):
     gradient is masked)."""
 
     drop_prefix = 0
+    merge_unit = 1
 
     def __init__(self, cfg: AudioEncoderConfig, *, mixer: TokenMixer | None = None) -> None:
         super().__init__()

@@ -29,6 +29,8 @@ class VisionEncoder(nn.Module):
 
     drop_prefix = 0
     """Leading block outputs per sample that are not encoder output (none here)."""
+    merge_unit = 1
+    """Block tokens per output token."""
 
     def __init__(self, cfg: VisionEncoderConfig, *, mixer: TokenMixer | None = None) -> None:
         super().__init__()
