@@ -231,6 +231,10 @@ def _pods(sb: Sandbox) -> dict[str, dict[str, Any]]:
     return {p["metadata"]["name"]: p for p in items}
 
 
+RUN_IN_PLACE_STEPS = 100
+"""Long enough that both faults land while training runs (about 0.3 s a step on this machine)."""
+
+
 def test_a_crashed_trainer_and_a_dead_container_restart_in_place_exactly(tmp_path: Path) -> None:
     """restartPolicy.mode in-place (the default): a trainer process crash (`crash-pod`: every
     process of the pod but its supervisor) and then a whole container killed (`kill-pod`, the
@@ -241,7 +245,7 @@ def test_a_crashed_trainer_and_a_dead_container_restart_in_place_exactly(tmp_pat
     _manifest(tmp_path / "ref.yaml", step_log="runs/ref/steps.jsonl", checkpoint=None)
     for name in ("job", "ref"):
         doc = yaml.safe_load((tmp_path / f"{name}.yaml").read_text())
-        doc["spec"]["trainer"]["train"]["steps"] = 60
+        doc["spec"]["trainer"]["train"]["steps"] = RUN_IN_PLACE_STEPS
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     with Sandbox(tmp_path) as sb:
         sb.kubectl("apply", "-f", "job.yaml")
@@ -249,8 +253,15 @@ def test_a_crashed_trainer_and_a_dead_container_restart_in_place_exactly(tmp_pat
         def status() -> dict[str, Any]:
             return sb.job("tiny-cpu").get("status") or {}
 
+        def logged() -> int:
+            """The trainer's own last step (the step log is written as it trains; the status
+            trails it by the progress interval, long enough for a fast job to finish)."""
+            log = tmp_path / "runs/job/steps.jsonl"
+            lines = log.read_text().splitlines() if log.exists() else []
+            return json.loads(lines[-1])["step"] if lines else 0
+
         def past(step: int) -> bool:
-            return (status().get("step") or 0) > step
+            return logged() > step
 
         sb.wait("step 12 (a checkpoint at 10, steps to recompute)", lambda: past(12), timeout=400)
         uids = {n: p["metadata"]["uid"] for n, p in _pods(sb).items()}
@@ -258,7 +269,7 @@ def test_a_crashed_trainer_and_a_dead_container_restart_in_place_exactly(tmp_pat
         _fault(tmp_path, "crash-pod", "tiny-cpu-a0-n1")
         sb.wait("attempt 1 training", lambda: status().get("attempt") == 1
                 and status().get("firstStepTime"), timeout=300)  # fmt: skip
-        reached = status()["step"]
+        reached = logged()
         sb.wait("a checkpoint of attempt 1", lambda: (status().get("lastCheckpoint") or {}).get(
             "step", 0) >= 20 and past(reached + 2), timeout=400)  # fmt: skip
         _fault(tmp_path, "kill-pod", "tiny-cpu-a0-n0")
@@ -287,7 +298,7 @@ def test_a_crashed_trainer_and_a_dead_container_restart_in_place_exactly(tmp_pat
     subprocess.run([*OMNI, "train", "ref.yaml", "--nproc", "2"], cwd=tmp_path, check=True,
                    capture_output=True, timeout=600)  # fmt: skip
     got, want = read_step_log(log_path), read_step_log(tmp_path / "runs/ref/steps.jsonl")
-    assert list(got) == list(want) == list(range(1, 61))
+    assert list(got) == list(want) == list(range(1, RUN_IN_PLACE_STEPS + 1))
     assert max(abs(got[s] - want[s]) for s in want) <= 1e-6, (got, want)
     samples = read_step_samples(log_path)
     assert samples == read_step_samples(tmp_path / "runs/ref/steps.jsonl")
