@@ -11,6 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from omni_trainer.config import JobManifest
+from omni_trainer.termination import final_report, report
 
 
 def inside_torchrun() -> bool:
@@ -101,6 +102,9 @@ def run_worker(
             if rank == 0:
                 print(f"nothing left to train: resumed at step {trainer.start_step} of "
                       f"{trainer.steps}", flush=True)  # fmt: skip
+                # the operator confirms the restart from this (the metrics endpoint is gone)
+                done = {"first_step": trainer.start_step, "steps": 0}
+                report(final_report({**done, "last_checkpoint_step": trainer.start_step}))
             return {}
         summary = asdict(trainer.train())
         summary["job"] = manifest.metadata.name

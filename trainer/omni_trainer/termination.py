@@ -51,8 +51,8 @@ def final_report(summary: Mapping[str, Any]) -> str:
     first = int(summary.get("first_step") or 0)
     report = {
         "step": first + int(summary["steps"]),
-        "tokensPerSecond": summary["tokens_per_second"],
-        "mfu": summary["mfu"],
+        "tokensPerSecond": summary.get("tokens_per_second"),
+        "mfu": summary.get("mfu"),
         "resumedFrom": first,
         "checkpointStep": summary.get("last_checkpoint_step"),
     }

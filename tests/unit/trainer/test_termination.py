@@ -79,3 +79,9 @@ def test_final_report_holds_the_final_figures() -> None:
         "checkpointStep": 150,
     }  # fmt: skip
     assert "checkpointStep" not in json.loads(final_report({**summary, "first_step": 0}))
+
+
+def test_a_run_with_nothing_left_to_train_still_reports_where_it_resumed() -> None:
+    """Resumed at its last step (killed after it): the operator confirms the restart from this."""
+    done = final_report({"first_step": 100, "steps": 0, "last_checkpoint_step": 100})
+    assert json.loads(done) == {"step": 100, "resumedFrom": 100, "checkpointStep": 100}
