@@ -217,7 +217,7 @@ def test_graceful_delete_then_node_lost_resume_and_match_an_uninterrupted_run(
                    capture_output=True, timeout=600)  # fmt: skip
     want = read_step_log(tmp_path / "runs/ref/steps.jsonl")
     assert list(got) == list(want) == list(range(1, STEPS + 1))
-    assert max(abs(got[s] - want[s]) for s in want) <= 2e-6, (got, want)
+    assert max(abs(got[s] - want[s]) for s in want) <= 1e-6, (got, want)
 
 
 def _fault(cwd: Path, fault: str, target: str) -> None:
@@ -431,7 +431,7 @@ def test_a_restarted_sandbox_keeps_the_job_and_it_succeeds_exactly(tmp_path: Pat
     got = read_step_log(tmp_path / "runs/job/steps.jsonl")
     want = read_step_log(tmp_path / "runs/ref/steps.jsonl")
     assert list(got) == list(want) == list(range(1, steps + 1))
-    assert max(abs(got[s] - want[s]) for s in want) <= 2e-6, (got, want)
+    assert max(abs(got[s] - want[s]) for s in want) <= 1e-6, (got, want)
 
 
 def test_credentials_from_a_secret_and_a_shared_claim(tmp_path: Path, moto_endpoint: str) -> None:
