@@ -71,6 +71,8 @@ class Progress:
     mfu: float | None = None
     resumed_from: int | None = None
     """The checkpoint step the running attempt resumed from (0: from the start)."""
+    since_first_step_s: float | None = None
+    """The final report only: seconds from the attempt's first step to the end of training."""
     attempt: int | None = None
     """The restart attempt of the trainer that answered (None: unknown); a trainer of an earlier
     attempt, not yet killed by an in-place restart, is not this attempt's progress."""
@@ -520,6 +522,9 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
     if len(pods) >= spec.nodes and all(ph == "Succeeded" for ph in phases):
         final = final_progress(pods)
         if final is not None:  # the trainer's last word: its final figures
+            if st.first_step_time is None and final.since_first_step_s is not None:
+                # the attempt ran and ended between two polls: cost its restart from the report
+                s.set(restart_history=_restart_cost(s, ago_s=final.since_first_step_s))
             _apply_progress(s, final)
         s.set(completion_time=s.now_s)
         s.condition("PodsRunning", "False", "Completed", "all pods succeeded")
@@ -638,6 +643,7 @@ def final_progress(pods: Sequence[Obj]) -> Progress | None:
                 tokens_per_second=_float(report.get("tokensPerSecond")),
                 mfu=_float(report.get("mfu")),
                 resumed_from=_int(report.get("resumedFrom")),
+                since_first_step_s=_float(report.get("sinceFirstStepSeconds")),
             )
     return None
 
@@ -743,13 +749,13 @@ def _confirm_resume(
     return [*history[:-1], record]
 
 
-def _restart_cost(s: _Step) -> list[RestartRecord]:
+def _restart_cost(s: _Step, *, ago_s: float = 0.0) -> list[RestartRecord]:
     """The history with the restart that led to this attempt's first step costed: the seconds
-    from its detection to this first step."""
+    from its detection to this first step (``ago_s`` seconds before now)."""
     history = list(s.st.restart_history)
     if history and history[-1].attempt == s.st.attempt and history[-1].lost_seconds is None:
         since = recovery.parse_time(history[-1].time)
         if since is not None:
-            lost = max((s.now - since).total_seconds(), 0.0)
+            lost = max((s.now - since).total_seconds() - ago_s, 0.0)
             history[-1] = history[-1].model_copy(update={"lost_seconds": lost})
     return history

@@ -49,7 +49,11 @@ def final_report(summary: Mapping[str, Any]) -> str:
     """Rank 0's last word on success, as JSON: the figures that are final (the operator puts
     them into the job's status once the pods succeeded; its metrics endpoint is gone by then)."""
     first = int(summary.get("first_step") or 0)
+    curve, wall = summary.get("step_time_curve") or [], summary.get("wall_time_s")
     report = {
+        # how long before the end the attempt's first step finished: the operator costs a
+        # restart whose attempt ended between two of its progress polls
+        "sinceFirstStepSeconds": max(wall - curve[0], 0.0) if curve and wall else None,
         "step": first + int(summary["steps"]),
         "tokensPerSecond": summary.get("tokens_per_second"),
         "mfu": summary.get("mfu"),

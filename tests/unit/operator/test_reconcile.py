@@ -414,3 +414,32 @@ def test_a_slow_start_is_the_start_timeout_s_business_not_a_hang() -> None:
                           now=later + dt.timedelta(seconds=61)))  # fmt: skip
     assert hung.status["phase"] == "Restarting"
     assert hung.status["restartHistory"][-1]["reason"] == "Hang"
+
+
+def test_a_restart_whose_attempt_ends_between_polls_is_costed_from_the_final_report() -> None:
+    """No scrape saw attempt 1's first step (it trained and finished between two polls): the
+    final report says how long before the end its first step finished, which costs the restart
+    and confirms where it resumed."""
+    job = _job(restartPolicy={"backoffSeconds": {"base": 0, "max": 0}})
+    status, owned = _start(job)
+    status = {**status, **reconcile(_obs(job, status, owned, progress=Progress(step=7))).status}
+    owned = [_crashed(o, attempt=0) if o["metadata"]["name"] == "tiny-cpu-a0-n1" else o
+             for o in owned]  # fmt: skip
+    status = {**status, **reconcile(_obs(job, status, owned, progress=Progress(step=7))).status}
+    later = NOW + dt.timedelta(seconds=2)
+    status = {**status, **reconcile(_obs(job, status, owned, now=later)).status}
+    assert status["attempt"] == 1 and status.get("firstStepTime") is None
+    final = '{"step": 150, "resumedFrom": 5, "checkpointStep": 150, "sinceFirstStepSeconds": 15}'
+    term = {"terminated": {"exitCode": 0, "finishedAt": T, "message": final}}
+    done = [
+        {**o, "status": {"phase": "Succeeded", "containerStatuses": [{"state": term}]}}
+        if o["kind"] == "Pod"
+        else o
+        for o in owned
+    ]
+    end = NOW + dt.timedelta(seconds=22)
+    a = reconcile(_obs(job, status, done, now=end, progress=None))
+    assert a.status["phase"] == "Succeeded"
+    record = a.status["restartHistory"][-1]
+    assert record["lostSeconds"] == 7  # detected at NOW, first step at end - 15 s
+    assert record["confirmed"] and record["fromStep"] == 5
