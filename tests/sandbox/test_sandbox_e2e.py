@@ -34,13 +34,13 @@ STEPS = 40
 SANDBOX_DIR = ".sandbox"
 
 
-def _manifest(path: Path, *, step_log: str, checkpoint: str | None) -> None:
+def _manifest(path: Path, *, step_log: str, checkpoint: str | None, steps: int = STEPS) -> None:
     doc = yaml.safe_load((EXAMPLES / "tiny-cpu.yaml").read_text())
     spec = doc["spec"]
     spec["nodes"] = 2  # two pods on two sandbox nodes: a real cross-node torchrun rendezvous
     spec["restartPolicy"] = {"nodeLostGraceSeconds": 5, "backoffSeconds": {"base": 0, "max": 0}}
     trainer = spec["trainer"]
-    trainer["train"].update(steps=STEPS, stepLog=step_log)
+    trainer["train"].update(steps=steps, stepLog=step_log)
     if checkpoint:
         trainer["checkpoint"] = {"path": checkpoint, "intervalSteps": 10}
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -137,8 +137,13 @@ def test_graceful_delete_then_node_lost_resume_and_match_an_uninterrupted_run(
     """A pod deleted with its grace period: every trainer stops after the same step, writes an
     emergency checkpoint, and the restart resumes from it (no step recomputed). Later a node
     is lost: the job restarts from its last checkpoint on other nodes."""
-    _manifest(tmp_path / "job.yaml", step_log="runs/job/steps.jsonl", checkpoint="runs/job/ckpt")
-    _manifest(tmp_path / "ref.yaml", step_log="runs/ref/steps.jsonl", checkpoint=None)
+    # two faults, each timed by the status (which trails the trainer by ~10-15 s here): long
+    # enough that the second lands while the job still trains (~0.3 s a step on this machine)
+    steps = 120
+    _manifest(tmp_path / "job.yaml", step_log="runs/job/steps.jsonl", checkpoint="runs/job/ckpt",
+              steps=steps)  # fmt: skip
+    _manifest(tmp_path / "ref.yaml", step_log="runs/ref/steps.jsonl", checkpoint=None,
+              steps=steps)  # fmt: skip
     with Sandbox(tmp_path) as sb:
         kubectl = sb.kubectl
 
@@ -189,14 +194,14 @@ def test_graceful_delete_then_node_lost_resume_and_match_an_uninterrupted_run(
         reasons = {e["reason"] for e in events["items"]}
         assert {"PodsCreated", "NodeLost", "Checkpoint", "Succeeded"} <= reasons, reasons
         rank0 = "tiny-cpu-a2-n0"
-        assert f"training {STEPS} steps" in kubectl("logs", rank0)
-        assert status["step"] == STEPS  # the trainer's final figures, not the last scrape's
+        assert f"training {steps} steps" in kubectl("logs", rank0)
+        assert status["step"] == steps  # the trainer's final figures, not the last scrape's
         table = kubectl(
             "get", "otj"
         ).splitlines()  # printer columns: phase, integer tokens/s, MFU %
         assert table[0].split() == ["NAME", "PHASE", "STEP", "TOKENS/S", "MFU", "RESTARTS", "AGE"]
         _, phase, step, tps, mfu, restarts, _ = table[1].split()
-        assert (phase, step, restarts) == ("Succeeded", str(STEPS), "2")
+        assert (phase, step, restarts) == ("Succeeded", str(steps), "2")
         assert tps == str(status["tokensPerSecond"]) and tps.isdigit() and mfu.endswith("%")
         for args in ([], ["-o", "wide"], ["-A"], ["--field-selector", "reason=NodeLost"]):
             out = kubectl("get", "events", *args)  # tables of Events with real timestamps
@@ -216,7 +221,7 @@ def test_graceful_delete_then_node_lost_resume_and_match_an_uninterrupted_run(
     subprocess.run([*OMNI, "train", "ref.yaml", "--nproc", "2"], cwd=tmp_path, check=True,
                    capture_output=True, timeout=600)  # fmt: skip
     want = read_step_log(tmp_path / "runs/ref/steps.jsonl")
-    assert list(got) == list(want) == list(range(1, STEPS + 1))
+    assert list(got) == list(want) == list(range(1, steps + 1))
     assert max(abs(got[s] - want[s]) for s in want) <= 1e-6, (got, want)
 
 
