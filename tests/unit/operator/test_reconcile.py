@@ -213,6 +213,17 @@ def test_all_pods_succeeded() -> None:
     assert a.status["phase"] == "Succeeded" and _cond(a.status, "Complete")["status"] == "True"
 
 
+def _succeeded(owned: list[dict], final: str) -> list[dict]:
+    """The job's objects with every pod Succeeded, ``final`` as each one's termination message."""
+    term = {"terminated": {"exitCode": 0, "finishedAt": T, "message": final}}
+    return [
+        {**o, "status": {"phase": "Succeeded", "containerStatuses": [{"state": term}]}}
+        if o["kind"] == "Pod"
+        else o
+        for o in owned
+    ]
+
+
 def test_success_takes_the_trainers_final_figures() -> None:
     """Scrapes lag: after Succeeded, status holds rank 0's final report (its termination
     message), printed as the logs print them, and the last checkpoint gets its Event."""
@@ -221,13 +232,7 @@ def test_success_takes_the_trainers_final_figures() -> None:
     p = Progress(step=145, checkpoint_step=140, tokens_per_second=5135.989290305005, mfu=0.1)
     status = {**status, **reconcile(_obs(job, status, owned, progress=p)).status}
     final = '{"step": 150, "tokensPerSecond": 5201.4, "mfu": 0.11126, "checkpointStep": 150}'
-    term = {"terminated": {"exitCode": 0, "finishedAt": T, "message": final}}
-    done = [
-        {**o, "status": {"phase": "Succeeded", "containerStatuses": [{"state": term}]}}
-        if o["kind"] == "Pod"
-        else o
-        for o in owned
-    ]
+    done = _succeeded(owned, final)
     a = reconcile(_obs(job, status, done, progress=None))
     assert a.status["phase"] == "Succeeded" and a.status["step"] == 150
     assert a.status["tokensPerSecond"] == 5201 and a.status["mfuPercent"] == "11.13%"
@@ -430,13 +435,7 @@ def test_a_restart_whose_attempt_ends_between_polls_is_costed_from_the_final_rep
     status = {**status, **reconcile(_obs(job, status, owned, now=later)).status}
     assert status["attempt"] == 1 and status.get("firstStepTime") is None
     final = '{"step": 150, "resumedFrom": 5, "checkpointStep": 150, "sinceFirstStepSeconds": 15}'
-    term = {"terminated": {"exitCode": 0, "finishedAt": T, "message": final}}
-    done = [
-        {**o, "status": {"phase": "Succeeded", "containerStatuses": [{"state": term}]}}
-        if o["kind"] == "Pod"
-        else o
-        for o in owned
-    ]
+    done = _succeeded(owned, final)
     end = NOW + dt.timedelta(seconds=22)
     a = reconcile(_obs(job, status, done, now=end, progress=None))
     assert a.status["phase"] == "Succeeded"
