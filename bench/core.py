@@ -7,8 +7,14 @@ runs ZeRO-1 by default). Then, on this tree only, the same job with bf16, with a
 recompute, and at dp2 with and without the distributed optimizer, and the summary's ``memory``
 of each, so the trade-offs show.
 
+``--overlap-rounds N`` instead compares, on this tree, dp2 ZeRO-1 with the gradient
+reduce-scatter overlapped with the backward (``parallelism.overlapGradReduce``, the default)
+and after it, alternating N times: median tokens/s and the ranks' mean ``sync`` seconds per
+step (the exposed gradient sync), with ``--llm-layers`` to make the gradients larger.
+
     git worktree add /tmp/omni-before main   # the baseline tree (any commit)
     python bench/core.py --before /tmp/omni-before --rounds 3
+    python bench/core.py --overlap-rounds 5 --llm-layers 8
 """
 
 from __future__ import annotations
@@ -30,11 +36,11 @@ REPO = Path(__file__).resolve().parents[1]
 LAYOUTS = {"pp2": 2, "dp2": 1}  # name -> pipeline stages, on --nproc 2
 
 
-def bench_job(pipeline: int) -> dict:
+def bench_job(pipeline: int, layers: int = 4) -> dict:
     """The tiny example with 4 LLM layers at a fixed layout (fields every tree understands)."""
     doc = yaml.safe_load((REPO / "examples" / "tiny-cpu.yaml").read_text())
     t = doc["spec"]["trainer"]
-    t["model"]["llm"]["numLayers"] = 4
+    t["model"]["llm"]["numLayers"] = layers
     t["data"]["microBatchSize"] = 2  # 8 sequences: 4 micro-batches per replica at dp 1, 2 at dp 2
     t["parallelism"] = {"pipeline": pipeline}
     return doc
@@ -52,13 +58,49 @@ def run(tree: Path, doc: dict, *, nproc: int, steps: int, name: str, workdir: Pa
     return json.loads(summary.read_text())
 
 
+def compare_overlap(*, rounds: int, steps: int, layers: int) -> None:
+    """dp2 ZeRO-1, the gradient sync overlapped vs after the backward, alternating."""
+    figures: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(rounds):
+            for overlap in (True, False):
+                d = bench_job(1, layers)
+                d["spec"]["trainer"]["parallelism"].update(
+                    distributedOptimizer=True, bucketSize=200_000, overlapGradReduce=overlap
+                )
+                name = f"dp2-{'overlap' if overlap else 'after'}{i}"
+                s = run(REPO, d, nproc=2, steps=steps, name=name, workdir=Path(tmp))
+                sync = statistics.mean(r["sync_s"] for r in s["breakdown"])
+                figures[overlap].append((s["tokens_per_second"], sync))
+    print(f"dp2 ZeRO-1, {layers} LLM layers, {steps} steps (first excluded), {rounds} rounds")
+    for overlap, label in ((True, "overlapped"), (False, "after backward")):
+        rates, syncs = zip(*figures[overlap], strict=True)
+        print(
+            f"  {label:<15} {statistics.median(rates):>8,.0f} tok/s  sync "
+            f"{statistics.median(syncs):.4f} s/step  (rounds: "
+            f"{', '.join(f'{r:,.0f}' for r in rates)})"
+        )
+    ratios = [a[0] / b[0] for a, b in zip(figures[True], figures[False], strict=True)]
+    print(
+        f"overlapped vs after-backward median tokens/s ratio {statistics.median(ratios):.3f} "
+        f"(min {min(ratios):.3f}, max {max(ratios):.3f}, {rounds} rounds)"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--before", type=Path, required=True, help="the baseline source tree")
+    ap.add_argument("--before", type=Path, help="the baseline source tree")
     ap.add_argument("--layouts", nargs="+", choices=sorted(LAYOUTS), default=sorted(LAYOUTS))
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--overlap-rounds", type=int, default=0)
+    ap.add_argument("--llm-layers", type=int, default=4)
     args = ap.parse_args()
+    if args.overlap_rounds:
+        compare_overlap(rounds=args.overlap_rounds, steps=args.steps, layers=args.llm_layers)
+        return
+    if args.before is None:
+        ap.error("--before is required (or --overlap-rounds)")
     trees = {"before": args.before.resolve(), "after": REPO}
     rates = {(lay, k): [] for lay in args.layouts for k in trees}
     kw = {"nproc": 2, "steps": args.steps}

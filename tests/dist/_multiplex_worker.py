@@ -178,6 +178,7 @@ def run_scenario(doc: dict, steps: int, out: Path | None) -> dict:
                     "llm_dtypes": sorted({str(p.dtype) for p in trainer.model.llm_parameters()}),
                     "zero1": type(trainer.main).__name__ == "DistributedMainParams",
                     "buckets": len(getattr(trainer.main, "buckets", ())),
+                    "buckets_overlapped": getattr(trainer.main, "buckets_overlapped", 0),
                     "memory": memory,
                 }
             )

@@ -10,6 +10,11 @@
   fp32 process; dp2 with it (and the encoders' ZeRO-2 it turns on by default) holds at most
   ``ZERO1_STATE_RATIO`` of the optimizer state of dp2 without (the summary's
   ``memory.optimizer_state_bytes``, busiest rank).
+- The overlapped gradient reduce-scatter (``parallelism.overlapGradReduce``, on by default with
+  ZeRO-1) changes when buckets sync, not what they sum: the ZeRO-1 layouts run with it and start
+  buckets during the backward (counted by the trainer), dp2 without it equals one process too, and
+  pp2 x dp2 with tied embeddings (the first and last stage's copies summed after the
+  reduce-scatter, each copy in a bucket of its own) equals the tied single process.
 - ``precision: bf16`` (bf16 weights and activations, fp32 main weights and gradients) at pp2 and
   tp2 follows the fp32 single process over 10 steps within ``BF16_TOLERANCE`` per step (measured:
   see the constant), and its loss falls.
@@ -36,9 +41,12 @@ BF16_TOLERANCE = 0.01
 ZERO1_STATE_RATIO = 0.55
 
 
-def scenario(tp: int = 1, pp: int = 1, parallelism: dict | None = None, **train) -> dict:
+def scenario(
+    tp: int = 1, pp: int = 1, parallelism: dict | None = None, tied: bool = False, **train
+) -> dict:
     doc = job(tp, pp)
     doc["spec"]["trainer"]["data"]["globalBatchSize"] = 4  # 4 micro-batches: a cheaper step
+    doc["spec"]["trainer"]["model"]["llm"]["tieEmbeddings"] = tied
     doc["spec"]["trainer"]["train"].update(train)
     if parallelism is not None:  # the encoders' ZeRO follows distributedOptimizer by default
         doc["spec"]["trainer"]["parallelism"]["encoder"].pop("zero")
@@ -53,6 +61,7 @@ LAUNCHES = {
     2: {
         "tp2-sp": scenario(tp=2),
         "dp2-zero1": scenario(parallelism=ZERO1),
+        "dp2-zero1-sync": scenario(parallelism=ZERO1 | {"overlapGradReduce": False}),
         "dp2-plain": scenario(parallelism={"distributedOptimizer": False}),
         "bf16-pp2": scenario(pp=2, precision="bf16"),
         "bf16-tp2": scenario(tp=2, precision="bf16"),
@@ -60,18 +69,19 @@ LAUNCHES = {
     4: {
         "pp2xdp2-zero1-selective": scenario(pp=2, parallelism=ZERO1, recompute="selective"),
         "tp2xpp2-full": scenario(tp=2, pp=2, recompute="full"),
+        "pp2xdp2-zero1-tied": scenario(pp=2, parallelism=ZERO1, tied=True),
     },
 }
 
 
-_REFERENCES: dict[int, dict] = {}
+_REFERENCES: dict[tuple[int, bool], dict] = {}
 
 
-def reference(steps: int) -> dict:
+def reference(steps: int, tied: bool = False) -> dict:
     """The single fp32 process over ``steps`` steps (the LR schedule depends on the total)."""
-    if steps not in _REFERENCES:
-        _REFERENCES[steps] = run_reference(scenario(), steps)
-    return _REFERENCES[steps]
+    if (steps, tied) not in _REFERENCES:
+        _REFERENCES[steps, tied] = run_reference(scenario(tied=tied), steps)
+    return _REFERENCES[steps, tied]
 
 
 @pytest.fixture(scope="module", params=sorted(LAUNCHES))
@@ -83,8 +93,8 @@ def launched(request, tmp_path_factory) -> tuple[int, Path]:
 
 def test_layouts_equal_one_process(launched) -> None:
     world, out = launched
-    ref = reference(STEPS[world])
     for name in LAUNCHES[world]:
+        ref = reference(STEPS[world], tied=name.endswith("tied"))
         if name.startswith("bf16"):
             losses = json.loads((out / name / "losses.json").read_text())
             deviation = max(abs(a - b) for a, b in zip(losses, ref["losses"], strict=True))
@@ -117,6 +127,12 @@ def test_zero1_shards_the_optimizer_state(launched) -> None:
         assert {r["zero1"] for r in ranks} == {expected}, name
         if "zero1" in name:
             assert min(r["buckets"] for r in ranks) > 1, name
+            # overlapped where on: buckets started during the backward on every rank
+            overlapped = [r["buckets_overlapped"] for r in ranks]
+            if "sync" in name:
+                assert overlapped == [0] * len(ranks), name
+            else:
+                assert min(overlapped) > 0, (name, overlapped)
     if world == 2:
         sharded = data["dp2-zero1"][0]["memory"]["optimizer_state_bytes"]
         plain = data["dp2-plain"][0]["memory"]["optimizer_state_bytes"]

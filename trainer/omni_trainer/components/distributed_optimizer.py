@@ -15,6 +15,18 @@ rank holds the summed gradient of its slices only; AdamW keeps state for those s
 updated slices are all-gathered into the model weights. Adam is elementwise, so the update is
 the unsharded one: only memory and communication change.
 
+Overlap (``parallelism.overlapGradReduce``, megatron DDP's ``overlap_grad_reduce``): during the
+step's last micro-batch backward a bucket's reduce-scatter starts as soon as each of its
+parameters has accumulated its last gradient, so the sync runs behind the rest of the backward.
+Buckets are laid out in forward order, so the backward fills the last one first; they are
+started strictly from the last bucket to the first on every rank (a ready bucket waits for the
+one after it), since NCCL and gloo pair collectives by the order ranks issue them and
+readiness may differ between ranks (a parameter without a gradient in a micro-batch). As in
+megatron, the partial sums over other groups (sequence parallel norms over TP, tied embeddings
+over the first and last stage) are added after the reduce-scatter: sums commute, and the
+slices line up across those groups (TP ranks have equal shapes; a tied weight takes a bucket
+of its own, so both stages own the same rows of it).
+
 Checkpoints stay per parameter: :meth:`DistributedMainParams.checkpoint_view` gathers full
 weights and optimizer state for the save and scatters them back after a load.
 """
@@ -55,22 +67,30 @@ class Piece:
 
 
 def plan_buckets(
-    numels: list[int], *, shards: int, bucket_numel: int
+    numels: list[int], *, shards: int, bucket_numel: int, alone: frozenset[int] = frozenset()
 ) -> tuple[list[int], list[Bucket]]:
     """Flat offsets of each parameter and the buckets: parameters in order, a bucket closed once
-    it holds ``bucket_numel`` elements, padded to a multiple of ``shards`` x ``BUCKET_ALIGN``."""
+    it holds ``bucket_numel`` elements, padded to a multiple of ``shards`` x ``BUCKET_ALIGN``.
+    The parameters in ``alone`` (indices) each take a bucket of their own."""
     offsets: list[int] = []
     buckets: list[Bucket] = []
     start, members, filled = 0, [], 0
     align = shards * BUCKET_ALIGN
+
+    def close() -> None:
+        nonlocal start, members, filled
+        size = -(-filled // align) * align
+        buckets.append(Bucket(start, size, tuple(members)))
+        start, members, filled = start + size, [], 0
+
     for i, n in enumerate(numels):
+        if i in alone and members:
+            close()
         offsets.append(start + filled)
         members.append(i)
         filled += n
-        if filled >= bucket_numel or i == len(numels) - 1:
-            size = -(-filled // align) * align
-            buckets.append(Bucket(start, size, tuple(members)))
-            start, members, filled = start + size, [], 0
+        if filled >= bucket_numel or i in alone or i == len(numels) - 1:
+            close()
     return offsets, buckets
 
 
@@ -98,15 +118,26 @@ class DistributedMainParams:
     """
 
     def __init__(
-        self, params: list[nn.Parameter], *, group: dist.ProcessGroup, bucket_numel: int
+        self,
+        params: list[nn.Parameter],
+        *,
+        group: dist.ProcessGroup,
+        bucket_numel: int,
+        overlap: bool = False,
+        alone: frozenset[int] = frozenset(),
     ) -> None:
+        """``overlap``: reduce-scatter each bucket behind the last backward; ``alone``: ids of
+        parameters that take a bucket of their own (tied embedding copies)."""
         self.model_params = params
         self.group = group
         self.shards = comm.size(group)
         self.rank = dist.get_rank(group) if self.shards > 1 else 0
         self.numels = [p.numel() for p in params]
         self.offsets, self.buckets = plan_buckets(
-            self.numels, shards=self.shards, bucket_numel=bucket_numel
+            self.numels,
+            shards=self.shards,
+            bucket_numel=bucket_numel,
+            alone=frozenset(i for i, p in enumerate(params) if id(p) in alone),
         )
         device = params[0].device if params else torch.device("cpu")
         total = self.buckets[-1].start + self.buckets[-1].size if self.buckets else 0
@@ -115,8 +146,9 @@ class DistributedMainParams:
             self.grad_buffer[o : o + p.numel()].view_as(p)
             for p, o in zip(params, self.offsets, strict=True)
         ]
-        for p, g in zip(params, self._grads, strict=True):
-            p.register_post_accumulate_grad_hook(_accumulate_into(g))
+        self._overlap = _BucketOverlap(self) if overlap and self.shards > 1 else None
+        for i, (p, g) in enumerate(zip(params, self._grads, strict=True)):
+            p.register_post_accumulate_grad_hook(_accumulate_into(g, i, self._overlap))
         self._index = {id(p): i for i, p in enumerate(params)}
         self.pieces = plan_pieces(
             self.numels, self.offsets, self.buckets, shards=self.shards, rank=self.rank
@@ -154,13 +186,34 @@ class DistributedMainParams:
     def zero_grad(self) -> None:
         self.grad_buffer.zero_()
 
+    def expect_backwards(self, micro_batches: int) -> None:
+        """Arm the overlap for a step of ``micro_batches`` backwards (no-op without it)."""
+        if self._overlap is not None:
+            self._overlap.arm(micro_batches)
+
+    @property
+    def buckets_overlapped(self) -> int:
+        """Buckets whose reduce-scatter the last step started during its backward."""
+        return self._overlap.early if self._overlap is not None else 0
+
+    def bucket_view(self, b: int) -> torch.Tensor:
+        bucket = self.buckets[b]
+        return self.grad_buffer[bucket.start : bucket.start + bucket.size]
+
     def reduce_gradients(self) -> None:
-        """Bucket by bucket, the group's summed gradient of this rank's slices (reduce-scatter)."""
+        """Bucket by bucket, the group's summed gradient of this rank's slices (reduce-scatter):
+        the ones the overlap started are waited for, the rest run now."""
         if self.shards == 1:
             return
-        for bucket in self.buckets:
-            full = self.grad_buffer[bucket.start : bucket.start + bucket.size]
-            mine = comm.reduce_scatter(full, group=self.group)
+        if self._overlap is not None:
+            reduced = self._overlap.finish()
+        else:
+            reduced = [
+                comm.reduce_scatter(self.bucket_view(b), group=self.group)
+                for b in range(len(self.buckets))
+            ]
+        for b, mine in enumerate(reduced):
+            full = self.bucket_view(b)
             full[self.rank * mine.numel() : (self.rank + 1) * mine.numel()].copy_(mine)
 
     @torch.no_grad()
@@ -293,11 +346,76 @@ def _full_state(
     return out
 
 
-def _accumulate_into(main_grad: torch.Tensor):
-    """Autograd hook: the micro-batch gradient into the fp32 buffer (fp32 accumulation)."""
+class _BucketOverlap:
+    """Which buckets' gradients are final in this step, and their reduce-scatters under way.
+
+    A parameter's gradient is final once it has accumulated ``arm``'s count of micro-batch
+    gradients; a bucket is ready once all its parameters are; ready buckets start from the last
+    bucket down (the same order on every rank)."""
+
+    def __init__(self, params: DistributedMainParams) -> None:
+        self.params = params
+        self.bucket_of = {i: b for b, bk in enumerate(params.buckets) for i in bk.members}
+        self.expected = 0
+        self.seen: list[int] = []
+        self.waiting: list[int] = []  # per bucket: parameters whose gradient is not final yet
+        self.pending: dict[int, comm.PendingReduceScatter] = {}
+        self.next = -1  # the bucket to start next (counting down)
+        self.late: list[int] = []
+        self.early = 0  # buckets the last step started during its backward
+
+    def arm(self, micro_batches: int) -> None:
+        self.expected = micro_batches
+        self.seen = [0] * len(self.params.model_params)
+        self.waiting = [len(bk.members) for bk in self.params.buckets]
+        self.pending, self.late = {}, []
+        self.next = len(self.params.buckets) - 1
+
+    def arrived(self, i: int) -> None:
+        """Parameter ``i`` accumulated one more micro-batch gradient."""
+        if not self.expected:
+            return
+        self.seen[i] += 1
+        if self.seen[i] > self.expected:
+            self.late.append(i)
+        elif self.seen[i] == self.expected:
+            self.waiting[self.bucket_of[i]] -= 1
+            while self.next >= 0 and self.waiting[self.next] == 0:
+                self._start(self.next)
+
+    def _start(self, b: int) -> None:
+        self.pending[b] = comm.reduce_scatter_start(
+            self.params.bucket_view(b), group=self.params.group
+        )
+        self.next = b - 1
+
+    def finish(self) -> list[torch.Tensor]:
+        """Every bucket's reduced slice: the rest started (same order), then all waited for."""
+        if not self.expected:  # not armed (e.g. a test's own backward): start them all now
+            self.arm(1)
+        self.early = len(self.pending)
+        while self.next >= 0:
+            self._start(self.next)
+        reduced = [self.pending[b].wait() for b in range(len(self.params.buckets))]
+        late, self.expected = self.late, 0
+        if late:
+            names = ", ".join(str(tuple(self.params.model_params[i].shape)) for i in late[:3])
+            raise RuntimeError(
+                f"{len(late)} LLM gradient(s) arrived after their bucket's reduce-scatter had "
+                f"started (parameter shapes {names}): a parameter took more backwards than the "
+                "step has micro-batches; set parallelism.overlapGradReduce: false"
+            )
+        return reduced
+
+
+def _accumulate_into(main_grad: torch.Tensor, i: int, overlap: _BucketOverlap | None):
+    """Autograd hook: the micro-batch gradient into the fp32 buffer (fp32 accumulation); with
+    the overlap, the bucket of a final gradient may start its reduce-scatter."""
 
     def hook(p: nn.Parameter) -> None:
         main_grad.add_(p.grad)
         p.grad = None
+        if overlap is not None:
+            overlap.arrived(i)
 
     return hook

@@ -21,7 +21,11 @@ from omni_trainer.components.precision import MainParams, compute_dtype
 from omni_trainer.config import OptimizerConfig, TrainerConfig
 from omni_trainer.mcore.parallel import ProcessGroups
 from omni_trainer.models.freeze import parameter_modules
-from omni_trainer.models.llm import LLMRuntime, all_reduce_tied_embedding_grads
+from omni_trainer.models.llm import (
+    LLMRuntime,
+    all_reduce_tied_embedding_grads,
+    tied_embedding_copies,
+)
 from omni_trainer.models.omni import OmniModel
 from omni_trainer.models.recompute import Recompute
 
@@ -67,13 +71,20 @@ class ModelParts:
         for p in self.encoder_params:
             p.grad.zero_()
 
+    def expect_backwards(self, micro_batches: int) -> None:
+        """The step runs ``micro_batches`` backwards: the overlapped gradient sync (if on)
+        starts a bucket once its gradients are final."""
+        self.main.expect_backwards(micro_batches)
+
     def reduce_gradients(self) -> None:
-        """After the last backward: partial sums of sequence parallel (TP) and of tied
-        embeddings (first and last stage), then data x context parallel; encoders over all."""
+        """After the last backward: data x context parallel sums (their buckets may have started
+        during the backward), then the partial sums of sequence parallel (TP) and of tied
+        embeddings (first and last stage) on what each rank keeps, as megatron's
+        ``finalize_model_grads``; encoders over all."""
         grad_of = self.main.grad_of
+        self.main.reduce_gradients()
         all_reduce_grads([grad_of(p) for p in self.sequence_parallel_params], self.groups.tp)
         all_reduce_tied_embedding_grads(self.chunks, grad_of=grad_of)
-        self.main.reduce_gradients()
         if self.encoder_zero:
             self.encoder_zero.reduce_gradients()
         else:
@@ -124,7 +135,13 @@ def build_model_parts(cfg: TrainerConfig, groups: ProcessGroups) -> ModelParts:
     ).to(groups.device)
     trainable = [p for p in model.llm_parameters() if p.requires_grad]
     main = (
-        DistributedMainParams(trainable, group=groups.dp_cp, bucket_numel=par.bucket_size)
+        DistributedMainParams(
+            trainable,
+            group=groups.dp_cp,
+            bucket_numel=par.bucket_size,
+            overlap=par.overlap_grad_reduce_on(dims.dp),
+            alone=frozenset(id(p) for p in tied_embedding_copies(model.llm_chunks)),
+        )
         if par.distributed_optimizer_on(dims.dp)
         else MainParams(trainable, group=groups.dp_cp)
     )

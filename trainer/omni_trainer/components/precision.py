@@ -116,6 +116,9 @@ class MainParams:
         for m in self.main:
             m.grad.zero_()
 
+    def expect_backwards(self, micro_batches: int) -> None:
+        """Nothing to arm: the whole all-reduce runs after the backward."""
+
     def reduce_gradients(self) -> None:
         """Sum the main gradients over the data- (and context-) parallel group."""
         all_reduce_grads([m.grad for m in self.main], self.group)

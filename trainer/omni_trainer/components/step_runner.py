@@ -76,6 +76,7 @@ class StepRunner:
         with self.timer.span("data"):
             table, works, micro = self.prepare(local)
         self.anchor.begin_step(table, works)
+        self.parts.expect_backwards(len(micro))
         self.anchor.run_slot(PRE)
         self._forward_calls = 0
         iterators = [iter(range(len(micro))) for _ in self.chunks]

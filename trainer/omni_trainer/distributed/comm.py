@@ -98,6 +98,35 @@ def reduce_scatter(tensor: Tensor, *, group: Group) -> Tensor:
     return total[rank * rows : (rank + 1) * rows].to(tensor.device)
 
 
+class PendingReduceScatter:
+    """A reduce-scatter under way (:func:`reduce_scatter_start`); :meth:`wait` gives the slice."""
+
+    def __init__(self, work: dist.Work, result: Tensor, home: torch.device) -> None:
+        self._work, self._result, self._home = work, result, home
+
+    def wait(self) -> Tensor:
+        """This rank's summed slice, on the caller's device (the current stream waits for it)."""
+        self._work.wait()
+        return self._result.to(self._home)
+
+
+def reduce_scatter_start(tensor: Tensor, *, group: Group) -> PendingReduceScatter:
+    """Start :func:`reduce_scatter` of a 1-D ``tensor`` and return at once: the gradient buckets
+    of the distributed optimizer overlap it with the rest of the backward. ``tensor`` must not
+    change until :meth:`PendingReduceScatter.wait` returns."""
+    n, rank = size(group), dist.get_rank(group)
+    rows = tensor.shape[0] // n
+    device = comm_device(group)
+    staged = _staged(tensor, device)
+    if device.type == "cuda":
+        out = staged.new_empty(rows)
+        work = dist.reduce_scatter_tensor(out, staged, group=group, async_op=True)
+        return PendingReduceScatter(work, out, tensor.device)
+    total = staged.clone() if staged is tensor else staged
+    work = dist.all_reduce(total, group=group, async_op=True)  # gloo has no reduce-scatter
+    return PendingReduceScatter(work, total[rank * rows : (rank + 1) * rows], tensor.device)
+
+
 def all_to_all_single(
     output: Tensor,
     input: Tensor,

@@ -97,7 +97,23 @@ class ParallelismConfig(Spec):
         description="elements per gradient bucket of the LLM's reduce-scatter / all-gather "
         "(distributedOptimizer)",
     )
+    overlap_grad_reduce: bool | None = Field(
+        None,
+        description="start each gradient bucket's reduce-scatter during the last micro-batch's "
+        "backward, as soon as its gradients are final, so the data-parallel sync runs behind the "
+        "rest of the backward (megatron's overlap_grad_reduce); needs distributedOptimizer; "
+        "default: on with it",
+    )
     encoder: EncoderParallelConfig = EncoderParallelConfig()
+
+    @model_validator(mode="after")
+    def _overlap_needs_distributed_optimizer(self) -> ParallelismConfig:
+        if self.overlap_grad_reduce and self.distributed_optimizer is False:
+            raise ValueError(
+                "overlapGradReduce overlaps the distributed optimizer's reduce-scatter: set "
+                "distributedOptimizer: true or drop overlapGradReduce"
+            )
+        return self
 
     @model_validator(mode="after")
     def _sequence_parallel_fits(self) -> ParallelismConfig:
@@ -118,6 +134,13 @@ class ParallelismConfig(Spec):
         if self.distributed_optimizer is None:
             return data_parallel > 1
         return self.distributed_optimizer
+
+    def overlap_grad_reduce_on(self, data_parallel: int) -> bool:
+        """The overlapped reduce-scatter at this data-parallel size (the default follows the
+        distributed optimizer)."""
+        if not self.distributed_optimizer_on(data_parallel):
+            return False
+        return self.overlap_grad_reduce is not False
 
     def encoder_zero(self, data_parallel: int) -> int:
         """The encoders' ZeRO stage at this data-parallel size (0 or 2)."""

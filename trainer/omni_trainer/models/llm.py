@@ -158,22 +158,33 @@ def build_gpt(
     return model
 
 
-def all_reduce_tied_embedding_grads(chunks: list, *, grad_of=lambda p: p.grad) -> None:
+def tied_embedding_copies(chunks: list) -> list:
     """With tied embeddings and several pipeline stages, the first stage's embedding and the last
-    stage's output layer are two copies of one weight: sum their gradients (``grad_of``: the fp32
-    main gradient) over megatron's embedding group so both copies take the step a single process
-    would. Call it before the data-parallel reduction (ZeRO-1 keeps only slices after it)."""
+    stage's output layer are two copies of one weight: this stage's copies (none at pp 1)."""
+    from megatron.core import parallel_state as ps
+
+    if ps.get_pipeline_model_parallel_world_size() == 1:
+        return []
+    return [
+        chunk.shared_embedding_or_output_weight()
+        for chunk in chunks
+        if chunk.share_embeddings_and_output_weights and (chunk.pre_process or chunk.post_process)
+    ]
+
+
+def all_reduce_tied_embedding_grads(chunks: list, *, grad_of=lambda p: p.grad) -> None:
+    """Sum the gradients (``grad_of``: the fp32 main gradient) of the :func:`tied_embedding_copies`
+    over megatron's embedding group so both copies take the step a single process would. After a
+    ZeRO-1 reduce-scatter only this rank's rows are right, and they are the same rows on both
+    stages (the copy takes a bucket of its own)."""
     from megatron.core import parallel_state as ps
 
     from omni_trainer.distributed import comm
 
-    if ps.get_pipeline_model_parallel_world_size() == 1:
-        return
-    for chunk in chunks:
-        if chunk.share_embeddings_and_output_weights and (chunk.pre_process or chunk.post_process):
-            grad = grad_of(chunk.shared_embedding_or_output_weight())
-            if grad is not None:  # None: the LLM is frozen
-                comm.all_reduce(grad, group=ps.get_embedding_group())
+    for weight in tied_embedding_copies(chunks):
+        grad = grad_of(weight)
+        if grad is not None:  # None: the LLM is frozen
+            comm.all_reduce(grad, group=ps.get_embedding_group())
 
 
 def padded_vocab_size(vocab_size: int, tp: int) -> int:

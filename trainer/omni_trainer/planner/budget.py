@@ -45,6 +45,7 @@ def trainer_layout(cfg: TrainerConfig, dims: ParallelDims) -> Layout:
         recompute="full" if cfg.train.recompute == "full" else "selective",
         encoder_recompute="full" if cfg.train.recompute == "full" else "selective",
         llm_zero=1 if par.distributed_optimizer_on(dims.dp) else 0,
+        overlap_grad_reduce=par.overlap_grad_reduce_on(dims.dp),
         sequence_parallel=par.sequence_parallel_on,
         encoder_zero=2 if par.encoder_zero(dims.dp) == 2 else 0,
     )

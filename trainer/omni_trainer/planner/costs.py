@@ -92,10 +92,10 @@ class Layout:
     reorder_group: int = 1
     """Data-parallel ranks per reorder group (1: no reordering)."""
     overlap_grad_reduce: bool = False
-    """Megatron DDP's ``overlap_grad_reduce``: the LLM gradient reduce-scatter runs bucket by
-    bucket during the last micro-batch's backward (:func:`exposed_bucketed_sync`); False prices
-    the whole sync after the backward, which is what the trainer runs (its ZeRO-1 reduces the
-    buckets after the backward: ``components/distributed_optimizer.py``)."""
+    """``parallelism.overlapGradReduce`` (megatron DDP's ``overlap_grad_reduce``; the trainer's
+    default with ZeRO-1): the LLM gradient reduce-scatter runs bucket by bucket during the last
+    micro-batch's backward (:func:`exposed_bucketed_sync`); False prices the whole sync after
+    the backward."""
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "vpp", "dp", "micro_batch_size", "reorder_group"):

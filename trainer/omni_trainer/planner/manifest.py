@@ -61,6 +61,7 @@ def own_layout(cfg: TrainerConfig, gpus: int) -> tuple[Layout | None, str]:
         recompute=PLANNED_RECOMPUTE[cfg.train.recompute],
         encoder_recompute="full" if cfg.train.recompute == "full" else "selective",
         llm_zero=1 if par.distributed_optimizer_on(dp) else 0,
+        overlap_grad_reduce=par.overlap_grad_reduce_on(dp),
         sequence_parallel=par.sequence_parallel_on,
         encoder_zero=par.encoder_zero(dp),
         eta=par.encoder.eta,
@@ -97,6 +98,7 @@ def manifest_fields(layout: Layout, *, policy: str) -> dict[str, dict[str, Any]]
             "virtualPipeline": layout.vpp,
             "sequenceParallel": layout.tp > 1 and layout.sequence_parallel,
             "distributedOptimizer": bool(layout.llm_zero),
+            "overlapGradReduce": bool(layout.llm_zero) and layout.overlap_grad_reduce,
             "encoder": {"eta": layout.eta, "policy": policy, "zero": layout.encoder_zero},
         },
         "data": {

@@ -92,6 +92,7 @@ def layouts(
                             recompute=rc,  # type: ignore[arg-type]
                             encoder_recompute="full" if rc == "full" else "selective",
                             reorder_group=_group(dp, 8),
+                            overlap_grad_reduce=dp > 1,  # the trainer's default with ZeRO-1
                         )
                     )
     return out
