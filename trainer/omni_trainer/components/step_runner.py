@@ -22,7 +22,12 @@ from omni_trainer.config import TrainerConfig
 from omni_trainer.data.packing import MicroBatch, PackedSequence, collate, split_micro_batches
 from omni_trainer.distributed import comm
 from omni_trainer.mcore.parallel import ProcessGroups, schedule_kwargs
-from omni_trainer.models.batch import DeviceBatch, llm_sequence_shape, to_device_batch
+from omni_trainer.models.batch import (
+    DeviceBatch,
+    llm_sequence_shape,
+    media_positions,
+    to_device_batch,
+)
 from omni_trainer.models.context_parallel import set_rope_positions, shard_for_context
 from omni_trainer.models.omni import first_stage_input
 from omni_trainer.multiplex.anchor import EncoderAnchor, EncoderWork, build_works
@@ -58,6 +63,11 @@ class StepRunner:
             device=self.device,
             dtype=parts.dtype,
             timer=timer,
+            sequence_shard=(
+                cfg.data.seq_length * cfg.data.micro_batch_size // groups.dims.tp
+                if cfg.parallelism.sequence_parallel_on
+                else None
+            ),
         )
         self.forward_backward_func = get_forward_backward_func()
         self.chunks[0].config.finalize_model_grads_func = self._finalize_grads
@@ -75,7 +85,7 @@ class StepRunner:
         """
         with self.timer.span("data"):
             table, works, micro = self.prepare(local)
-        self.anchor.begin_step(table, works)
+        self.anchor.begin_step(table, works, [media_positions(mb) for mb in micro])
         self.parts.expect_backwards(len(micro))
         self.anchor.run_slot(PRE)
         self._forward_calls = 0

@@ -6,6 +6,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 if TYPE_CHECKING:
@@ -21,6 +22,16 @@ class MediaBatch:
     rows: torch.Tensor | None = None
     """Which rows of the encoder outputs go to ``flat_positions`` (None: all); with context
     parallelism a rank keeps only the rows of the positions it holds."""
+
+
+@dataclass
+class MediaRows:
+    """Projected encoder outputs of one modality that stage 0 writes into its input: all of them
+    in item order (``positions`` None: where ``MediaBatch.flat_positions`` says), or with
+    sequence parallelism the rows of this rank's shard and their ``positions`` in it."""
+
+    encoded: torch.Tensor
+    positions: torch.Tensor | None = None
 
 
 @dataclass
@@ -48,6 +59,17 @@ def llm_sequence_shape(seq_length: int, micro_batch_size: int) -> dict[str, int]
     return {"seq_length": seq_length * micro_batch_size, "micro_batch_size": 1}
 
 
+def media_positions(mb) -> dict[str, np.ndarray]:
+    """Per modality, the packed-row position of each media token of micro-batch ``mb`` (items
+    in order, row-major in the packed row)."""
+    s = mb.tokens.shape[1]
+    runs: dict[str, list[np.ndarray]] = {}
+    for item in mb.media:
+        start = item.row * s + item.offset
+        runs.setdefault(item.modality, []).append(np.arange(start, start + item.num_tokens))
+    return {m: np.concatenate(r) for m, r in runs.items()}
+
+
 def to_device_batch(
     mb, device: torch.device, *, load: Callable, media: Collection[str] = ()
 ) -> DeviceBatch:
@@ -62,14 +84,11 @@ def to_device_batch(
     """
     from omni_trainer.models.packed import pack_boundaries
 
-    s = mb.tokens.shape[1]
-    per_modality: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+    arrays: dict[str, list[torch.Tensor]] = {}
     for item in mb.media:
-        arrays, positions = per_modality.setdefault(item.modality, ([], []))
+        mine = arrays.setdefault(item.modality, [])
         if item.modality in media:
-            arrays.append(torch.as_tensor(load(item.ref), device=device))
-        start = item.row * s + item.offset  # row-major in the packed row
-        positions.append(torch.arange(start, start + item.num_tokens, device=device))
+            mine.append(torch.as_tensor(load(item.ref), device=device))
 
     def row(a) -> torch.Tensor:
         return torch.as_tensor(a, device=device).reshape(1, -1)
@@ -83,7 +102,9 @@ def to_device_batch(
         ),
         packed_seq_params=pack_boundaries(mb.segment_ids, device),
         media={
-            m: MediaBatch(arrays=arrays, flat_positions=torch.cat(positions))
-            for m, (arrays, positions) in sorted(per_modality.items())
+            m: MediaBatch(
+                arrays=arrays[m], flat_positions=torch.as_tensor(positions, device=device)
+            )
+            for m, positions in sorted(media_positions(mb).items())
         },
     )

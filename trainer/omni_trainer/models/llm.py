@@ -151,10 +151,6 @@ def build_gpt(
         from omni_trainer.models.context_parallel import use_positional_rope
 
         use_positional_rope(model)
-    if sequence_parallel and pre_process:
-        from omni_trainer.models.sequence_parallel import embed_whole_sequence
-
-        embed_whole_sequence(model)
     return model
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from omni_trainer.models.batch import DeviceBatch
+from omni_trainer.models.batch import DeviceBatch, MediaRows
 from omni_trainer.models.config import ModelConfig
 from omni_trainer.models.llm import FP32, LLMRuntime, build_gpt_chunks
 
@@ -96,20 +96,21 @@ class OmniModel(nn.Module):
 
 
 def first_stage_input(
-    chunk: nn.Module, batch: DeviceBatch, media: dict[str, torch.Tensor]
+    chunk: nn.Module, batch: DeviceBatch, media: dict[str, MediaRows]
 ) -> torch.Tensor:
-    """Text embeddings with every media span replaced by its projected encoder output (with
-    sequence parallelism: then this TP rank's sequence shard)."""
+    """Text embeddings with every media span replaced by its projected encoder output. With
+    sequence parallelism megatron's embedding returns this TP rank's sequence shard and
+    ``media`` holds the rows of that shard with their positions in it (send-then-reshard:
+    ``multiplex.reshard``)."""
     emb = chunk.embedding(input_ids=batch.tokens, position_ids=batch.position_ids)
     s, b, h = emb.shape
     flat = emb.reshape(s * b, h)
-    for modality, encoded in sorted(media.items()):
-        target = batch.media[modality]
-        if target.rows is not None:
-            encoded = encoded.index_select(0, target.rows)
-        flat = flat.index_copy(0, target.flat_positions, encoded.to(flat.dtype))
-    if chunk.config.sequence_parallel:
-        from omni_trainer.models.sequence_parallel import keep_sequence_shard
-
-        return keep_sequence_shard(flat.reshape(s, b, h))
+    for modality, rows in sorted(media.items()):
+        encoded, where = rows.encoded, rows.positions
+        if where is None:
+            target = batch.media[modality]
+            where = target.flat_positions
+            if target.rows is not None:
+                encoded = encoded.index_select(0, target.rows)
+        flat = flat.index_copy(0, where, encoded.to(flat.dtype))
     return flat.reshape(s, b, h)

@@ -8,10 +8,9 @@ torch norms are built with their parameters marked ``sequence_parallel = True`` 
 its own), so the trainer sums those gradients over the TP group after the backward: each rank's
 norm saw only its positions.
 
-Stage 0 (send-then-reshard): the projected encoder outputs are written into the whole embedded
-sequence, then each TP rank keeps its sequence shard (megatron's
-``scatter_to_sequence_parallel_region``; its backward gathers the gradient, so the embedding
-gradients the anchor returns are whole on every TP rank, as without SP).
+Stage 0 (send-then-reshard): megatron's embedding returns each TP rank's sequence shard (its
+vocab-parallel lookup reduce-scattered along the sequence), and each rank writes into it only
+the encoder output rows of its shard, which are all it receives (``multiplex.reshard``).
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 
-import torch
 from torch import nn
 
 
@@ -65,19 +63,3 @@ def local_block_spec(layer_spec, config, vp_stage: int | None):
         layer_specs=[layer] * get_num_layers_to_build(config, vp_stage=vp_stage),
         layer_norm=SequenceParallelNorm,
     )
-
-
-def embed_whole_sequence(model: nn.Module) -> None:
-    """The embedding returns the whole sequence (media spans are written into it by position);
-    :func:`keep_sequence_shard` then keeps this rank's shard."""
-    embedding = model.embedding
-    embedding.scatter_to_sequence_parallel = False
-    embedding.reduce_scatter_embeddings = False
-    embedding.word_embeddings.reduce_scatter_embeddings = False
-
-
-def keep_sequence_shard(hidden: torch.Tensor) -> torch.Tensor:
-    """[s, b, h] -> this TP rank's [s / tp, b, h] (backward: the gradient gathered back)."""
-    from megatron.core.tensor_parallel import scatter_to_sequence_parallel_region
-
-    return scatter_to_sequence_parallel_region(hidden)

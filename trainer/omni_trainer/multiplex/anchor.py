@@ -6,11 +6,14 @@ megatron-core's schedules are used as released. The anchor hooks in from outside
   this stage (plus ``PRE`` before the schedule and ``POST`` in finalize). It runs the encoder
   backward and forward work that the :class:`DataflowTable` puts there, encoding with LSSP across
   this stage's group (short samples data parallel, long ones Ulysses sequence parallel), and sends
-  each projected output piece, non-blocking, to every tensor-parallel rank of pipeline stage 0.
+  each projected output piece, non-blocking, to the tensor-parallel ranks of pipeline stage 0:
+  with sequence parallelism each rank gets only the rows of its sequence shard
+  (``multiplex.reshard``), without it every rank gets the whole piece.
 - ``embeddings(m)`` is called on stage 0 for micro-batch m's first chunk: it receives the pieces,
   makes them autograd leaves and returns them per modality. Gradient hooks on those leaves send
   the embedding gradients back to the rank that encoded each piece once stage 0's backward of m
-  has produced them all; that rank runs the encoder backward at its next backward slot.
+  has produced them all (with sequence parallelism each rank its rows; without, one rank per
+  piece); that rank runs the encoder backward at its next backward slot.
 
 All encoder traffic uses its own process group. Every message has a tag, and both ends issue their
 operations in the same order (ascending encoder micro-batch, then piece): gloo matches by tag,
@@ -20,9 +23,10 @@ NCCL by order.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -30,9 +34,11 @@ from torch import nn
 from omni_trainer.components.precision import encoder_autocast
 from omni_trainer.components.timing import ActivationMeter, PhaseTimer
 from omni_trainer.distributed import comm
+from omni_trainer.models.batch import MediaRows
 from omni_trainer.models.freeze import is_frozen
 from omni_trainer.multiplex.dataflow import POST, PRE, DataflowTable, EncoderMicroBatch
 from omni_trainer.multiplex.lssp import LSSPPlan, TokenRange, plan_lssp
+from omni_trainer.multiplex.reshard import Part, plan_parts
 from omni_trainer.multiplex.ulysses import encode_sequence_parallel
 
 _FORWARD, _BACKWARD = 0, 1
@@ -90,7 +96,11 @@ class EncoderAnchor:
         device: torch.device,
         dtype: torch.dtype = torch.float32,
         timer: PhaseTimer | None = None,
+        sequence_shard: int | None = None,
     ) -> None:
+        """``sequence_shard``: positions per stage-0 TP rank under sequence parallelism (each
+        rank then receives only its rows); None: every stage-0 TP rank takes whole pieces."""
+        self.sequence_shard = sequence_shard
         self.timer = timer or PhaseTimer()
         self.memory = ActivationMeter()
         self.encoders = encoders
@@ -102,13 +112,28 @@ class EncoderAnchor:
         self._reset()
 
     # -- step lifecycle ----------------------------------------------------------------------
-    def begin_step(self, table: DataflowTable, works: list[EncoderWork]) -> None:
+    def begin_step(
+        self,
+        table: DataflowTable,
+        works: list[EncoderWork],
+        positions: Sequence[dict[str, np.ndarray]] = (),
+    ) -> None:
+        """``positions``: per LLM micro-batch, each modality's media token positions in the
+        packed row (``models.batch.media_positions``); needed with ``sequence_shard``."""
         self._reset()
         self.table = table
         self.works = {w.mb.id: w for w in works}
         self._by_microbatch: dict[int, list[int]] = {}
         for w in works:
             self._by_microbatch.setdefault(w.mb.microbatch, []).append(w.mb.id)
+        if self.sequence_shard is not None:
+            for m, embs in self._by_microbatch.items():
+                pieces = [
+                    ((emb, idx), self.works[emb].mb.modality, piece.stop - piece.start)
+                    for emb in embs
+                    for idx, piece in enumerate(self.works[emb].pieces)
+                ]
+                self._parts |= plan_parts(pieces, positions[m], shard=self.sequence_shard)
 
     def end_step(self) -> None:
         """Run the POST slot, then wait for every outstanding send of this step."""
@@ -128,6 +153,21 @@ class EncoderAnchor:
         self._local_outputs: dict[tuple[int, int], torch.Tensor] = {}
         self._local_grads: dict[tuple[int, int], torch.Tensor] = {}
         self._pending_grads: dict[int, dict[tuple[int, int], torch.Tensor]] = {}
+        self._parts: dict[tuple[int, int], list[Part]] = {}
+
+    def _parts_of(self, emb: int, idx: int) -> list[Part]:
+        """Where piece ``idx`` of ``emb`` goes on stage 0: with sequence parallelism the rows
+        each TP rank keeps; without, the whole piece to every TP rank."""
+        if self.sequence_shard is not None:
+            return self._parts[(emb, idx)]
+        piece = self.works[emb].pieces[idx]
+        return [Part(t, 0, piece.stop - piece.start, 0) for t in range(self.groups.tp)]
+
+    def _grad_parts(self, emb: int, idx: int) -> list[Part]:
+        """Who returns the piece's gradient: each part's rank (sequence parallel), or one of
+        the identical whole copies (by piece, to spread the traffic)."""
+        parts = self._parts_of(emb, idx)
+        return parts if self.sequence_shard is not None else [parts[idx % self.groups.tp]]
 
     # -- encoder side ------------------------------------------------------------------------
     def run_slot(self, index: int) -> None:
@@ -192,13 +232,15 @@ class EncoderAnchor:
             out = outputs[(item, piece.start)]
             held.append((idx, item, out, item in work.plan.long))
             payload = out.detach().to(self.dtype).contiguous()
-            for dst in self.groups.stage_ranks[0]:
+            for part in self._parts_of(emb, idx):
+                dst = self.groups.stage_ranks[0][part.tp_rank]
+                rows = payload[part.lo : part.hi]
                 if dst == self.groups.rank:
-                    self._local_outputs[(emb, idx)] = payload
+                    self._local_outputs[(emb, idx)] = rows
                 else:
                     self._sends.append(
                         comm.isend(
-                            payload,
+                            rows,
                             dst=dst,
                             group=self.groups.p2p_group,
                             tag=_tag(emb, idx, _FORWARD),
@@ -211,56 +253,57 @@ class EncoderAnchor:
         if not held:
             self.memory.release(emb)
             return
-        work = self.works[emb]
-        grads: list[torch.Tensor] = []
+        grads: list[list[torch.Tensor]] = []  # per held output: its gradient's rows, in order
         requests = []
         for idx, _, out, _ in held:
             if idx is None:
-                grads.append(torch.zeros_like(out))
+                grads.append([torch.zeros_like(out)])
                 continue
-            src = self._grad_sender(work, idx)
-            if src == self.groups.rank:
-                grads.append(self._local_grads.pop((emb, idx)))
-            else:
-                buf = torch.empty_like(out, dtype=self.dtype)
+            parts = []
+            for part in self._grad_parts(emb, idx):
+                src = self.groups.stage_ranks[0][part.tp_rank]
+                if src == self.groups.rank:
+                    parts.append(self._local_grads.pop((emb, idx)))
+                    continue
+                buf = out.new_empty((part.hi - part.lo, *out.shape[1:]), dtype=self.dtype)
                 requests.append(
                     comm.irecv(
                         buf, src=src, group=self.groups.p2p_group, tag=_tag(emb, idx, _BACKWARD)
                     )
                 )
-                grads.append(buf)
+                parts.append(buf)
+            grads.append(parts)
         with self.timer.span("encoder_wait"):
             for r in requests:
                 r.wait()
         with self.timer.span("encoder"):
-            _encoder_backward(held, grads)
+            _encoder_backward(held, [g[0] if len(g) == 1 else torch.cat(g) for g in grads])
         self.memory.release(emb)
 
-    def _grad_sender(self, work: EncoderWork, idx: int) -> int:
-        """Stage 0's TP ranks hold identical embedding gradients: piece ``idx`` comes from one."""
-        return self.groups.stage_ranks[0][idx % self.groups.tp]
-
     # -- stage-0 side ------------------------------------------------------------------------
-    def embeddings(self, microbatch: int) -> dict[str, torch.Tensor]:
+    def embeddings(self, microbatch: int) -> dict[str, MediaRows]:
         """Receive micro-batch ``microbatch``'s encoder outputs: [tokens, hidden] per modality,
-        items in order, as autograd leaves whose gradients flow back to their encoders."""
+        items in order, as autograd leaves whose gradients flow back to their encoders; with
+        sequence parallelism only the rows of this rank's shard, with their positions in it."""
         received: dict[str, list[torch.Tensor]] = {}
+        where: dict[str, list[torch.Tensor]] = {}
         requests = []
         leaves: list[tuple[int, int, torch.Tensor]] = []
         for emb in self._by_microbatch.get(microbatch, []):
             work = self.works[emb]
             stage = self.table.forward[emb].stage
-            pieces = received.setdefault(work.mb.modality, [])
+            received.setdefault(work.mb.modality, [])
             for idx, piece in enumerate(work.pieces):
+                mine = [p for p in self._parts_of(emb, idx) if p.tp_rank == self.groups.tp_rank]
+                if not mine:  # sequence parallel: none of its rows are in this shard
+                    continue
+                part = mine[0]
                 src = self.groups.stage_ranks[stage][piece.rank]
                 if src == self.groups.rank:
                     buf = self._local_outputs.pop((emb, idx))
                 else:
                     buf = torch.empty(
-                        piece.stop - piece.start,
-                        self.hidden_size,
-                        device=self.device,
-                        dtype=self.dtype,
+                        part.hi - part.lo, self.hidden_size, device=self.device, dtype=self.dtype
                     )
                     requests.append(
                         comm.irecv(
@@ -269,7 +312,10 @@ class EncoderAnchor:
                     )
                 leaf = buf.detach().requires_grad_()
                 leaves.append((emb, idx, leaf))
-                pieces.append(leaf)
+                received.setdefault(work.mb.modality, []).append(leaf)
+                if self.sequence_shard is not None:
+                    at = torch.arange(part.at, part.at + part.hi - part.lo, device=self.device)
+                    where.setdefault(work.mb.modality, []).append(at)
         with self.timer.span("encoder_wait"):
             for r in requests:
                 r.wait()
@@ -277,7 +323,20 @@ class EncoderAnchor:
         self._pending_grads[microbatch] = {}
         for emb, idx, leaf in leaves:
             leaf.register_hook(self._grad_hook(microbatch, emb, idx, expected))
-        return {m: torch.cat(p) for m, p in received.items()}
+        for m, rows in received.items():
+            if not rows:  # sequence parallel: none of its rows are in this shard
+                # An empty leaf keeps this rank's graph like its TP peers': with a frozen LLM
+                # the backward (and its TP collectives) runs only where the input needs it.
+                rows.append(
+                    torch.empty(
+                        0, self.hidden_size, device=self.device, dtype=self.dtype
+                    ).requires_grad_()
+                )
+                where[m] = [torch.empty(0, dtype=torch.long, device=self.device)]
+        return {
+            m: MediaRows(torch.cat(p), torch.cat(where[m]) if m in where else None)
+            for m, p in received.items()
+        }
 
     def _grad_hook(
         self, microbatch: int, emb: int, idx: int, expected: int
@@ -292,9 +351,10 @@ class EncoderAnchor:
 
     def _send_grads(self, grads: dict[tuple[int, int], torch.Tensor]) -> None:
         """Return a micro-batch's embedding gradients, in (encoder mb, piece) order."""
+        me = self.groups.tp_rank
         for (emb, idx), grad in sorted(grads.items()):
             work = self.works[emb]
-            if self._grad_sender(work, idx) != self.groups.rank:
+            if all(part.tp_rank != me for part in self._grad_parts(emb, idx)):
                 continue
             stage = self.table.forward[emb].stage
             dst = self.groups.stage_ranks[stage][work.pieces[idx].rank]
