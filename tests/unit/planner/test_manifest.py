@@ -39,18 +39,22 @@ def test_own_layout_is_the_manifests(tiny_manifest: dict) -> None:
     trainer["parallelism"] = {"tensor": 2, "pipeline": 2, "encoder": {"eta": 64, "zero": 2}}
     trainer["data"]["reorder"] = {"groupSize": 2}
     cfg = parse_manifest(tiny_manifest).spec.trainer
-    layout, _ = own_layout(cfg, 16)
-    assert layout is not None
-    assert (layout.tp, layout.pp, layout.dp, layout.eta, layout.reorder_group) == (2, 2, 4, 64, 2)
+    layout, why = own_layout(cfg, 8)
+    assert layout is not None, why
+    assert (layout.tp, layout.pp, layout.dp, layout.eta, layout.reorder_group) == (2, 2, 2, 64, 2)
     assert layout.micro_batch_size == 4 and layout.encoder_zero == 2
-    # what the trainer runs: ZeRO-1 at dp 4 by default, sequence parallel with tp 2, sel-AC
+    # what the trainer runs: ZeRO-1 at dp 2 by default, sequence parallel with tp 2, sel-AC
     assert layout.llm_zero == 1 and layout.sequence_parallel and layout.recompute == "selective"
+    assert layout.overlap_grad_reduce  # the default with ZeRO-1
     trainer["parallelism"] |= {"distributedOptimizer": False, "sequenceParallel": False}
     trainer["train"] = {"recompute": "full"}
-    plain, _ = own_layout(parse_manifest(tiny_manifest).spec.trainer, 16)
+    plain, _ = own_layout(parse_manifest(tiny_manifest).spec.trainer, 8)
     assert plain.llm_zero == 0 and not plain.sequence_parallel and plain.recompute == "full"
+    assert not plain.overlap_grad_reduce
     none, why = own_layout(cfg, 6)
     assert none is None and "tensor x pipeline (4) does not divide 6 GPUs" in why
+    none, why = own_layout(cfg, 32)  # dp 8 x microBatchSize 4 > globalBatchSize: omni train's
+    assert none is None and why.startswith("spec.trainer.data.globalBatchSize: ")  # own words
 
 
 def test_ties_share_a_rank() -> None:

@@ -49,6 +49,10 @@ def own_layout(cfg: TrainerConfig, gpus: int) -> tuple[Layout | None, str]:
     if gpus % model:
         return None, f"tensor x pipeline ({model}) does not divide {gpus} GPUs"
     dp = gpus // model
+    problems = layout_problems(cfg, gpus)  # what ``omni train`` would refuse at this size
+    if problems:
+        path, message = problems[0]
+        return None, f"spec.trainer.{path}: {message}"
     group = cfg.data.reorder.group_size
     if dp % group:
         return None, f"reorder groupSize {group} does not divide data parallel {dp}"
