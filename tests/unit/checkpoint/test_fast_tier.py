@@ -128,14 +128,14 @@ def test_resume_takes_the_newest_tier_and_restores_exactly(tmp_path: Path) -> No
     ckpt.save(5, new, {"step": 5}, tier="fast")
     ckpt.save(6, new, {"step": 6}, tier="fast")
     assert ckpt.close().committed
-    assert ckpt.fast.storage.list_steps() == [5, 6]  # fast retention: keepLast 2
+    assert ckpt.fast.node.storage.list_steps() == [5, 6]  # fast retention: keepLast 2
     assert ckpt.storage.list_steps() == [3]  # the persistent tier untouched
     _, fresh = trained(seed=1, steps=1)
     resume = Checkpointer(cfg).load_latest(fresh)
     assert resume.step == 6 and resume.loader_state == {"step": 6}
     assert_same(new, fresh)
     for step in (5, 6):  # the fast tier lost: the persistent step
-        ckpt.fast.storage.delete_step(step)
+        ckpt.fast.node.storage.delete_step(step)
     _, fresh = trained(seed=1, steps=1)
     resume = Checkpointer(cfg).load_latest(fresh)
     assert resume.step == 3 and resume.loader_state == {"step": 3}
@@ -153,7 +153,7 @@ def test_a_superseded_attempt_cannot_commit_to_the_fast_tier(tmp_path: Path) -> 
     old.save(2, state, {"step": 2}, tier="fast")
     result = old.close()
     assert not result.committed and "superseded by attempt 1" in " ".join(result.errors)
-    assert new.fast.storage.read_marker(2) is None and new.latest_step() == 1
+    assert new.fast.node.storage.read_marker(2) is None and new.latest_step() == 1
     with pytest.raises(Fenced):
         old.storage.check_fence()
 

@@ -37,14 +37,8 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from omni_trainer.checkpoint.async_save import BackgroundSaver, make_planner, save_dcp
 from omni_trainer.checkpoint.config import FAST, PERSISTENT, CheckpointConfig
-from omni_trainer.checkpoint.fast_tier import (
-    FastPlan,
-    NodeTier,
-    latest_fast,
-    newest_tier,
-    peer_of,
-    source_of,
-)
+from omni_trainer.checkpoint.fast_io import FastTierIO, MarkerInfo
+from omni_trainer.checkpoint.fast_tier import FastPlan, NodeTier, latest_fast, newest_tier
 from omni_trainer.checkpoint.loader_state import (
     PER_RANK,
     SHARED,
@@ -139,14 +133,23 @@ class Checkpointer:
         env_local = os.environ.get("LOCAL_WORLD_SIZE")
         self.local_world = local_world or (int(env_local) if env_local else self.world)
         fast_dir = fast_root or (config.fast.path if config.fast else None)
-        self.fast = NodeTier(fast_dir) if fast_dir is not None else None
+        self.fast = None
+        if fast_dir is not None:
+            planner = make_planner(cache_plans=cache_plans, key=f"omni-fast-{id(self)}")
+            self.fast = FastTierIO(
+                NodeTier(fast_dir),
+                group=self.group,
+                rank=self.rank,
+                world=self.world,
+                local_world=self.local_world,
+                planner=planner,
+            )
         self.layout = dict(layout or {})
         self.loader_scope = loader_scope
         tag = hashlib.sha256(self.storage.url.encode()).hexdigest()[:12]
         scratch = Path(config.staging_dir or tempfile.gettempdir())
         self.scratch = scratch / f"omni-ckpt-{tag}" / f"rank-{self.rank:05d}"
         self.planner = make_planner(cache_plans=cache_plans, key=f"omni-ckpt-{tag}-{id(self)}")
-        self.fast_planner = make_planner(cache_plans=cache_plans, key=f"omni-fast-{id(self)}")
         self._saver = BackgroundSaver()
         self._last_sync: SaveResult | None = None
         env = os.environ.get("OMNI_RESTART_ATTEMPT")
@@ -269,64 +272,24 @@ class Checkpointer:
     def _write_fast(
         self, step: int, staged: dict[str, Any], loader: Any | None, blocking: float
     ) -> SaveResult:
-        """Background part of a fast-tier save: DCP onto this node's disk, the copy to the
-        peer node (an all-to-all where each rank sends its files only to its peer), then a
-        marker on every node once rank 0 checked every rank's report and the fence."""
+        """Background part of a fast-tier save (see :meth:`FastTierIO.write`)."""
         start = time.perf_counter()
-        node = self.fast
-        files: dict[str, FileEntry] = {}
-        errors: list[str] = []
-        own: dict[str, bytes] = {}
         try:
             self._claim_once()
-            if self.rank % self.local_world == 0 and step in node.storage.list_steps():
-                node.storage.delete_step(step)  # a partial save of this step from a crashed run
-        except Exception as exc:
-            errors.append(f"rank {self.rank}: {type(exc).__name__}: {exc}")
-        self._barrier()
-        local = node.storage.local_dir(step)
-        try:
-            written = save_dcp(staged, local / "model", planner=self.fast_planner, group=self.group)
-            for rel in written:
-                files[f"model/{rel}"] = describe_file(local / "model" / rel)
-            del staged
-            if loader is not None:
-                data = serialize(loader)
-                rel = loader_file(self.rank)
-                node.storage.write_bytes(step, rel, data)
-                files[rel] = FileEntry(len(data), hashlib.sha256(data).hexdigest())
-            own = node.read(step, sorted(files))
-        except Exception as exc:
-            log.exception("rank %d: fast checkpoint %s failed", self.rank, step_name(step))
-            errors.append(f"rank {self.rank}: {type(exc).__name__}: {exc}")
-        peer = peer_of(self.rank, world=self.world, local_world=self.local_world)
-        if peer is not None:
-            outgoing: list[Any] = [None] * self.world
-            outgoing[peer] = own
-            received = comm.exchange_objects(outgoing, group=self.group)
-            source = source_of(self.rank, world=self.world, local_world=self.local_world)
-            try:
-                node.keep(step, received[source] or {})
-            except Exception as exc:
-                errors.append(f"rank {self.rank} keeping rank {source}'s copy: {exc}")
-        reports = self._all_gather((files, errors))
-        errors = [e for _, errs in reports for e in errs]
-        decision: tuple[bytes | None, Any] = (None, None)
-        if self.rank == 0 and not errors:
-            try:
-                fence = self.storage.check_fence()
-                merged = {rel: entry for part, _ in reports for rel, entry in part.items()}
-                extra = {"loader": self.loader_scope, "tier": FAST}
-                decision = (self.storage.marker(step, merged, self.layout, extra), fence)
-            except Exception as exc:
-                errors.append(f"rank 0: {type(exc).__name__}: {exc}")
-        marker, fence = self._broadcast(decision)
-        if marker is not None:
-            node.commit(step, marker)
-            node.retain(self.config.fast.keep_last, fence)
+        except Exception as exc:  # Fenced: FastTierIO's fence check refuses the commit too
+            log.error("fast checkpoint %s: claim failed: %s", step_name(step), exc)
+        info = MarkerInfo(self.layout, {"loader": self.loader_scope, "tier": FAST})
+        errors = self.fast.write(
+            step,
+            staged,
+            loader,
+            fence_keeper=self.storage,
+            info=info,
+            keep_last=self.config.fast.keep_last,
+        )
         return SaveResult(
             step=step,
-            committed=marker is not None,
+            committed=not errors,
             blocking_s=blocking,
             background_s=time.perf_counter() - start,
             errors=errors,
@@ -344,7 +307,7 @@ class Checkpointer:
 
     def _latest(self) -> tuple[int | None, FastPlan | None]:
         """The newest step complete in either tier, and the fast-tier plan when it wins."""
-        inventories = self._all_gather(self.fast.inventory()) if self.fast else []
+        inventories = self._all_gather(self.fast.node.inventory()) if self.fast else []
         found: tuple[int | None, FastPlan | None, str | None] = (None, None, None)
         if self.rank == 0:
             try:
@@ -373,15 +336,9 @@ class Checkpointer:
         return self.load(step, state) if plan is None else self._load_fast(plan, state)
 
     def _load_fast(self, plan: FastPlan, state: ModelState) -> Resume:
-        """Gather a fast-tier step from the nodes holding its files (each file broadcast by
-        one holder: the same volume per rank as a resume from S3), then load it."""
+        """Gather a fast-tier step from the nodes holding its files, then load it."""
         download = self.scratch / "load" / step_name(plan.step)
-        for rel in sorted(plan.marker["files"]):
-            source = plan.sources[rel]
-            data = self.fast.read(plan.step, [rel])[rel] if self.rank == source else None
-            data = self._broadcast(data, src=source)
-            (download / rel).parent.mkdir(parents=True, exist_ok=True)
-            (download / rel).write_bytes(data)
+        self.fast.gather(plan, download)
         read = lambda rel: (download / rel).read_bytes()  # noqa: E731
         return self._load_from(download, plan.marker, state, read=read, cleanup=download)
 
