@@ -101,8 +101,8 @@ class Checkpointer:
         attempt: the restart attempt writing (fencing: once a newer attempt resumed, this one
             can neither commit nor delete); default ``OMNI_RESTART_ATTEMPT``, which the
             operator sets; None (a local run): unfenced.
-        fast_root: this rank's node-local directory of the fast tier (default:
-            ``config.fast.path``; tests simulating several nodes on one host pass their own).
+        fast_root: this rank's node-local directory of the fast tier, with ``config.fast``
+            (default: its ``path``; tests simulating several nodes on one host pass their own).
         local_world: ranks per node (default ``LOCAL_WORLD_SIZE``, which torchrun sets; ranks
             are numbered node by node): rank r's fast-tier copy goes to rank r + local_world.
     """
@@ -132,7 +132,7 @@ class Checkpointer:
         self.world = dist.get_world_size() if self.distributed else 1
         env_local = os.environ.get("LOCAL_WORLD_SIZE")
         self.local_world = local_world or (int(env_local) if env_local else self.world)
-        fast_dir = fast_root or (config.fast.path if config.fast else None)
+        fast_dir = (fast_root or config.fast.path) if config.fast else None
         self.fast = None
         if fast_dir is not None:
             planner = make_planner(cache_plans=cache_plans, key=f"omni-fast-{id(self)}")
@@ -171,7 +171,7 @@ class Checkpointer:
         the loader snapshot only; the rest runs in the background (unless ``async`` is off).
         """
         if tier == FAST and self.fast is None:
-            raise ValueError("a fast-tier save needs checkpoint.fast (or fast_root)")
+            raise ValueError("a fast-tier save needs checkpoint.fast")
         previous = self._saver.wait()
         if previous is not None and not previous.committed:
             log.error("checkpoint %s not committed: %s", step_name(previous.step), previous.errors)
