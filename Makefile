@@ -146,3 +146,12 @@ gpu-check: setup
 # training time lost, restartPolicy.mode in-place side by side with recreate.
 bench-faults: setup
 	$(BIN)/python bench/faults.py $(BENCH_ARGS)
+
+.PHONY: bench-fast-tier
+
+# One node lost 12+ steps past a persistent checkpoint (every 20 steps), without and with the
+# fast tier (every 2 steps on node-local disks with peer copies): steps recomputed, time lost,
+# and the mean step time (the fast tier's cost per step) side by side.
+bench-fast-tier: setup
+	$(BIN)/python bench/faults.py --modes recreate recreate+fast --faults node-lost \
+		--interval 20 --past 12 $(BENCH_ARGS)

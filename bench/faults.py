@@ -15,6 +15,12 @@ checkpoint, so every fault has steps to recompute:
 * image missing on restart: ``spec.image`` changed to an image the registry lacks, then a
   crash: a restart that keeps the pods pulls nothing; one that recreates them cannot pull.
 
+A mode ending in ``+fast`` adds the fast checkpoint tier (``checkpoint.fast`` every
+``--fast-interval`` steps on each node's disk, each share copied to the peer node): with
+``--faults node-lost --interval 20 --past 12`` the node is lost 12+ steps past a persistent
+checkpoint, and the table shows what the fast tier saves (the restart resumes from the fast
+step the lost node's peer still holds) and the mean step time shows what it costs.
+
 Per fault: detection (injection to the operator's restart decision, polled every 0.2 s), first
 step (injection to the first step the new attempt logged), steps recomputed (the last step
 before the fault minus the step resumed from), and training time lost (first step plus the
@@ -22,6 +28,7 @@ recomputed steps at the median step time: the time until training is where it wa
 
     make bench-faults
     python bench/faults.py --modes in-place --faults crash kill
+    python bench/faults.py --modes recreate recreate+fast --faults node-lost --interval 20 --past 12
 """
 
 from __future__ import annotations
@@ -58,6 +65,8 @@ def _args() -> argparse.Namespace:
     p.add_argument("--modes", nargs="+", default=["in-place", "recreate"])
     p.add_argument("--faults", nargs="+", default=list(FAULTS), choices=FAULTS)
     p.add_argument("--interval", type=int, default=5, help="checkpoint every this many steps")
+    p.add_argument("--past", type=int, default=2, help="inject this many steps past a checkpoint")
+    p.add_argument("--fast-interval", type=int, default=2, help="the fast tier's interval")
     p.add_argument("--timeout", type=float, default=400, help="seconds per wait")
     p.add_argument("--dir", type=Path, help="keep the sandbox, logs and checkpoints here")
     return p.parse_args()
@@ -140,16 +149,20 @@ class Sandbox:
         raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-def _job(mode: str, *, interval: int, step_log: str) -> dict[str, Any]:
+def _job(mode: str, *, interval: int, fast_interval: int, step_log: str) -> dict[str, Any]:
     doc = yaml.safe_load((REPO / "examples" / "tiny-cpu.yaml").read_text())
     spec = doc["spec"]
     spec["nodes"] = 2
-    spec["restartPolicy"] = {"mode": mode, "nodeLostGraceSeconds": 5, "hangTimeoutSeconds": 60,
-                             "backoffSeconds": {"base": 0, "max": 0}, "budget": 20,
-                             "stopGraceSeconds": 20}  # fmt: skip
+    restart_mode, _, tier = mode.partition("+")
+    spec["restartPolicy"] = {"mode": restart_mode, "nodeLostGraceSeconds": 5,
+                             "hangTimeoutSeconds": 60, "backoffSeconds": {"base": 0, "max": 0},
+                             "budget": 20, "stopGraceSeconds": 20}  # fmt: skip
     trainer = spec["trainer"]
     trainer["train"].update(steps=100000, stepLog=step_log)
     trainer["checkpoint"] = {"path": f"runs/{mode}/ckpt", "intervalSteps": interval}
+    if tier == "fast":
+        fast = {"path": "/var/lib/omni-fast", "intervalSteps": fast_interval}
+        trainer["checkpoint"]["fast"] = fast
     return doc
 
 
@@ -184,7 +197,8 @@ def _inject(sb: Sandbox, fault: str) -> Callable[[], None]:
 def run_mode(sb: Sandbox, mode: str, faults: list[str], args: argparse.Namespace) -> list[Cost]:
     """The job in ``mode``, each fault in turn; stops at a fault that fails the job."""
     step_log = sb.cwd / "runs" / mode / "steps.jsonl"
-    doc = _job(mode, interval=args.interval, step_log=f"runs/{mode}/steps.jsonl")
+    doc = _job(mode, interval=args.interval, fast_interval=args.fast_interval,
+               step_log=f"runs/{mode}/steps.jsonl")  # fmt: skip
     sb.request("POST", f"/apis/omni.megascale.io/v1alpha1/namespaces/{NS}/omnitrainingjobs", doc)
     costs: list[Cost] = []
     try:
@@ -210,7 +224,7 @@ def _measure(sb: Sandbox, cost: Cost, step_log: Path, args: argparse.Namespace) 
     def ready() -> bool:
         recs = [r for r in _records(step_log) if r["attempt"] == attempt]
         step = max((r["step"] for r in recs), default=0)
-        return len(recs) >= args.interval + 2 and step % args.interval >= 2
+        return len(recs) >= args.interval + args.past and step % args.interval >= args.past
 
     sb.wait(f"{cost.mode}: attempt {attempt} training", ready, timeout=args.timeout)
     if cost.fault == "image-missing":
@@ -249,7 +263,9 @@ def _measure(sb: Sandbox, cost: Cost, step_log: Path, args: argparse.Namespace) 
     cost.recomputed = max(reached - (rec["step"] - 1), 0)
     median = statistics.median(_step_times(_records(step_log)))
     cost.lost_s = cost.first_step_s + cost.recomputed * median
-    cost.note = (f"{history['mode']} ({history['reason']}), step time {median:.2f} s, "
+    mean = statistics.mean(_step_times(_records(step_log)))
+    cost.note = (f"{history['mode']} ({history['reason']}), step time median {median:.2f} s "
+                 f"mean {mean:.3f} s, resumed at {rec['step'] - 1} (reached {reached}), "
                  f"operator lostSeconds {history.get('lostSeconds')}")  # fmt: skip
     if lost is not None:
         sb.fault("node-ready", lost)  # the node comes back for later placements

@@ -309,6 +309,10 @@ def render_pod(job: OmniTrainingJob, node: PlacedNode, *, attempt: int, gang: bo
             },
         ],
     }
+    fast = fast_tier_volume(job)
+    if fast is not None:
+        container["volumeMounts"].append(fast[0])
+        pod_spec["volumes"].append(fast[1])
     if in_place(job):
         container["volumeMounts"].append({"name": "supervisor", "mountPath": STATE_DIR})
         pod_spec["volumes"].append({"name": "supervisor", "emptyDir": {"sizeLimit": "1Mi"}})
@@ -325,6 +329,21 @@ def render_pod(job: OmniTrainingJob, node: PlacedNode, *, attempt: int, gang: bo
     if sched.priority_class_name:
         pod_spec["priorityClassName"] = sched.priority_class_name
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+
+def fast_tier_volume(job: OmniTrainingJob) -> tuple[Obj, Obj] | None:
+    """The mount and volume of ``checkpoint.fast`` (None without one): a hostPath, one
+    directory per job on the node (``<path>/<namespace>/<job>``), mounted at ``path``. Not an
+    emptyDir: that dies with its pod, and a node loss recreates every pod of the gang, so the
+    surviving nodes' shares and peer copies would die with them; a hostPath outlives the pod
+    and a restarted container alike, and goes only with its node's disk."""
+    ckpt = job.spec.trainer.checkpoint
+    if ckpt is None or ckpt.fast is None:
+        return None
+    host = f"{ckpt.fast.path.rstrip('/')}/{_namespace(job)}/{job.metadata.name}"
+    mount = {"name": "fast-checkpoints", "mountPath": ckpt.fast.path}
+    volume = {"name": "fast-checkpoints", "hostPath": {"path": host, "type": "DirectoryOrCreate"}}
+    return mount, volume
 
 
 def termination_grace_seconds(job: OmniTrainingJob) -> int:

@@ -47,6 +47,7 @@ import logging
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -370,13 +371,18 @@ class Kubelet:
             await self._patch(
                 f"/api/v1/nodes/{sim.name}", {"status": {"conditions": ready_condition(False)}}
             )
-            log.warning(f"sandbox: node {sim.name} lost (its processes killed)")
+            shutil.rmtree(self.node_disk(sim.name), ignore_errors=True)  # a new node's is empty
+            log.warning(f"sandbox: node {sim.name} lost (its processes and local disk)")
         elif fault in ("", "ready") and sim.lost:
             sim.lost = False
             await self._patch(
                 f"/api/v1/nodes/{sim.name}", {"status": {"conditions": ready_condition(True)}}
             )
             log.warning(f"sandbox: node {sim.name} is back")
+
+    def node_disk(self, node: str) -> Path:
+        """A node's local disk (its hostPath volumes live here; gone when the node is lost)."""
+        return self.workdir / "nodes" / node
 
     # -- pods ----------------------------------------------------------------------------------
     async def _sync_pod(self, pod: Obj, nodes: Mapping[str, Obj]) -> None:
@@ -590,8 +596,9 @@ class Kubelet:
 
     async def _volumes(self, pod: Obj, root: Path) -> dict[str, Path]:
         """ConfigMap and Secret volumes as files, emptyDirs as directories, a
-        PersistentVolumeClaim as one directory every pod shares (the sandbox's storage);
-        ``/dev/shm`` stays the host's."""
+        PersistentVolumeClaim as one directory every pod shares (the sandbox's storage), a
+        hostPath as a directory of the pod's node (:meth:`node_disk`); ``/dev/shm`` stays the
+        host's."""
         meta, spec = pod["metadata"], pod["spec"]
         dirs: dict[str, Path] = {}
         for vol in spec.get("volumes") or []:
@@ -599,6 +606,9 @@ class Kubelet:
             if "persistentVolumeClaim" in vol:
                 claim = vol["persistentVolumeClaim"]["claimName"]
                 path = self.workdir / "claims" / meta["namespace"] / claim
+            if "hostPath" in vol:  # the node's own disk: it goes when the node is lost
+                host = vol["hostPath"]["path"].lstrip("/")
+                path = self.node_disk(spec["nodeName"]) / host
             path.mkdir(parents=True, exist_ok=True)
             for kind in ("configMap", "secret"):
                 if kind in vol:

@@ -352,3 +352,26 @@ def test_bad_storage_settings_name_the_field(spec: dict[str, Any], complaint: st
     with pytest.raises(ManifestError) as err:
         _job(**spec)
     assert complaint.replace(".0.", "[0].") in str(err.value), str(err.value)
+
+
+def test_the_fast_checkpoint_tier_is_a_hostpath_per_job_on_each_node() -> None:
+    doc = yaml.safe_load((EXAMPLES / "paper-workload-a.yaml").read_text())
+    doc["metadata"]["namespace"] = "ml"
+    doc["spec"]["trainer"]["checkpoint"] = {
+        "path": "/ckpt/run",
+        "intervalSteps": 100,
+        "fast": {"path": "/var/lib/omni-fast", "intervalSteps": 10},
+    }
+    job = parse_job(doc)
+    pods = [o for o in _objects(job) if o["kind"] == "Pod"]
+    for pod in pods:
+        kubernetes_validate.validate(pod, kubernetes_validate.latest_version(), strict=True)
+        (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "fast-checkpoints"]
+        assert volume["hostPath"] == {
+            "path": f"/var/lib/omni-fast/ml/{job.metadata.name}",
+            "type": "DirectoryOrCreate",
+        }
+        mounts = pod["spec"]["containers"][0]["volumeMounts"]
+        assert {"name": "fast-checkpoints", "mountPath": "/var/lib/omni-fast"} in mounts
+    plain = [o for o in _objects(_job()) if o["kind"] == "Pod"]
+    assert all(v["name"] != "fast-checkpoints" for p in plain for v in p["spec"]["volumes"])

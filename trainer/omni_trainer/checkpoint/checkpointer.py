@@ -26,6 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,9 @@ from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from omni_trainer.checkpoint.async_save import BackgroundSaver, make_planner, save_dcp
-from omni_trainer.checkpoint.config import CheckpointConfig
+from omni_trainer.checkpoint.config import FAST, PERSISTENT, CheckpointConfig
+from omni_trainer.checkpoint.fast_io import FastTierIO, MarkerInfo
+from omni_trainer.checkpoint.fast_tier import FastPlan, NodeTier, latest_fast, newest_tier
 from omni_trainer.checkpoint.loader_state import (
     PER_RANK,
     SHARED,
@@ -98,6 +101,10 @@ class Checkpointer:
         attempt: the restart attempt writing (fencing: once a newer attempt resumed, this one
             can neither commit nor delete); default ``OMNI_RESTART_ATTEMPT``, which the
             operator sets; None (a local run): unfenced.
+        fast_root: this rank's node-local directory of the fast tier, with ``config.fast``
+            (default: its ``path``; tests simulating several nodes on one host pass their own).
+        local_world: ranks per node (default ``LOCAL_WORLD_SIZE``, which torchrun sets; ranks
+            are numbered node by node): rank r's fast-tier copy goes to rank r + local_world.
     """
 
     def __init__(
@@ -110,6 +117,8 @@ class Checkpointer:
         loader_scope: str = SHARED,
         cache_plans: bool = True,
         attempt: int | None = None,
+        fast_root: str | Path | None = None,
+        local_world: int | None = None,
     ) -> None:
         if loader_scope not in (SHARED, PER_RANK):
             raise ValueError(f"loader_scope must be {SHARED!r} or {PER_RANK!r}")
@@ -120,6 +129,21 @@ class Checkpointer:
             group = dist.new_group(backend="gloo")
         self.group = group
         self.rank = dist.get_rank() if self.distributed else 0
+        self.world = dist.get_world_size() if self.distributed else 1
+        env_local = os.environ.get("LOCAL_WORLD_SIZE")
+        self.local_world = local_world or (int(env_local) if env_local else self.world)
+        fast_dir = (fast_root or config.fast.path) if config.fast else None
+        self.fast = None
+        if fast_dir is not None:
+            planner = make_planner(cache_plans=cache_plans, key=f"omni-fast-{id(self)}")
+            self.fast = FastTierIO(
+                NodeTier(fast_dir),
+                group=self.group,
+                rank=self.rank,
+                world=self.world,
+                local_world=self.local_world,
+                planner=planner,
+            )
         self.layout = dict(layout or {})
         self.loader_scope = loader_scope
         tag = hashlib.sha256(self.storage.url.encode()).hexdigest()[:12]
@@ -137,12 +161,17 @@ class Checkpointer:
         step: int,
         state: ModelState | Callable[[], ModelState],
         loader_state: Any | None = None,
+        *,
+        tier: str = PERSISTENT,
     ) -> None:
-        """Checkpoint ``step`` (optimizer steps completed) on every rank.
+        """Checkpoint ``step`` (optimizer steps completed) on every rank, in ``tier``
+        (``"persistent"`` or ``"fast"``, the latter only with ``checkpoint.fast``).
 
         Blocks for the previous save to finish, then for the host copy of this rank's share and
         the loader snapshot only; the rest runs in the background (unless ``async`` is off).
         """
+        if tier == FAST and self.fast is None:
+            raise ValueError("a fast-tier save needs checkpoint.fast")
         previous = self._saver.wait()
         if previous is not None and not previous.committed:
             log.error("checkpoint %s not committed: %s", step_name(previous.step), previous.errors)
@@ -154,10 +183,11 @@ class Checkpointer:
         )
         loader = snapshot(loader_state) if writes_loader else None
         blocking = time.perf_counter() - start
+        write = self._write_fast if tier == FAST else self._write
         if self.config.async_save:
-            self._saver.submit(self._write, step, staged, loader, blocking)
+            self._saver.submit(write, step, staged, loader, blocking)
         else:
-            self._last_sync = self._write(step, staged, loader, blocking)
+            self._last_sync = write(step, staged, loader, blocking)
 
     def wait(self) -> SaveResult | None:
         """Wait for the save in flight; its result (None when there was none)."""
@@ -189,8 +219,7 @@ class Checkpointer:
         error: str | None = None
         local = storage.local_dir(step) or self.scratch / step_name(step)
         try:
-            if self.rank == 0 and self.attempt is not None and storage.attempt is None:
-                storage.claim(self.attempt)  # a run that did not resume
+            self._claim_once()
             if self.rank == 0 and step in storage.list_steps():
                 storage.remove(step)  # a partial save of this step from a crashed run
             self._barrier()
@@ -235,34 +264,83 @@ class Checkpointer:
             errors=errors,
         )
 
+    def _claim_once(self) -> None:
+        """Rank 0 claims the persistent root for its attempt (a run that did not resume)."""
+        if self.rank == 0 and self.attempt is not None and self.storage.attempt is None:
+            self.storage.claim(self.attempt)
+
+    def _write_fast(
+        self, step: int, staged: dict[str, Any], loader: Any | None, blocking: float
+    ) -> SaveResult:
+        """Background part of a fast-tier save (see :meth:`FastTierIO.write`)."""
+        start = time.perf_counter()
+        try:
+            self._claim_once()
+        except Exception as exc:  # Fenced: FastTierIO's fence check refuses the commit too
+            log.error("fast checkpoint %s: claim failed: %s", step_name(step), exc)
+        info = MarkerInfo(self.layout, {"loader": self.loader_scope, "tier": FAST})
+        errors = self.fast.write(
+            step,
+            staged,
+            loader,
+            fence_keeper=self.storage,
+            info=info,
+            keep_last=self.config.fast.keep_last,
+        )
+        return SaveResult(
+            step=step,
+            committed=not errors,
+            blocking_s=blocking,
+            background_s=time.perf_counter() - start,
+            errors=errors,
+        )
+
     # -- loading ---------------------------------------------------------------------------
     def latest_step(self) -> int | None:
-        """The newest complete step (rank 0 looks, every rank gets the answer). A fenced
+        """The newest complete step in any tier (every rank gets the answer). A fenced
         writer first claims the storage for its attempt and records the step it resumes from.
 
         Raises:
             Fenced: on every rank, when a newer attempt already claimed the storage.
         """
-        found: tuple[int | None, str | None] = (None, None)
+        return self._latest()[0]
+
+    def _latest(self) -> tuple[int | None, FastPlan | None]:
+        """The newest step complete in either tier, and the fast-tier plan when it wins."""
+        inventories = self._all_gather(self.fast.node.inventory()) if self.fast else []
+        found: tuple[int | None, FastPlan | None, str | None] = (None, None, None)
         if self.rank == 0:
             try:
                 if self.attempt is not None:
                     self.storage.claim(self.attempt)
-                step = self.storage.latest_complete()
+                persistent = self.storage.latest_complete()
+                plan = latest_fast(inventories, self.storage.read_fence()) if self.fast else None
+                tier = newest_tier(persistent, plan.step if plan else None)
+                step = plan.step if tier == FAST else persistent
                 self.storage.resumed_from(step)
-                found = (step, None)
+                found = (step, plan if tier == FAST else None, None)
             except Fenced as exc:
-                found = (None, str(exc))
-        step, fenced = self._broadcast(found)
+                found = (None, None, str(exc))
+        step, plan, fenced = self._broadcast(found)
         if fenced:
             raise Fenced(fenced)
-        return step
+        return step, plan
 
     def load_latest(self, state: ModelState) -> Resume | None:
-        """Load the newest complete checkpoint into ``state`` (any layout); None when there is
-        none. Partial or corrupt newer checkpoints are skipped with a warning."""
-        step = self.latest_step()
-        return None if step is None else self.load(step, state)
+        """Load the newest checkpoint complete in either tier into ``state`` (any layout);
+        None when there is none. Partial or corrupt newer checkpoints are skipped with a
+        warning."""
+        step, plan = self._latest()
+        if step is None:
+            return None
+        return self.load(step, state) if plan is None else self._load_fast(plan, state)
+
+    def _load_fast(self, plan: FastPlan, state: ModelState) -> Resume:
+        """Gather a fast-tier step from the nodes holding its files, then load it."""
+        download = self.scratch / "load" / step_name(plan.step)
+        self.fast.gather(plan, download)
+        read = lambda rel: (download / rel).read_bytes()  # noqa: E731
+        return self._load_from(download, plan.marker, state, read=read, cleanup=download)
 
     def load(self, step: int, state: ModelState) -> Resume:
         """Load checkpoint ``step`` into this rank's parameters and optimizer state.
@@ -276,6 +354,20 @@ class Checkpointer:
             raise FileNotFoundError(f"{self.storage.url}/{step_name(step)} is not committed")
         download = self.scratch / "load" / step_name(step)
         root = self.storage.fetch(step, download, prefix="model/")
+        read = partial(self.storage.read_bytes, step)
+        return self._load_from(root, marker, state, read=read, cleanup=download)
+
+    def _load_from(
+        self,
+        root: Path,
+        marker: dict[str, Any],
+        state: ModelState,
+        *,
+        read: Callable[[str], bytes | None],
+        cleanup: Path,
+    ) -> Resume:
+        """Load a step's ``model/`` files under ``root`` and this rank's loader file through
+        ``read``; ``cleanup`` is removed after (a download, never the persistent root)."""
         try:
             reader = FileSystemReader(root / "model")
             available = {
@@ -292,16 +384,15 @@ class Checkpointer:
                 no_dist=not self.distributed,
             )
             apply()
+            loader = None
+            rel = file_for(self.rank, marker.get("loader", SHARED))
+            if rel in marker["files"]:
+                raw = read(rel)
+                loader = None if raw is None else deserialize(raw)
         finally:
-            shutil.rmtree(download, ignore_errors=True)
-        loader = None
-        scope = marker.get("loader", SHARED)
-        rel = file_for(self.rank, scope)
-        if rel in marker["files"]:
-            raw = self.storage.read_bytes(step, rel)
-            loader = None if raw is None else deserialize(raw)
+            shutil.rmtree(cleanup, ignore_errors=True)
         self._barrier()
-        return Resume(step=step, loader_state=loader, layout=marker.get("layout", {}))
+        return Resume(step=marker["step"], loader_state=loader, layout=marker.get("layout", {}))
 
     # -- collectives on the checkpoint group (never P2P) -------------------------------------
     def _barrier(self) -> None:
@@ -313,7 +404,7 @@ class Checkpointer:
             return [obj]
         return comm.all_gather_object(obj, group=self.group)
 
-    def _broadcast(self, obj: Any) -> Any:
+    def _broadcast(self, obj: Any, *, src: int = 0) -> Any:
         if not self.distributed:
             return obj
-        return comm.broadcast_object(obj, src=0, group=self.group)
+        return comm.broadcast_object(obj, src=src, group=self.group)

@@ -2,9 +2,36 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from omni_trainer.config_base import Spec
+
+
+class FastTierConfig(Spec):
+    """The fast checkpoint tier: frequent saves on each node's local disk plus a copy on a
+    peer node, so a lost node's share survives on its peer (the persistent tier stays the
+    ``checkpoint.path`` one, saved less often)."""
+
+    path: str = Field(
+        description="an absolute directory on each node's local disk; pods mount it from a "
+        "hostPath (DirectoryOrCreate), not an emptyDir: an emptyDir dies with its pod, and a "
+        "node loss recreates every pod of the gang, so the survivors' copies would die too"
+    )
+    interval_steps: int = Field(
+        ge=1,
+        description="save to the fast tier after every N optimizer steps (smaller than "
+        "checkpoint.intervalSteps; a step due in both tiers goes to the persistent one)",
+    )
+    keep_last: int = Field(2, ge=1, description="fast-tier steps each node keeps")
+
+    @model_validator(mode="after")
+    def _local_dir(self) -> FastTierConfig:
+        if self.path.startswith("s3://") or not self.path.startswith("/"):
+            raise ValueError(
+                f"path {self.path!r} must be an absolute node-local directory (e.g. "
+                "/var/lib/omni/fast); S3 or a shared PVC belongs in checkpoint.path"
+            )
+        return self
 
 
 class CheckpointConfig(Spec):
@@ -33,6 +60,22 @@ class CheckpointConfig(Spec):
         "downloaded before load; default: the system temp dir",
     )
 
+    fast: FastTierConfig | None = Field(
+        None,
+        description="a fast tier saved more often on node-local disks, each share copied to a "
+        "peer node; a restart resumes from the newest step complete in either tier",
+    )
+
+    @model_validator(mode="after")
+    def _fast_more_often(self) -> CheckpointConfig:
+        if self.fast is not None and self.fast.interval_steps >= self.interval_steps:
+            raise ValueError(
+                f"fast.intervalSteps ({self.fast.interval_steps}) must be smaller than "
+                f"intervalSteps ({self.interval_steps}): the fast tier saves more often than "
+                "the persistent one; lower fast.intervalSteps or raise intervalSteps"
+            )
+        return self
+
     def is_s3(self) -> bool:
         """True when :attr:`path` names an S3 location."""
         return self.path.startswith("s3://")
@@ -40,3 +83,15 @@ class CheckpointConfig(Spec):
     def due(self, step: int) -> bool:
         """Whether the checkpoint after ``step`` completed optimizer steps is due."""
         return step > 0 and step % self.interval_steps == 0
+
+    def tier_due(self, step: int) -> str | None:
+        """The tier whose save is due after ``step`` steps: ``"persistent"``, ``"fast"`` or
+        None (the persistent tier wins a step due in both)."""
+        if self.due(step):
+            return PERSISTENT
+        if self.fast is not None and step > 0 and step % self.fast.interval_steps == 0:
+            return FAST
+        return None
+
+
+PERSISTENT, FAST = "persistent", "fast"

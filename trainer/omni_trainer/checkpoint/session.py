@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Callable
 
 from omni_trainer.checkpoint.checkpointer import Checkpointer, SaveResult
-from omni_trainer.checkpoint.config import CheckpointConfig
+from omni_trainer.checkpoint.config import PERSISTENT, CheckpointConfig
 from omni_trainer.checkpoint.state import ModelState
 from omni_trainer.components.dataplane import DataPlane
 from omni_trainer.components.metrics import MetricsSink
@@ -68,16 +68,18 @@ class CheckpointSession:
             Checkpointer(CheckpointConfig(path=root), cache_plans=False).load(step, weights)
 
     def due(self, step: int) -> bool:
-        return self.checkpointer is not None and self.cfg.due(step)
+        return self.checkpointer is not None and self.cfg.tier_due(step) is not None
 
     def save(self, step: int) -> None:
-        """Asynchronous checkpoint after ``step`` completed steps; the loop waits for the host
+        """Asynchronous checkpoint after ``step`` completed steps, in the tier due then (the
+        persistent one for an emergency save off the schedule); the loop waits for the host
         copy only. The loader state saved is every shard's, so any layout can resume it."""
+        tier = self.cfg.tier_due(step) or PERSISTENT
         with self.timer.span("checkpoint_blocking"):
             previous = self.checkpointer.wait()  # save() would wait for it too; we report it
             everyone = comm.all_gather_object(self.data.state_dict(), group=self.groups.dp)
             shards = {k: v for state in everyone for k, v in state["shards"].items()}
-            self.checkpointer.save(step, self.state(), {"shards": shards})
+            self.checkpointer.save(step, self.state(), {"shards": shards}, tier=tier)
             self.saved_step = step
         self._report(previous)
 

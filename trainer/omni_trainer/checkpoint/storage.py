@@ -71,6 +71,28 @@ class Fenced(RuntimeError):
     """This attempt was superseded: a newer one started on the same checkpoints."""
 
 
+def superseded(marker: dict[str, Any], fence: dict[str, Any] | None) -> bool:
+    """Committed by a superseded attempt past the step the newer one resumed from (it slipped
+    between its fence check and its marker write): never counted, in any tier."""
+    if not fence or "resumedFrom" not in fence or marker.get("attempt") is None:
+        return False
+    return marker["attempt"] < fence["attempt"] and marker["step"] > fence["resumedFrom"]
+
+
+def doomed_steps(
+    steps: list[int], complete: list[int], *, keep_last: int, fence: dict[str, Any] | None
+) -> list[int]:
+    """The steps retention deletes: all but the newest ``keep_last`` complete ones and the
+    step the current attempt resumed from (it may still be loading it); partial steps newer
+    than the newest complete one are kept (their save may still be in flight)."""
+    if not complete:
+        return []
+    keep = set(complete[-keep_last:])
+    if fence and fence.get("resumedFrom", -1) >= 0:
+        keep.add(fence["resumedFrom"])
+    return [s for s in steps if s not in keep and s < complete[-1]]
+
+
 class CheckpointStorage(ABC):
     """A root holding ``step-*`` directories; subclasses supply the I/O primitives."""
 
@@ -174,12 +196,6 @@ class CheckpointStorage(ABC):
             )
         return fence
 
-    def _superseded(self, marker: dict[str, Any], fence: dict[str, Any] | None) -> bool:
-        """Committed by a superseded attempt past the step the newer one resumed from."""
-        if not fence or "resumedFrom" not in fence or marker.get("attempt") is None:
-            return False
-        return marker["attempt"] < fence["attempt"] and marker["step"] > fence["resumedFrom"]
-
     def remove(self, step: int) -> None:
         """Delete a step unless a newer attempt took over (then :class:`Fenced`)."""
         self.check_fence()
@@ -200,6 +216,16 @@ class CheckpointStorage(ABC):
             Fenced: a newer attempt claimed the root (nothing is written).
         """
         self.check_fence()
+        self.write_marker(step, self.marker(step, files, layout, extra))
+
+    def marker(
+        self,
+        step: int,
+        files: dict[str, FileEntry],
+        layout: dict[str, Any],
+        extra: dict[str, Any] | None = None,
+    ) -> bytes:
+        """The commit marker of ``step`` written by this storage's attempt."""
         marker = {
             **(extra or {}),
             "format": FORMAT,
@@ -209,7 +235,7 @@ class CheckpointStorage(ABC):
             "layout": layout,
             "files": {rel: asdict(entry) for rel, entry in sorted(files.items())},
         }
-        self.write_marker(step, json.dumps(marker, indent=1).encode())
+        return json.dumps(marker, indent=1).encode()
 
     def read_marker(self, step: int) -> dict[str, Any] | None:
         """The parsed marker of ``step``, or None when missing or unreadable."""
@@ -230,7 +256,7 @@ class CheckpointStorage(ABC):
         marker = self.read_marker(step)
         if marker is None:
             return "no valid commit marker (partial or interrupted save)"
-        if self._superseded(marker, fence):
+        if superseded(marker, fence):
             return (
                 f"committed by attempt {marker['attempt']} after attempt {fence['attempt']} "
                 f"resumed from step {fence['resumedFrom']} (a superseded attempt)"
@@ -266,12 +292,7 @@ class CheckpointStorage(ABC):
         fence = self.check_fence()
         steps = self.list_steps()
         complete = [s for s in steps if self.problem(s, fence) is None]
-        if not complete:
-            return []
-        keep = set(complete[-keep_last:])
-        if fence and fence.get("resumedFrom", -1) >= 0:
-            keep.add(fence["resumedFrom"])  # the current attempt may still be loading it
-        doomed = [s for s in steps if s not in keep and s < complete[-1]]
+        doomed = doomed_steps(steps, complete, keep_last=keep_last, fence=fence)
         for s in doomed:
             self.delete_step(s)
         if doomed:
