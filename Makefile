@@ -24,8 +24,21 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(BIN)/omni train examples/tiny-cpu.yaml --summary runs/tiny-cpu/summary.json
 
+# The README's test command, in two lanes side by side: the Kubernetes tests (tests/sandbox,
+# tests/operator: the real operator, kubelet and trainer processes, much of it waiting on polls)
+# and the rest (mostly computing), so the run takes about the longer lane, not their sum. Each
+# lane prints its slowest tests. With PYTEST_ARGS, one pytest run with those arguments instead.
 test: setup
+ifeq ($(strip $(PYTEST_ARGS)),)
+	@$(BIN)/python -m pytest -q --durations=10 -p no:cacheprovider tests/sandbox tests/operator \
+	  > .pytest-kubernetes.log 2>&1 & lane=$$!; \
+	$(BIN)/python -m pytest -q --durations=10 --ignore=tests/sandbox --ignore=tests/operator; \
+	rest=$$?; wait $$lane; kube=$$?; \
+	echo "---- tests/sandbox tests/operator (run beside the above)"; cat .pytest-kubernetes.log; \
+	echo "test lanes: rest exit $$rest, kubernetes exit $$kube"; [ $$rest -eq 0 ] && [ $$kube -eq 0 ]
+else
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+endif
 
 lint: setup
 	$(BIN)/ruff check .
