@@ -59,6 +59,7 @@ def final_report(summary: Mapping[str, Any]) -> str:
         "mfu": summary.get("mfu"),
         "resumedFrom": first,
         "checkpointStep": summary.get("last_checkpoint_step"),
+        "preflight": summary.get("preflight"),  # the network check's figures (a dict)
     }
     return json.dumps({k: v for k, v in report.items() if v is not None})
 
