@@ -34,6 +34,7 @@ from typing import Any, Literal
 from omni_operator.render import ANNOTATION_NODE, LABEL_RANK
 from omni_operator.spec import OmniTrainingJobSpec
 from omni_operator.status import RestartRecord
+from omni_trainer.distributed.netcheck_rules import parse_failure
 from omni_trainer.supervisor import untag
 
 Obj = Mapping[str, Any]
@@ -47,6 +48,7 @@ FailureKind = Literal[
     "image_pull_failed",
     "start_timeout",
     "stopped",
+    "preflight_failed",
 ]
 
 REASONS: Mapping[FailureKind, str] = {
@@ -59,6 +61,7 @@ REASONS: Mapping[FailureKind, str] = {
     "image_pull_failed": "ImagePullFailed",
     "start_timeout": "StartTimeout",
     "stopped": "GracefulStop",
+    "preflight_failed": "PreflightFailed",
 }
 """CamelCase reasons for status, conditions and Events (Kubernetes convention)."""
 
@@ -375,6 +378,9 @@ def classify(
 
     # 3. Failed pods: a non-retryable exit code, a crash before any step, or a plain failure.
     exits = [e for e in (_terminated(p, placement, current) for p in live) if e is not None]
+    preflight = _preflight_failure(exits)
+    if preflight is not None:
+        return preflight
     if exits:
         for e in exits:
             if e.code is not None and e.code in policy.non_retryable_exit_codes:
@@ -473,6 +479,30 @@ def classify(
                 pods=tuple(sorted(p["metadata"]["name"] for p in live)),
             )
     return None
+
+
+def _preflight_failure(exits: list[_Exit]) -> Failure | None:
+    """The trainers' network preflight failed: the nodes any pod named (a silent node is named
+    by its neighbours only). Nodes are blamed only when the check could tell which (with two
+    nodes one slow link names both: no quarantine, the restart is charged)."""
+    found = [(e, doc) for e in exits if (doc := parse_failure(e.message)) is not None]
+    if not found:
+        return None
+    named = sorted({n for _, doc in found for n in doc.get("failed") or []})
+    blamed = tuple(n for n in named if all(doc.get("attributed", True) for _, doc in found))
+    figures = next((doc.get("nodes") for _, doc in found if doc.get("complete")), {}) or {}
+    said = ", ".join(
+        f"{n} {'no answer' if figures.get(n) is None else f'{figures[n]:.3g} GB/s'}" for n in named
+    )
+    return Failure(
+        "preflight_failed",
+        f"network preflight failed on node{'s' if len(named) != 1 else ''} "
+        f"{', '.join(named) or '(none named)'} ({said or 'a peer stopped answering'}): "
+        + ("replacing them" if blamed else "the slow side cannot be told, restarting"),
+        nodes=blamed,
+        pods=tuple(e.pod for e, _ in found),
+        exit_code=found[0][0].code,
+    )
 
 
 def next_deadline(
@@ -579,7 +609,9 @@ def restarts_without_progress(
     for record in reversed(history):
         if record.from_step != latest_checkpoint_step:
             break
-        used += 1
+        # a preflight that named its nodes replaced them before any step: no budget spent
+        # (each such restart quarantines a node, so the cluster's size bounds them)
+        used += not (record.reason == "PreflightFailed" and record.nodes)
     return used
 
 
@@ -595,7 +627,9 @@ def quarantined_nodes(
     counts: Counter[str] = Counter(n for r in history for n in r.nodes)
     if failure is not None:
         counts.update(failure.nodes)
-    return tuple(sorted(set(already) | {n for n, c in counts.items() if c >= threshold}))
+    at_once = failure.nodes if failure is not None and failure.kind == "preflight_failed" else ()
+    hit = {n for n, c in counts.items() if c >= threshold}
+    return tuple(sorted(set(already) | hit | set(at_once)))
 
 
 def decide_restart(
