@@ -91,6 +91,8 @@ class Failure:
     """Nodes blamed for the failure (quarantine counts these); empty when no node is at fault."""
     pods: tuple[str, ...] = ()
     exit_code: int | None = None
+    preflight: Mapping[str, Any] | None = None
+    """The trainers' network preflight result, when that is what failed."""
 
     @property
     def reason(self) -> str:
@@ -502,6 +504,7 @@ def _preflight_failure(exits: list[_Exit]) -> Failure | None:
         nodes=blamed,
         pods=tuple(e.pod for e, _ in found),
         exit_code=found[0][0].code,
+        preflight=next((doc for _, doc in found if doc.get("complete")), found[0][1]),
     )
 
 
@@ -609,10 +612,14 @@ def restarts_without_progress(
     for record in reversed(history):
         if record.from_step != latest_checkpoint_step:
             break
-        # a preflight that named its nodes replaced them before any step: no budget spent
-        # (each such restart quarantines a node, so the cluster's size bounds them)
-        used += not (record.reason == "PreflightFailed" and record.nodes)
+        used += not is_free(record.reason, record.nodes)
     return used
+
+
+def is_free(reason: str, nodes: Sequence[str]) -> bool:
+    """A preflight that named its nodes replaced them before any step: its restart spends no
+    budget (each quarantines a node, so the cluster's size bounds them)."""
+    return reason == "PreflightFailed" and bool(nodes)
 
 
 def quarantined_nodes(
@@ -665,6 +672,7 @@ def decide_restart(
         history, failure, threshold=policy.quarantine_after_failures, already=quarantined
     )
     used = restarts_without_progress(history, latest_checkpoint_step)
+    charge = 0 if is_free(failure.reason, failure.nodes) else 1
     if not failure.retryable:
         return Decision(
             "fail",
@@ -674,7 +682,7 @@ def decide_restart(
             quarantine=quarantine,
             from_step=latest_checkpoint_step,
         )
-    if used >= policy.budget:
+    if charge and used >= policy.budget:
         since = (
             f"checkpoint step {latest_checkpoint_step}"
             if latest_checkpoint_step is not None
@@ -700,9 +708,10 @@ def decide_restart(
     )
     new_q = sorted(set(quarantine) - set(quarantined))
     how = " in place" if mode == "in-place" else ""
+    left = max(policy.budget - used - charge, 0)
     message = (
         f"{failure.message}; restarting{how} as attempt {attempt + 1} from {resume} in {delay:g} s "
-        f"({policy.budget - used - 1} of {policy.budget} restarts left without progress)"
+        f"({left} of {policy.budget} restarts left without progress)"
         + (f"; quarantined node{'s' if len(new_q) > 1 else ''} {', '.join(new_q)}" if new_q else "")
     )
     record = RestartRecord(
@@ -727,7 +736,7 @@ def decide_restart(
         message,
         delay_seconds=delay,
         restart_at=now + dt.timedelta(seconds=delay),
-        budget_left=policy.budget - used - 1,
+        budget_left=left,
         quarantine=quarantine,
         from_step=latest_checkpoint_step,
         record=record,
