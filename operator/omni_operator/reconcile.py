@@ -664,7 +664,7 @@ def _record_preflight(s: _Step, doc: Any) -> None:
     status = PreflightStatus.from_report(doc, s.now_s)
     s.set(preflight=status)
     if status.verdict == "Passed":
-        figures = ", ".join(f"{n} {g:.3g}" for n, g in status.nodes.items() if g is not None)
+        figures = ", ".join(f"{x.node} {x.gbps:.3g}" for x in status.nodes if x.gbps is not None)
         s.condition("Preflight", "True", "PreflightPassed", f"node links GB/s: {figures}")
     else:
         s.condition("Preflight", "False", "PreflightFailed", f"failed: {', '.join(status.failed)}")

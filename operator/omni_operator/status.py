@@ -65,13 +65,21 @@ class CheckpointStatus(Spec):
     time: str | None = None
 
 
+class NodeLink(Spec):
+    """A node's figure in the network preflight."""
+
+    node: str
+    gbps: float | None = Field(None, description="its best link in GB/s (null: no answer)")
+
+
 class PreflightStatus(Spec):
     """The latest network preflight of the gang (``spec.preflight``): per node figures."""
 
     verdict: Literal["Passed", "Failed"]
     time: str = Field(description="when the operator saw the result")
-    nodes: dict[str, float | None] = Field(
-        default_factory=dict, description="each node's best link in GB/s (null: no answer)"
+    nodes: list[NodeLink] = Field(
+        default_factory=list,
+        description="each node's best link (a list: a merge patch replaces it whole)",
     )
     failed: list[str] = Field(default_factory=list)
     all_reduce_gbps: float | None = Field(None, description="all-reduce bus bandwidth, GB/s")
@@ -84,6 +92,7 @@ class PreflightStatus(Spec):
     def from_report(cls, doc: dict[str, Any], time: str) -> PreflightStatus:
         """From the trainer's result (``PreflightResult`` as a dict)."""
         known = {k: v for k, v in doc.items() if k in cls.model_fields}
+        known["nodes"] = [{"node": n, "gbps": g} for n, g in (doc.get("nodes") or {}).items()]
         verdict = "Passed" if doc.get("passed", not doc.get("failed")) else "Failed"
         return cls.model_validate({**known, "verdict": verdict, "time": time})
 

@@ -49,6 +49,9 @@ def test_success_records_the_passing_figures() -> None:
     a = reconcile(_obs(job, status, _succeeded(owned, final), progress=None))
     assert a.status["phase"] == "Succeeded"
     pf = a.status["preflight"]
-    assert pf["verdict"] == "Passed" and pf["nodes"] == {"n0": 3.5, "n1": 3.1}
+    assert pf["verdict"] == "Passed" and pf["nodes"] == [
+        {"node": "n0", "gbps": 3.5},
+        {"node": "n1", "gbps": 3.1},
+    ]
     assert pf["allReduceGbps"] == 2.0 and pf["seconds"] == 1.5 and pf["time"] == T
     assert _cond(a.status, "Preflight")["status"] == "True"
