@@ -39,6 +39,7 @@ def worker(size_mb: float, late_s: float) -> None:
     result = run_preflight(cfg, rank=rank, node=f"n{rank}")
     if rank == 0:
         print(json.dumps(asdict(result)), flush=True)
+    dist.destroy_process_group()
 
 
 def measure(size_mb: float, late_s: float) -> dict:

@@ -15,6 +15,7 @@ from omni_trainer.distributed.netcheck_rules import (
     parse_failure,
     ring_phases,
 )
+from omni_trainer.termination import LIMIT_BYTES
 
 CFG = PreflightConfig()
 
@@ -101,3 +102,12 @@ def test_failure_message_round_trips():
     assert doc["failed"] == ["c"] and doc["passed"] is False and doc["nodes"]["a"] == 10.0
     assert parse_failure("RuntimeError: boom") is None
     assert parse_failure("PreflightFailed: not json") is None
+
+
+def test_a_large_gangs_failure_message_keeps_the_failed_nodes_within_the_limit():
+    nodes = [f"node-{i:04d}" for i in range(400)]
+    links = {(a, b): 10.0 for a, b in zip(nodes, nodes[1:] + nodes[:1], strict=True)}
+    links[(nodes[6], nodes[7])] = links[(nodes[7], nodes[8])] = 1.0
+    message = failure_message(judge(nodes, links, CFG))
+    assert len(message.encode()) <= LIMIT_BYTES
+    assert parse_failure(message)["nodes"] == {"node-0007": 1.0}

@@ -17,11 +17,12 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from pydantic import Field
 
 from omni_trainer.config_base import Spec
+from omni_trainer.termination import LIMIT_BYTES
 
 MESSAGE_PREFIX = "PreflightFailed: "
 """How a failed preflight starts the pod's termination message (JSON after it)."""
@@ -205,8 +206,13 @@ def judge(
 
 
 def failure_message(result: PreflightResult) -> str:
-    """The termination message the operator classifies as PreflightFailed."""
-    return MESSAGE_PREFIX + result.to_json()
+    """The termination message the operator classifies as PreflightFailed; with a large gang
+    only the failed nodes' figures, within the size Kubernetes keeps."""
+    text = MESSAGE_PREFIX + result.to_json()
+    if len(text.encode()) <= LIMIT_BYTES:
+        return text
+    kept = {n: g for n, g in result.nodes.items() if n in result.failed}
+    return MESSAGE_PREFIX + replace(result, nodes=kept).to_json()
 
 
 def parse_failure(message: str) -> dict | None:
