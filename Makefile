@@ -101,6 +101,11 @@ BENCH_ARGS ?=
 bench-checkpoint: setup
 	$(BIN)/python bench/checkpoint.py $(BENCH_ARGS)
 
+# What the network preflight adds to an attempt (seconds) per size, healthy and one node late.
+.PHONY: bench-preflight
+bench-preflight: setup
+	$(BIN)/python bench/preflight.py $(BENCH_ARGS)
+
 # --- install and observe (chart, dashboards, images) -------------------------------------------
 .PHONY: dashboards chart images
 

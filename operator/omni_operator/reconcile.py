@@ -48,6 +48,7 @@ from omni_operator.status import (
     Condition,
     OmniTrainingJobStatus,
     Phase,
+    PreflightStatus,
     RestartRecord,
 )
 from omni_trainer.supervisor import ATTEMPT_KEY
@@ -526,6 +527,7 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
                 # the attempt ran and ended between two polls: cost its restart from the report
                 s.set(restart_history=_restart_cost(s, ago_s=final.since_first_step_s))
             _apply_progress(s, final)
+        _record_preflight(s, (final_report(pods) or {}).get("preflight"))
         s.set(completion_time=s.now_s)
         s.condition("PodsRunning", "False", "Completed", "all pods succeeded")
         s.condition("Complete", "True", "Succeeded", f"all {spec.nodes} pods succeeded")
@@ -587,6 +589,7 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
         mode=mode,
     )
     s.set(quarantined_nodes=list(decision.quarantine), restart_budget_left=decision.budget_left)
+    _record_preflight(s, failure.preflight)
     if decision.action == "fail":
         s.delete_pods([p for p, ph in zip(pods, phases, strict=True) if ph not in TERMINAL])
         s.set(completion_time=s.now_s)
@@ -621,9 +624,9 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
     return s.finish()
 
 
-def final_progress(pods: Sequence[Obj]) -> Progress | None:
-    """The final figures node rank 0's trainer wrote to its termination message on success
-    (``omni_trainer.termination.final_report``): step, tokens/s, MFU, checkpoints."""
+def final_report(pods: Sequence[Obj]) -> dict[str, Any] | None:
+    """What node rank 0's trainer wrote to its termination message on success
+    (``omni_trainer.termination.final_report``), or None."""
     for pod in pods:
         if (pod["metadata"].get("labels") or {}).get(LABEL_RANK) != "0":
             continue
@@ -635,17 +638,36 @@ def final_progress(pods: Sequence[Obj]) -> Progress | None:
                 report = json.loads(term["message"])
             except ValueError:
                 return None
-            if not isinstance(report, dict):
-                return None
-            return Progress(
-                step=_int(report.get("step")),
-                checkpoint_step=_int(report.get("checkpointStep")),
-                tokens_per_second=_float(report.get("tokensPerSecond")),
-                mfu=_float(report.get("mfu")),
-                resumed_from=_int(report.get("resumedFrom")),
-                since_first_step_s=_float(report.get("sinceFirstStepSeconds")),
-            )
+            return report if isinstance(report, dict) else None
     return None
+
+
+def final_progress(pods: Sequence[Obj]) -> Progress | None:
+    """The final figures of :func:`final_report`: step, tokens/s, MFU, checkpoints."""
+    report = final_report(pods)
+    if report is None:
+        return None
+    return Progress(
+        step=_int(report.get("step")),
+        checkpoint_step=_int(report.get("checkpointStep")),
+        tokens_per_second=_float(report.get("tokensPerSecond")),
+        mfu=_float(report.get("mfu")),
+        resumed_from=_int(report.get("resumedFrom")),
+        since_first_step_s=_float(report.get("sinceFirstStepSeconds")),
+    )
+
+
+def _record_preflight(s: _Step, doc: Any) -> None:
+    """``status.preflight`` and the Preflight condition from the trainers' result."""
+    if not isinstance(doc, dict):
+        return
+    status = PreflightStatus.from_report(doc, s.now_s)
+    s.set(preflight=status)
+    if status.verdict == "Passed":
+        figures = ", ".join(f"{x.node} {x.gbps:.3g}" for x in status.nodes if x.gbps is not None)
+        s.condition("Preflight", "True", "PreflightPassed", f"node links GB/s: {figures}")
+    else:
+        s.condition("Preflight", "False", "PreflightFailed", f"failed: {', '.join(status.failed)}")
 
 
 def _int(v: Any) -> int | None:

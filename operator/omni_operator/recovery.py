@@ -34,6 +34,7 @@ from typing import Any, Literal
 from omni_operator.render import ANNOTATION_NODE, LABEL_RANK
 from omni_operator.spec import OmniTrainingJobSpec
 from omni_operator.status import RestartRecord
+from omni_trainer.distributed.netcheck_rules import parse_failure
 from omni_trainer.supervisor import untag
 
 Obj = Mapping[str, Any]
@@ -47,6 +48,7 @@ FailureKind = Literal[
     "image_pull_failed",
     "start_timeout",
     "stopped",
+    "preflight_failed",
 ]
 
 REASONS: Mapping[FailureKind, str] = {
@@ -59,6 +61,7 @@ REASONS: Mapping[FailureKind, str] = {
     "image_pull_failed": "ImagePullFailed",
     "start_timeout": "StartTimeout",
     "stopped": "GracefulStop",
+    "preflight_failed": "PreflightFailed",
 }
 """CamelCase reasons for status, conditions and Events (Kubernetes convention)."""
 
@@ -88,6 +91,8 @@ class Failure:
     """Nodes blamed for the failure (quarantine counts these); empty when no node is at fault."""
     pods: tuple[str, ...] = ()
     exit_code: int | None = None
+    preflight: Mapping[str, Any] | None = None
+    """The trainers' network preflight result, when that is what failed."""
 
     @property
     def reason(self) -> str:
@@ -375,6 +380,9 @@ def classify(
 
     # 3. Failed pods: a non-retryable exit code, a crash before any step, or a plain failure.
     exits = [e for e in (_terminated(p, placement, current) for p in live) if e is not None]
+    preflight = _preflight_failure(exits)
+    if preflight is not None:
+        return preflight
     if exits:
         for e in exits:
             if e.code is not None and e.code in policy.non_retryable_exit_codes:
@@ -473,6 +481,31 @@ def classify(
                 pods=tuple(sorted(p["metadata"]["name"] for p in live)),
             )
     return None
+
+
+def _preflight_failure(exits: list[_Exit]) -> Failure | None:
+    """The trainers' network preflight failed: the nodes any pod named (a silent node is named
+    by its neighbours only). Nodes are blamed only when the check could tell which (with two
+    nodes one slow link names both: no quarantine, the restart is charged)."""
+    found = [(e, doc) for e in exits if (doc := parse_failure(e.message)) is not None]
+    if not found:
+        return None
+    named = sorted({n for _, doc in found for n in doc.get("failed") or []})
+    blamed = tuple(n for n in named if all(doc.get("attributed", True) for _, doc in found))
+    figures = next((doc.get("nodes") for _, doc in found if doc.get("complete")), {}) or {}
+    said = ", ".join(
+        f"{n} {'no answer' if figures.get(n) is None else f'{figures[n]:.3g} GB/s'}" for n in named
+    )
+    return Failure(
+        "preflight_failed",
+        f"network preflight failed on node{'s' if len(named) != 1 else ''} "
+        f"{', '.join(named) or '(none named)'} ({said or 'a peer stopped answering'}): "
+        + ("replacing them" if blamed else "the slow side cannot be told, restarting"),
+        nodes=blamed,
+        pods=tuple(e.pod for e, _ in found),
+        exit_code=found[0][0].code,
+        preflight=next((doc for _, doc in found if doc.get("complete")), found[0][1]),
+    )
 
 
 def next_deadline(
@@ -579,8 +612,14 @@ def restarts_without_progress(
     for record in reversed(history):
         if record.from_step != latest_checkpoint_step:
             break
-        used += 1
+        used += not is_free(record.reason, record.nodes)
     return used
+
+
+def is_free(reason: str, nodes: Sequence[str]) -> bool:
+    """A preflight that named its nodes replaced them before any step: its restart spends no
+    budget (each quarantines a node, so the cluster's size bounds them)."""
+    return reason == "PreflightFailed" and bool(nodes)
 
 
 def quarantined_nodes(
@@ -595,7 +634,9 @@ def quarantined_nodes(
     counts: Counter[str] = Counter(n for r in history for n in r.nodes)
     if failure is not None:
         counts.update(failure.nodes)
-    return tuple(sorted(set(already) | {n for n, c in counts.items() if c >= threshold}))
+    at_once = failure.nodes if failure is not None and failure.kind == "preflight_failed" else ()
+    hit = {n for n, c in counts.items() if c >= threshold}
+    return tuple(sorted(set(already) | hit | set(at_once)))
 
 
 def decide_restart(
@@ -631,6 +672,7 @@ def decide_restart(
         history, failure, threshold=policy.quarantine_after_failures, already=quarantined
     )
     used = restarts_without_progress(history, latest_checkpoint_step)
+    charge = 0 if is_free(failure.reason, failure.nodes) else 1
     if not failure.retryable:
         return Decision(
             "fail",
@@ -640,7 +682,7 @@ def decide_restart(
             quarantine=quarantine,
             from_step=latest_checkpoint_step,
         )
-    if used >= policy.budget:
+    if charge and used >= policy.budget:
         since = (
             f"checkpoint step {latest_checkpoint_step}"
             if latest_checkpoint_step is not None
@@ -666,9 +708,10 @@ def decide_restart(
     )
     new_q = sorted(set(quarantine) - set(quarantined))
     how = " in place" if mode == "in-place" else ""
+    left = max(policy.budget - used - charge, 0)
     message = (
         f"{failure.message}; restarting{how} as attempt {attempt + 1} from {resume} in {delay:g} s "
-        f"({policy.budget - used - 1} of {policy.budget} restarts left without progress)"
+        f"({left} of {policy.budget} restarts left without progress)"
         + (f"; quarantined node{'s' if len(new_q) > 1 else ''} {', '.join(new_q)}" if new_q else "")
     )
     record = RestartRecord(
@@ -693,7 +736,7 @@ def decide_restart(
         message,
         delay_seconds=delay,
         restart_at=now + dt.timedelta(seconds=delay),
-        budget_left=policy.budget - used - 1,
+        budget_left=left,
         quarantine=quarantine,
         from_step=latest_checkpoint_step,
         record=record,

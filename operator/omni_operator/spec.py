@@ -27,6 +27,7 @@ from omni_trainer.config import ManifestError, Metadata, TrainerConfig, format_e
 from omni_trainer.config_base import Spec
 from omni_trainer.data.lengths import length_problems
 from omni_trainer.distributed.layout import layout_problems as layout_problems_at
+from omni_trainer.distributed.netcheck_rules import PreflightConfig
 from omni_trainer.models.config import DEFER_HF
 
 GROUP = "omni.megascale.io"
@@ -219,6 +220,7 @@ class OmniTrainingJobSpec(Spec):
     scheduling: SchedulingConfig = SchedulingConfig()
     nccl: NcclConfig = NcclConfig()
     restart_policy: RestartPolicyConfig = RestartPolicyConfig()
+    preflight: PreflightConfig = PreflightConfig()
     suspend: bool = Field(False, description="delete the pods and keep the job (resumable)")
     env_from: list[EnvFromSource] = Field(
         default_factory=list,

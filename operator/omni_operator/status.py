@@ -65,6 +65,38 @@ class CheckpointStatus(Spec):
     time: str | None = None
 
 
+class NodeLink(Spec):
+    """A node's figure in the network preflight."""
+
+    node: str
+    gbps: float | None = Field(None, description="its best link in GB/s (null: no answer)")
+
+
+class PreflightStatus(Spec):
+    """The latest network preflight of the gang (``spec.preflight``): per node figures."""
+
+    verdict: Literal["Passed", "Failed"]
+    time: str = Field(description="when the operator saw the result")
+    nodes: list[NodeLink] = Field(
+        default_factory=list,
+        description="each node's best link (a list: a merge patch replaces it whole)",
+    )
+    failed: list[str] = Field(default_factory=list)
+    all_reduce_gbps: float | None = Field(None, description="all-reduce bus bandwidth, GB/s")
+    all_gather_gbps: float | None = Field(None, description="all-gather bus bandwidth, GB/s")
+    floor_gbps: float | None = None
+    median_gbps: float | None = None
+    seconds: float | None = Field(None, description="what the check added to the attempt")
+
+    @classmethod
+    def from_report(cls, doc: dict[str, Any], time: str) -> PreflightStatus:
+        """From the trainer's result (``PreflightResult`` as a dict)."""
+        known = {k: v for k, v in doc.items() if k in cls.model_fields}
+        known["nodes"] = [{"node": n, "gbps": g} for n, g in (doc.get("nodes") or {}).items()]
+        verdict = "Passed" if doc.get("passed", not doc.get("failed")) else "Failed"
+        return cls.model_validate({**known, "verdict": verdict, "time": time})
+
+
 class OmniTrainingJobStatus(Spec):
     """What the operator last observed and decided."""
 
@@ -98,6 +130,7 @@ class OmniTrainingJobStatus(Spec):
     last_checkpoint: CheckpointStatus | None = None
     placement: list[str] = Field(default_factory=list, description="node names by node rank")
     quarantined_nodes: list[str] = Field(default_factory=list)
+    preflight: PreflightStatus | None = None
     conditions: list[Condition] = Field(default_factory=list)
     restart_history: list[RestartRecord] = Field(default_factory=list)
     start_time: str | None = None

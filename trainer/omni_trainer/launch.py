@@ -83,6 +83,7 @@ def run_worker(
     metrics = NullTrainerMetrics()
     stop = None
     try:
+        preflight = _network_preflight(manifest, rank)  # before step 1 of every attempt
         dims = layout_for(cfg, world_size)
         groups = build_process_groups(dims, device, reorder_group_size=cfg.data.reorder.group_size)
         stop = GracefulStop(group=dist.new_group(backend="gloo") if world_size > 1 else None)
@@ -108,6 +109,8 @@ def run_worker(
             return {}
         summary = asdict(trainer.train())
         summary["job"] = manifest.metadata.name
+        if preflight is not None:
+            summary["preflight"] = asdict(preflight)
         if trainer.checkpointer is not None:  # a collective: every rank asks
             summary["last_checkpoint_step"] = trainer.checkpointer.latest_step()
         if rank == 0 and summary_path is not None:
@@ -121,6 +124,18 @@ def run_worker(
             stop.close()
         metrics.close()
         destroy_distributed()
+
+
+def _network_preflight(manifest: JobManifest, rank: int):
+    """``spec.preflight``'s bandwidth check across the gang; a slow or silent node ends the
+    process with the code and message the operator classifies as PreflightFailed."""
+    from omni_trainer.distributed.netcheck import enforce, node_name, run_preflight
+    from omni_trainer.distributed.netcheck_rules import PreflightConfig
+
+    cfg = PreflightConfig.model_validate((manifest.spec.model_extra or {}).get("preflight") or {})
+    result = run_preflight(cfg, rank=rank, node=node_name())
+    enforce(result)
+    return result
 
 
 def _reporter(step_log: str | None):

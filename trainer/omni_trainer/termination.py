@@ -59,8 +59,13 @@ def final_report(summary: Mapping[str, Any]) -> str:
         "mfu": summary.get("mfu"),
         "resumedFrom": first,
         "checkpointStep": summary.get("last_checkpoint_step"),
+        "preflight": summary.get("preflight"),  # the network check's figures (a dict)
     }
-    return json.dumps({k: v for k, v in report.items() if v is not None})
+    text = json.dumps({k: v for k, v in report.items() if v is not None})
+    if len(text.encode()) > LIMIT_BYTES:  # a large gang's preflight figures: the rest matters
+        report.pop("preflight")
+        text = json.dumps({k: v for k, v in report.items() if v is not None})
+    return text
 
 
 def report(message: str) -> None:

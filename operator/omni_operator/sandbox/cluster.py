@@ -225,6 +225,7 @@ def read_state(workdir: Path) -> dict[str, Any]:
 FAULTS = {
     "node-lost": ("node", "lost"),
     "node-ready": ("node", "ready"),
+    "degrade-network": ("node", "degraded-network"),
     "kill-pod": ("pod", "kill"),
     "crash-pod": ("pod", "crash"),
     "hang-pod": ("pod", "hang"),

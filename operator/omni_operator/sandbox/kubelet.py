@@ -30,7 +30,9 @@ name so that jobs never collide. ``torchrun`` is this Python's ``torch.distribut
 
 Faults are requested through the API, so ``kubectl annotate`` works as well as
 ``omni sandbox fault``: the annotation :data:`FAULT` on a Node (``lost``: its processes are
-killed, it stops reporting and turns Ready=Unknown; ``ready``: it comes back) or on a Pod
+killed, it stops reporting and turns Ready=Unknown; ``ready``: it comes back;
+``degraded-network``: its pods stall in a duty cycle, :mod:`omni_operator.sandbox.degrade`,
+until the annotation changes) or on a Pod
 (``kill``: every process of its container gets SIGKILL, exit 137; ``crash``: every process but
 the container's first, its init (the trainer crashes, its supervisor or torchrun sees it);
 ``hang``: SIGSTOP to every process but the first, the trainer stops making progress). ``kill``
@@ -61,6 +63,7 @@ import aiohttp
 import psutil
 
 from omni_operator.recovery import node_not_ready_since
+from omni_operator.sandbox import degrade
 from omni_trainer.termination import ENV as TERMINATION_LOG_ENV
 
 Obj = dict[str, Any]
@@ -278,6 +281,8 @@ class SimNode:
     index: int
     gpus: int
     lost: bool = False
+    degraded: asyncio.Task | None = None
+    """The ``degraded-network`` fault's duty cycle on its pods (``sandbox.degrade``)."""
 
 
 @dataclass
@@ -362,6 +367,8 @@ class Kubelet:
     # -- nodes ---------------------------------------------------------------------------------
     async def _node_faults(self, sim: SimNode, node: Obj) -> None:
         fault = ((node["metadata"].get("annotations") or {}).get(FAULT) or "").strip()
+        if (fault == "degraded-network") != (sim.degraded is not None):
+            self._degrade(sim, on=fault == "degraded-network")
         if fault == "lost" and not sim.lost:
             sim.lost = True
             for c in list(self.containers.values()):
@@ -383,6 +390,23 @@ class Kubelet:
     def node_disk(self, node: str) -> Path:
         """A node's local disk (its hostPath volumes live here; gone when the node is lost)."""
         return self.workdir / "nodes" / node
+
+    def _degrade(self, sim: SimNode, *, on: bool) -> None:
+        """Start or end the node's ``degraded-network`` duty cycle (its pods' processes but
+        each container's init; a hung container stays stopped)."""
+        if not on:
+            assert sim.degraded is not None
+            sim.degraded.cancel()
+            sim.degraded = None
+            log.warning(f"sandbox: node {sim.name}'s network is healthy again")
+            return
+
+        def processes() -> list[psutil.Process]:
+            mine = [c for c in self.containers.values() if c.node == sim.name and not c.hung]
+            return [p for c in mine for p in pod_processes(c.uid) if p.pid != c.proc.pid]
+
+        sim.degraded = asyncio.get_running_loop().create_task(degrade.throttle(processes))
+        log.warning(f"sandbox: node {sim.name}'s network degraded (its pods stall in a duty cycle)")
 
     # -- pods ----------------------------------------------------------------------------------
     async def _sync_pod(self, pod: Obj, nodes: Mapping[str, Obj]) -> None:

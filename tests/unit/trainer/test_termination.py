@@ -85,3 +85,12 @@ def test_a_run_with_nothing_left_to_train_still_reports_where_it_resumed() -> No
     """Resumed at its last step (killed after it): the operator confirms the restart from this."""
     done = final_report({"first_step": 100, "steps": 0, "last_checkpoint_step": 100})
     assert json.loads(done) == {"step": 100, "resumedFrom": 100, "checkpointStep": 100}
+
+
+def test_final_report_carries_the_preflight_unless_it_would_not_fit() -> None:
+    small = {"nodes": {"n0": 1.5}, "seconds": 0.2}
+    done = {"first_step": 0, "steps": 5}
+    assert json.loads(final_report({**done, "preflight": small}))["preflight"] == small
+    large = {"nodes": {f"node-{i:04d}": 1.5 for i in range(400)}}
+    text = final_report({**done, "preflight": large})
+    assert len(text.encode()) <= LIMIT_BYTES and json.loads(text) == {"step": 5, "resumedFrom": 0}

@@ -18,8 +18,10 @@ backend that should carry it. Here:
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterable
-from typing import Any
+import time
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -213,6 +215,65 @@ def warm_up_p2p(peers: Iterable[int], *, group: Group) -> None:
     ops += [dist.P2POp(dist.irecv, b, p, group=group) for p, b in zip(mine, bufs, strict=True)]
     for work in dist.batch_isend_irecv(ops):
         work.wait()
+
+
+# -- timed exchanges (the network preflight) ---------------------------------------------------
+def new_group(*, timeout_s: float) -> Group:
+    """A group over the whole world whose operations give up after ``timeout_s``: the preflight
+    names a node that does not answer instead of hanging on it."""
+    return dist.new_group(timeout=timedelta(seconds=timeout_s))
+
+
+def _timed(once: Callable[[], None], device: torch.device, iterations: int) -> float:
+    """Seconds per call of ``once`` after one warm-up (which also waits for the peers)."""
+    once()
+    _synchronize(device)
+    start = time.perf_counter()
+    for _ in range(iterations):
+        once()
+    _synchronize(device)
+    return (time.perf_counter() - start) / iterations
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_exchange(
+    peer: int, *, nbytes: int, iterations: int, group: Group, timeout_s: float
+) -> float | None:
+    """Seconds per simultaneous send and receive of ``nbytes`` with global rank ``peer``, or
+    None when the peer did not answer within ``timeout_s`` (each wait is bounded)."""
+    device = comm_device(group)
+    out = torch.ones(max(nbytes // 4, 1), device=device)
+    into = torch.empty_like(out)
+    bound = timedelta(seconds=timeout_s)
+
+    def once() -> None:
+        ops = [dist.P2POp(dist.isend, out, peer, group=group)]
+        ops.append(dist.P2POp(dist.irecv, into, peer, group=group))
+        for work in dist.batch_isend_irecv(ops):
+            work.wait(bound)
+
+    try:
+        return _timed(once, device, iterations)
+    except RuntimeError:  # gloo's and NCCL's timeouts (DistBackendError is one)
+        return None
+
+
+def timed_collective(
+    kind: Literal["all_reduce", "all_gather"], *, nbytes: int, iterations: int, group: Group
+) -> float:
+    """Seconds per all-reduce of ``nbytes`` (all-gather: ``nbytes`` gathered in all, as
+    nccl-tests counts it) over ``group`` on its communication device, as this rank saw it."""
+    device, n = comm_device(group), size(group)
+    if kind == "all_reduce":
+        data = torch.zeros(max(nbytes // 4, 1), device=device)
+        return _timed(lambda: dist.all_reduce(data, group=group), device, iterations)
+    part = torch.ones(max(nbytes // 4 // n, 1), device=device)
+    parts = [torch.empty_like(part) for _ in range(n)]  # gloo has no all_gather_into_tensor
+    return _timed(lambda: dist.all_gather(parts, part, group=group), device, iterations)
 
 
 # -- object exchanges (CPU tensors: the gloo side of the group) --------------------------------

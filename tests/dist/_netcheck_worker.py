@@ -1,0 +1,39 @@
+"""One rank of ``test_netcheck.py`` (started as a plain process per node, as pods are): the
+network preflight over gloo, this rank on node ``n<RANK>``; ``argv[2]`` degrades rank 1
+(``slow``: 0.2 s late on every exchange, as a congested link) or silences rank 2 (``silent``:
+it never joins the check). The result goes to ``argv[1]/rank<R>.json``."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch.distributed as dist
+
+from omni_trainer.distributed import netcheck
+from omni_trainer.distributed.netcheck_rules import PreflightConfig
+from omni_trainer.mcore.parallel import init_distributed
+
+out, scenario = Path(sys.argv[1]), sys.argv[2]
+rank, _, _ = init_distributed()
+cfg = PreflightConfig(size_mb=1, iterations=3, timeout_seconds=5)
+if scenario == "slow" and rank == 1:
+    exchange = dist.batch_isend_irecv
+
+    def late(ops):
+        time.sleep(0.2)
+        return exchange(ops)
+
+    dist.batch_isend_irecv = late
+if scenario == "silent" and rank == 2:
+    netcheck.comm.all_gather_object(f"n{rank}")  # joins the gang, then stops answering
+    netcheck.comm.new_group(timeout_s=cfg.timeout_seconds)
+    time.sleep(15)
+    os._exit(0)
+result = netcheck.run_preflight(cfg, rank=rank, node=f"n{rank}")
+(out / f"rank{rank}.json").write_text(json.dumps(asdict(result)))
+netcheck.enforce(result)
