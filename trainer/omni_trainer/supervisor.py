@@ -45,6 +45,10 @@ STATE_DIR = "/var/run/omni"
 RAN_FILE = "ran-attempt"
 TRAINER_MESSAGE = "trainer-termination-log"
 ATTEMPT_ENV = "OMNI_RESTART_ATTEMPT"
+SAME_NODES_ENV = "OMNI_SAME_NODES"
+"""Set to ``1`` for a trainer started in pods an earlier attempt created (an in-place restart):
+its nodes already passed the network preflight, which runs on new nodes only. Every pod of the
+gang gets the same order, so all ranks agree."""
 POLL_S = 0.2
 _TAG = re.compile(r"^\[attempt (\d+)\] ?")
 
@@ -198,7 +202,12 @@ class Supervisor:
     def _start(self, attempt: int | None) -> None:
         assert attempt is not None
         self._message_file.write_bytes(b"")
-        env = {**os.environ, ATTEMPT_ENV: str(attempt), termination.ENV: str(self._message_file)}
+        env = {
+            **os.environ,
+            ATTEMPT_ENV: str(attempt),
+            SAME_NODES_ENV: "1" if attempt != self.pods else "0",
+            termination.ENV: str(self._message_file),
+        }
         self._ran_file.write_text(f"{attempt}\n")
         print(f"omni supervise: starting attempt {attempt}: {' '.join(self.command)}", flush=True)
         self._proc = subprocess.Popen(list(self.command), env=env)

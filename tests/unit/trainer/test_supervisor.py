@@ -105,3 +105,25 @@ def test_a_newer_attempt_kills_the_running_trainer_and_its_children(
     for pid in map(int, pids.read_text().split()):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_a_restart_in_the_same_pods_tells_the_trainer_its_nodes_are_checked(
+    tmp_path: Path, termination: Path
+) -> None:
+    """The network preflight runs on new nodes only: the first attempt in pods created by
+    attempt 1 is on new nodes, the in-place attempt 2 is not."""
+    seen = tmp_path / "same.txt"
+    body = (f"open({str(seen)!r}, 'a').write(os.environ['OMNI_SAME_NODES'])\n"
+            f"if os.environ['OMNI_RESTART_ATTEMPT'] == '1':\n    time.sleep(60)\n")  # fmt: skip
+    (tmp_path / "attempt").write_text(order(1, pods=1))
+    sup = Supervisor(_script(tmp_path, body), attempt_file=tmp_path / "attempt",
+                     state_dir=tmp_path / "state", pods=1, poll_s=0.02)  # fmt: skip
+
+    def bump() -> None:
+        while not seen.exists():
+            time.sleep(0.02)
+        (tmp_path / "attempt").write_text(order(2, pods=1))
+
+    threading.Thread(target=bump, daemon=True).start()
+    assert sup.run() == 0
+    assert _runs(tmp_path) == ["1", "2"] and seen.read_text() == "01"
