@@ -97,7 +97,11 @@ def sandbox_up(
 @sandbox.command("fault")
 def sandbox_fault(
     fault: Annotated[
-        str, typer.Argument(help="node-lost | node-ready | kill-pod | crash-pod | hang-pod")
+        str,
+        typer.Argument(
+            help="node-lost | node-ready | kill-pod | crash-pod | hang-pod | throttle-pod "
+            "| unthrottle-pod"
+        ),
     ],
     target: Annotated[str, typer.Argument(help="the node or pod name")],
     namespace: Annotated[str, typer.Option("--namespace", "-n", help="the pod's namespace")] = (
