@@ -1,0 +1,65 @@
+"""End to end: a node made slow in the sandbox (its trainer SIGSTOPped on a duty cycle, as a
+throttled GPU or a noisy neighbour slows a real one) is reported by the operator: condition
+Straggler naming it, a Warning Event, its figures in ``status.stragglers``.
+
+Real processes throughout: the sandbox (API emulator, kubelet, kopf operator), kubectl, the two
+pods' torchrun trainers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from .test_sandbox_e2e import OMNI, SANDBOX_DIR, Sandbox, _manifest
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _job_yaml(path: Path, *, steps: int, **stragglers: Any) -> None:
+    _manifest(path, step_log="runs/job/steps.jsonl", checkpoint="runs/job/ckpt", steps=steps)
+    doc = yaml.safe_load(path.read_text())
+    doc["spec"]["restartPolicy"]["stragglers"] = {"margin": 0.3, "persistSteps": 10, **stragglers}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def _fault(cwd: Path, *args: str) -> str:
+    out = subprocess.run([*OMNI, "sandbox", "fault", *args, "--dir", SANDBOX_DIR], cwd=cwd,
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    return out.stdout
+
+
+def test_a_throttled_node_is_reported_as_a_straggler(tmp_path: Path) -> None:
+    _job_yaml(tmp_path / "job.yaml", steps=400)
+    with Sandbox(tmp_path, nodes=2) as sb:
+        sb.kubectl("apply", "-f", "job.yaml")
+
+        def status() -> dict[str, Any]:
+            return sb.job("tiny-cpu").get("status") or {}
+
+        def condition() -> dict[str, Any] | None:
+            return next((c for c in status().get("conditions", []) if c["type"] == "Straggler"),
+                        None)  # fmt: skip
+
+        # before the fault: both nodes report, none is slow
+        first = sb.wait("the nodes' busy times", condition, timeout=300)
+        assert first["status"] == "False", first
+        slow_pod = "tiny-cpu-a0-n1"
+        node = json.loads(sb.kubectl("get", "pod", slow_pod, "-o", "json"))["spec"]["nodeName"]
+        assert "fault=throttle" in _fault(tmp_path, "throttle-pod", slow_pod)
+        cond = sb.wait("condition Straggler", lambda: (c := condition()) and
+                       c["status"] == "True" and c, timeout=180)  # fmt: skip
+        assert cond["reason"] == "SlowNode" and f"node {node} (rank 1)" in cond["message"], cond
+        (entry,) = [s for s in status()["stragglers"] if s["detectedStep"] is not None]
+        assert entry["node"] == node and entry["nodeRank"] == 1
+        assert entry["busySeconds"] > 1.3 * entry["medianSeconds"], entry
+        assert entry["detectedStep"] - entry["slowSinceStep"] >= 10
+        events = json.loads(sb.kubectl("get", "events", "--field-selector",
+                                       "involvedObject.name=tiny-cpu", "-o", "json"))  # fmt: skip
+        slow = [e for e in events["items"] if e["reason"] == "Straggler"]
+        assert len(slow) == 1 and slow[0]["type"] == "Warning" and node in slow[0]["message"]
+        assert status()["phase"] == "Running" and status()["restarts"] == 0  # report only
