@@ -564,6 +564,12 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
         current=recovery.Current(st.attempt, recovery.parse_time(st.attempt_start_time)),
     )
     if failure is None:
+        failure = stragglers.replacement(
+            st.stragglers,
+            checkpoint_step=st.last_checkpoint.step if st.last_checkpoint else None,
+            cfg=spec.restart_policy.stragglers,
+        )
+    if failure is None:
         s.actions.requeue_after = recovery.next_deadline(
             pods,
             s.nodes,

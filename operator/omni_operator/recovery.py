@@ -47,6 +47,7 @@ FailureKind = Literal[
     "image_pull_failed",
     "start_timeout",
     "stopped",
+    "straggler",
 ]
 
 REASONS: Mapping[FailureKind, str] = {
@@ -59,15 +60,17 @@ REASONS: Mapping[FailureKind, str] = {
     "image_pull_failed": "ImagePullFailed",
     "start_timeout": "StartTimeout",
     "stopped": "GracefulStop",
+    "straggler": "Straggler",
 }
 """CamelCase reasons for status, conditions and Events (Kubernetes convention)."""
 
 EXIT_STOPPED = 143
 """The trainer's exit after a graceful stop on SIGTERM (omni_trainer.components.graceful_stop),
 also what a container killed by SIGTERM reports: stopped on request, not a crash."""
-GRACEFUL_REASONS = frozenset({"PodDeleted", "PodEvicted", "GracefulStop"})
+GRACEFUL_REASONS = frozenset({"PodDeleted", "PodEvicted", "GracefulStop", "Straggler"})
 """Failures of an attempt that was asked to stop with a grace period: its trainers write an
-emergency checkpoint, so the next attempt waits for the old pods to be gone."""
+emergency checkpoint, so the next attempt waits for the old pods to be gone (a straggler's
+replacement deletes the pods with their grace)."""
 
 _DISRUPTIONS = {
     "EvictionByEvictionAPI",
@@ -591,11 +594,16 @@ def quarantined_nodes(
     already: Iterable[str] = (),
 ) -> tuple[str, ...]:
     """Nodes blamed for at least ``threshold`` failures (history plus this one), sorted, plus the
-    ones already quarantined (quarantine is not lifted automatically)."""
+    ones already quarantined (quarantine is not lifted automatically) and a straggler that is
+    being replaced."""
     counts: Counter[str] = Counter(n for r in history for n in r.nodes)
+    at_once: set[str] = set()
     if failure is not None:
         counts.update(failure.nodes)
-    return tuple(sorted(set(already) | {n for n, c in counts.items() if c >= threshold}))
+        if failure.kind == "straggler":  # replaced because it is slow: never placed again
+            at_once.update(failure.nodes)
+    blamed = {n for n, c in counts.items() if c >= threshold}
+    return tuple(sorted(set(already) | blamed | at_once))
 
 
 def decide_restart(

@@ -10,7 +10,10 @@ drags the reference up). It is a *straggler* once it has been slow at every poll
 ``persistSteps`` training steps; one slow poll or step is not.
 
 The state between polls lives in the job's ``status.stragglers``, so an operator restart
-forgets nothing.
+forgets nothing. With ``action: replace`` a straggler becomes a failure of the attempt once the
+trainer reports a checkpoint newer than the detection: the node is quarantined and the job
+restarts without it (its pods deleted with their grace, so the trainers also write an
+emergency checkpoint of the step they reached).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 
+from omni_operator.recovery import Failure
 from omni_operator.spec import StragglersConfig
 from omni_operator.status import StragglerStatus
 
@@ -88,4 +92,22 @@ def describe(s: StragglerStatus) -> str:
         f"node {s.node} (rank {s.node_rank}) busy {s.busy_seconds:.3f} s per step, "
         f"{s.ratio:.2f}x the other nodes' median {s.median_seconds:.3f} s, "
         f"slow since step {s.slow_since_step}"
+    )
+
+
+def replacement(
+    found: Sequence[StragglerStatus], *, checkpoint_step: int | None, cfg: StragglersConfig
+) -> Failure | None:
+    """The failure that replaces a straggler (``action: replace``), once a checkpoint newer
+    than its detection is complete; None while there is none or nothing to replace."""
+    if cfg.action != "replace" or checkpoint_step is None:
+        return None
+    due = [s for s in found if s.detected_step is not None and checkpoint_step > s.detected_step]
+    if not due:
+        return None
+    return Failure(
+        "straggler",
+        "; ".join(map(describe, due))
+        + f": replaced after checkpoint step {checkpoint_step} (restartPolicy.stragglers.action)",
+        nodes=tuple(s.node for s in due),
     )

@@ -8,7 +8,7 @@ import datetime as dt
 import pytest
 import yaml
 
-from omni_operator.reconcile import Observed, Progress, parse_status, reconcile
+from omni_operator.reconcile import Actions, Observed, Progress, parse_status, reconcile
 from omni_operator.spec import StragglersConfig, parse_job
 from omni_operator.status import StragglerStatus
 from omni_operator.stragglers import describe, slow_nodes, track
@@ -72,29 +72,41 @@ def _job(**stragglers):
     return parse_job(doc)
 
 
+NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
+NODES = [node(f"n{i}") for i in range(4)]
+
+
+class Running:
+    """A two-node job whose attempt 0 runs; :meth:`poll` reconciles one progress report."""
+
+    def __init__(self, job) -> None:
+        self.job = job
+        first = reconcile(Observed(job=job, status=parse_status(None), owned=[], nodes=NODES,
+                                   now=NOW))  # fmt: skip
+        self.status = first.status
+        self.owned = []
+        for o in first.create:
+            if o["kind"] == "Pod":
+                placed = o["metadata"]["annotations"]["omni.megascale.io/placed-node"]
+                o = {**o, "spec": {**o["spec"], "nodeName": placed}, "status": {"phase": "Running"}}
+            self.owned.append(o)
+
+    def poll(self, step: int, busy: dict[int, float], checkpoint: int | None = None) -> Actions:
+        progress = Progress(step=step, node_busy=busy, checkpoint_step=checkpoint)
+        obs = Observed(job=self.job, status=parse_status(self.status), owned=self.owned,
+                       nodes=NODES, now=NOW, progress=progress, tracks_progress=True)  # fmt: skip
+        a = reconcile(obs)
+        self.status = {**self.status, **a.status}
+        return a
+
+
 def test_reconcile_reports_a_straggler_once_with_a_condition_and_an_event() -> None:
-    job = _job()
-    now = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
-    nodes = [node(f"n{i}") for i in range(4)]
-    first = reconcile(Observed(job=job, status=parse_status(None), owned=[], nodes=nodes, now=now))
-    status = first.status
-    owned = []
-    for o in first.create:
-        if o["kind"] == "Pod":
-            placed = o["metadata"]["annotations"]["omni.megascale.io/placed-node"]
-            o = {**o, "spec": {**o["spec"], "nodeName": placed}, "status": {"phase": "Running"}}
-        owned.append(o)
+    job = Running(_job())
     events = []
-
-    def poll(step: int, busy: dict[int, float]):
-        progress = Progress(step=step, node_busy=busy)
-        return reconcile(Observed(job=job, status=parse_status(status), owned=owned, nodes=nodes,
-                                  now=now, progress=progress, tracks_progress=True))  # fmt: skip
-
     for step in (10, 20, 30, 40):
-        a = poll(step, {0: 0.1, 1: 0.25})
-        status = {**status, **a.status}
+        a = job.poll(step, {0: 0.1, 1: 0.25})
         events += [e for e in a.events if e.reason == "Straggler"]
+    status = job.status
     slow = status["placement"][1]
     (entry,) = status["stragglers"]
     assert entry["node"] == slow and entry["detectedStep"] == 30 and entry["slowSinceStep"] == 10
@@ -103,10 +115,37 @@ def test_reconcile_reports_a_straggler_once_with_a_condition_and_an_event() -> N
     assert f"node {slow} (rank 1) busy 0.250 s per step, 2.50x" in cond["message"]
     assert [e.type for e in events] == ["Warning"] and slow in events[0].message  # once
     # it catches up: the condition clears
-    a = poll(50, {0: 0.1, 1: 0.1})
+    a = job.poll(50, {0: 0.1, 1: 0.1})
     assert a.status["stragglers"] == []
     cond = next(c for c in a.status["conditions"] if c["type"] == "Straggler")
     assert cond["status"] == "False" and cond["reason"] == "NoStraggler"
+    assert not a.delete and job.status["phase"] == "Running"  # action report: nothing restarts
+
+
+def test_replace_quarantines_the_straggler_after_the_next_checkpoint_and_restarts() -> None:
+    job = Running(_job(action="replace"))
+    slow = job.status["placement"][1]
+    for step in (10, 20, 30):
+        a = job.poll(step, {0: 0.1, 1: 0.3}, checkpoint=20)
+        assert not a.delete  # the checkpoint is not newer than the detection (step 30)
+    assert job.status["stragglers"][0]["detectedStep"] == 30
+    a = job.poll(45, {0: 0.1, 1: 0.3}, checkpoint=40)
+    assert job.status["phase"] == "Restarting" and slow in job.status["quarantinedNodes"]
+    (record,) = job.status["restartHistory"]
+    assert record["reason"] == "Straggler" and record["nodes"] == [slow]
+    assert record["mode"] == "recreate" and record["fromStep"] == 40
+    assert (
+        f"node {slow} (rank 1)" in record["message"] and "checkpoint step 40" in record["message"]
+    )
+    # every pod goes with its grace: the trainers write an emergency checkpoint of step 45
+    assert len(a.delete) == 2 and all(d.grace_seconds is None for d in a.delete)
+    assert job.status["stragglers"] == []
+    # the next attempt is placed on other nodes
+    later = NOW + dt.timedelta(seconds=600)
+    owned = [o for o in job.owned if o["kind"] != "Pod"]
+    b = reconcile(Observed(job=job.job, status=parse_status(job.status), owned=owned,
+                           nodes=NODES, now=later, tracks_progress=True))  # fmt: skip
+    assert slow not in b.status["placement"] and len(b.status["placement"]) == 2
 
 
 def test_bad_settings_name_the_field() -> None:
