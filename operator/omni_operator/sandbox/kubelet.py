@@ -46,7 +46,6 @@ import asyncio
 import base64
 import contextlib
 import datetime as dt
-import itertools
 import logging
 import os
 import random
@@ -895,12 +894,11 @@ def _throttle(c: Container, *, on: bool) -> None:
 
 async def _duty_cycle(c: Container) -> None:
     """SIGSTOP, wait, SIGCONT, wait, for every process but the pod's first; the process list is
-    read again every few periods (an in-place restart starts new trainers)."""
+    read again every period (torchrun starts its workers later; an in-place restart starts new
+    ones)."""
     stopped = THROTTLE_PERIOD_S * THROTTLE_STOPPED
-    procs: list[psutil.Process] = []
-    for period in itertools.count():
-        if period % 10 == 0:
-            procs = [p for p in pod_processes(c.uid) if p.pid != c.proc.pid]
+    while True:
+        procs = [p for p in pod_processes(c.uid) if p.pid != c.proc.pid]
         for sig, pause in (
             (signal.SIGSTOP, stopped),
             (signal.SIGCONT, THROTTLE_PERIOD_S - stopped),
