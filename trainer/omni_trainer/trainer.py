@@ -34,7 +34,6 @@ from omni_trainer.components.stragglers import BusyTracker, busy_seconds, node_r
 from omni_trainer.components.throughput import resolve_peak_flops
 from omni_trainer.components.timing import PhaseTimer
 from omni_trainer.config import TrainerConfig
-from omni_trainer.distributed import comm
 from omni_trainer.distributed.layout import check_layout
 from omni_trainer.mcore.parallel import ProcessGroups, seed_everything
 
@@ -128,13 +127,10 @@ class Trainer:
         t0 = time.perf_counter()
         try:
             for step in range(self.start_step, self.steps):
-                blocked = comm.blocked_seconds()
                 r = self.train_step(step)
-                blocked = comm.blocked_seconds() - blocked
                 results.append(r)
                 self._export(r)
-                busy = busy_seconds(r.seconds, r.phases, blocked=blocked)
-                nodes = self.busy.observe(step + 1, busy)
+                nodes = self.busy.observe(step + 1, busy_seconds(r.seconds, r.phases))
                 if nodes is not None and self.groups.rank == 0:
                     self.metrics.record_node_busy(nodes)
                 self.checkpoints.poll()

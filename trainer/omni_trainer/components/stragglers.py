@@ -2,10 +2,9 @@
 
 In a synchronous job every rank's wall step time is the same: a slow node makes the others
 wait for it in collectives. What differs is the *busy* time: the step minus the time a rank
-waited on its peers (in blocking collectives, ``comm.blocked_seconds``; at the step's arrival
-barrier before the gradient reduction, ``peer_wait``; for point-to-point transfers,
-``pipeline_wait`` and ``encoder_wait``). A slow node waits least, so its busy time is the
-longest.
+waited on its peers (``peer_wait``: the step's arrival barrier before the gradient reduction;
+``pipeline_wait`` and ``encoder_wait``: point-to-point waits). A slow node waits least, so its
+busy time is the longest.
 
 Each rank keeps a window of its busy times; every ``every`` steps one small object all-gather
 (gloo) brings every rank's window median to global rank 0, which keeps the slowest rank of
@@ -24,27 +23,17 @@ import torch.distributed as dist
 
 from omni_trainer.distributed import comm
 
-P2P_WAITS = ("pipeline_wait", "encoder_wait")
-"""Step phases that are time spent waiting for point-to-point transfers from other ranks."""
+WAIT_PHASES = ("peer_wait", "pipeline_wait", "encoder_wait")
+"""Step phases that are time spent waiting on other ranks, not working."""
 GATHER_EVERY = 5
 """Steps between two gathers: one small object all-gather per this many steps."""
 WINDOW = 20
 """Steps in a rank's busy-time window (the median of a window, not one step, is reported)."""
 
 
-def busy_seconds(step_seconds: float, phases: Mapping[str, float], *, blocked: float) -> float:
-    """The step's wall time minus the time this rank waited on its peers.
-
-    Args:
-        step_seconds: the step's wall time.
-        phases: its ``PhaseTimer`` phases (the point-to-point waits and ``peer_wait``).
-        blocked: host seconds it spent in blocking collectives (``comm.blocked_seconds``
-            difference). On CPUs (gloo) that covers every collective, ``peer_wait`` included;
-            on GPUs NCCL calls return once queued, so ``peer_wait`` (device time, CUDA events)
-            stands for the waits: the larger of the two counts.
-    """
-    waited = sum(phases.get(p, 0.0) for p in P2P_WAITS) + max(phases.get("peer_wait", 0.0), blocked)
-    return max(step_seconds - waited, 0.0)
+def busy_seconds(step_seconds: float, phases: Mapping[str, float]) -> float:
+    """The step's wall time minus the time this rank waited on its peers."""
+    return max(step_seconds - sum(phases.get(p, 0.0) for p in WAIT_PHASES), 0.0)
 
 
 def node_rank_from_env(rank: int, environ: Mapping[str, str] | None = None) -> int:

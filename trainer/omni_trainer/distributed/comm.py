@@ -17,42 +17,15 @@ backend that should carry it. Here:
 
 from __future__ import annotations
 
-import functools
 import pickle
-import time
-from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 Group = dist.ProcessGroup | None
-_F = TypeVar("_F", bound=Callable[..., Any])
-_blocked_s = 0.0
-
-
-def blocked_seconds() -> float:
-    """Host seconds this process has spent in blocking collectives so far (a clock: take
-    differences). Over gloo that is mostly waiting for the slowest peer; NCCL collectives
-    return once queued, so on GPUs the waits are device time (see ``components/stragglers.py``).
-    """
-    return _blocked_s
-
-
-def _blocking(fn: _F) -> _F:
-    """Count the host time of a blocking collective into :func:`blocked_seconds`."""
-
-    @functools.wraps(fn)
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        global _blocked_s
-        start = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            _blocked_s += time.perf_counter() - start
-
-    return timed  # type: ignore[return-value]
 
 
 def size(group: Group = None) -> int:
@@ -78,7 +51,6 @@ def _write_back(tensor: Tensor, staged: Tensor) -> Tensor:
 
 
 # -- tensor collectives -------------------------------------------------------------------------
-@_blocking
 def all_reduce(tensor: Tensor, *, group: Group = None, op: str = "sum") -> Tensor:
     """Reduce ``tensor`` in place over ``group`` (``op``: sum, max or min); returns it."""
     if size(group) == 1:
@@ -88,7 +60,6 @@ def all_reduce(tensor: Tensor, *, group: Group = None, op: str = "sum") -> Tenso
     return _write_back(tensor, staged)
 
 
-@_blocking
 def all_gather(tensor: Tensor, *, group: Group) -> list[Tensor]:
     """Every rank's ``tensor`` (same shape everywhere), in group-rank order, on its device."""
     staged = _staged(tensor, comm_device(group))
@@ -97,7 +68,6 @@ def all_gather(tensor: Tensor, *, group: Group) -> list[Tensor]:
     return [p.to(tensor.device) for p in parts]
 
 
-@_blocking
 def all_gather_flat(tensor: Tensor, *, group: Group) -> Tensor:
     """Every rank's 1-D ``tensor`` concatenated in group-rank order (one buffer, on its device)."""
     if size(group) == 1:
@@ -113,7 +83,6 @@ def all_gather_flat(tensor: Tensor, *, group: Group) -> Tensor:
     return torch.cat(parts).to(tensor.device)
 
 
-@_blocking
 def reduce_scatter(tensor: Tensor, *, group: Group) -> Tensor:
     """Sum ``tensor`` over ``group`` and return this rank's equal slice along dim 0."""
     n, rank = size(group), dist.get_rank(group)
@@ -129,7 +98,6 @@ def reduce_scatter(tensor: Tensor, *, group: Group) -> Tensor:
     return total[rank * rows : (rank + 1) * rows].to(tensor.device)
 
 
-@_blocking
 def all_to_all_single(
     output: Tensor,
     input: Tensor,
@@ -151,7 +119,6 @@ def all_to_all_single(
     return _write_back(output, staged_out)
 
 
-@_blocking
 def broadcast(tensor: Tensor, *, src: int, group: Group = None) -> Tensor:
     """In place: ``tensor`` of group rank ``src`` everywhere."""
     if size(group) == 1:
@@ -161,7 +128,6 @@ def broadcast(tensor: Tensor, *, src: int, group: Group = None) -> Tensor:
     return _write_back(tensor, staged)
 
 
-@_blocking
 def reduce(tensor: Tensor, *, dst: int, group: Group) -> Tensor:
     """Sum into group rank ``dst``'s ``tensor`` (other ranks' copies are left undefined)."""
     if size(group) == 1:
@@ -171,7 +137,6 @@ def reduce(tensor: Tensor, *, dst: int, group: Group) -> Tensor:
     return _write_back(tensor, staged)
 
 
-@_blocking
 def barrier(group: Group = None) -> None:
     if size(group) > 1:
         dist.barrier(group=group)
@@ -222,7 +187,6 @@ def warm_up_p2p(peers: Iterable[int], *, group: Group) -> None:
 
 
 # -- object exchanges (CPU tensors: the gloo side of the group) --------------------------------
-@_blocking
 def all_gather_object(obj: Any, *, group: Group = None) -> list[Any]:
     """Every rank's ``obj``, in group-rank order."""
     if size(group) == 1:
@@ -232,7 +196,6 @@ def all_gather_object(obj: Any, *, group: Group = None) -> list[Any]:
     return out
 
 
-@_blocking
 def broadcast_object(obj: Any, *, src: int = 0, group: Group = None) -> Any:
     """Group rank ``src``'s ``obj`` on every rank."""
     if size(group) == 1:
@@ -242,7 +205,6 @@ def broadcast_object(obj: Any, *, src: int = 0, group: Group = None) -> Any:
     return box[0]
 
 
-@_blocking
 def exchange_objects(outgoing: list[Any], *, group: Group) -> list[Any]:
     """All-to-all of picklable objects: ``outgoing[i]`` goes to group rank i; returns what each
     rank sent here, in rank order. Two CPU all-to-alls (sizes, then bytes) over gloo."""
