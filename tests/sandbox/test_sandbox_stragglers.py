@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
+from omni_trainer.components.progress import read_step_log
+
 from .test_sandbox_e2e import OMNI, SANDBOX_DIR, Sandbox, _manifest
 
 pytestmark = pytest.mark.timeout(600)
@@ -63,3 +65,46 @@ def test_a_throttled_node_is_reported_as_a_straggler(tmp_path: Path) -> None:
         slow = [e for e in events["items"] if e["reason"] == "Straggler"]
         assert len(slow) == 1 and slow[0]["type"] == "Warning" and node in slow[0]["message"]
         assert status()["phase"] == "Running" and status()["restarts"] == 0  # report only
+
+
+def test_a_replaced_straggler_leaves_and_the_loss_curve_equals_an_uninterrupted_run(
+    tmp_path: Path,
+) -> None:
+    """``action: replace``: after the first checkpoint newer than the detection the slow node is
+    quarantined, the pods stop with their grace (an emergency checkpoint of the step reached),
+    and the job continues on the spare node: every step once, losses as an uninterrupted run."""
+    steps = 160
+    _job_yaml(tmp_path / "job.yaml", steps=steps, action="replace")
+    _manifest(tmp_path / "ref.yaml", step_log="runs/ref/steps.jsonl", checkpoint=None,
+              steps=steps)  # fmt: skip
+    with Sandbox(tmp_path, nodes=3) as sb:
+        sb.kubectl("apply", "-f", "job.yaml")
+        slow_pod = "tiny-cpu-a0-n1"
+        sb.wait("the first step", lambda: (sb.job("tiny-cpu").get("status") or {}).get("step"),
+                timeout=300)  # fmt: skip
+        node = json.loads(sb.kubectl("get", "pod", slow_pod, "-o", "json"))["spec"]["nodeName"]
+        _fault(tmp_path, "throttle-pod", slow_pod)
+        sb.kubectl("wait", "--for=jsonpath={.status.phase}=Succeeded", "otj/tiny-cpu",
+                   "--timeout=400s", timeout=420)  # fmt: skip
+        status = sb.job("tiny-cpu")["status"]
+        (record,) = status["restartHistory"]
+        assert record["reason"] == "Straggler" and record["nodes"] == [node], record
+        assert node in status["quarantinedNodes"] and node not in status["placement"]
+        assert f"node {node} (rank 1) busy" in record["message"]
+        events = json.loads(sb.kubectl("get", "events", "--field-selector",
+                                       "involvedObject.name=tiny-cpu", "-o", "json"))  # fmt: skip
+        found = [e["message"] for e in events["items"] if e["reason"] == "Straggler"]
+        assert any("slow since step" in m and "restarting" not in m for m in found), found
+
+    log_path = tmp_path / "runs/job/steps.jsonl"
+    records = [json.loads(line) for line in log_path.read_text().splitlines()]
+    assert {r["attempt"] for r in records} == {0, 1}
+    last_of_0 = max(r["step"] for r in records if r["attempt"] == 0)
+    first_of_1 = min(r["step"] for r in records if r["attempt"] == 1)
+    assert first_of_1 == last_of_0 + 1  # the emergency checkpoint: no step recomputed
+    subprocess.run([*OMNI, "train", "ref.yaml", "--nproc", "2"], cwd=tmp_path, check=True,
+                   capture_output=True, timeout=600)  # fmt: skip
+    got = read_step_log(log_path)
+    want = read_step_log(tmp_path / "runs/ref/steps.jsonl")
+    assert list(got) == list(want) == list(range(1, steps + 1))
+    assert max(abs(got[s] - want[s]) for s in want) <= 1e-6
