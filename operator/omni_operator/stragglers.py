@@ -7,7 +7,8 @@ slow node stands out although every rank's wall step time is the same). A node i
 poll when its figure exceeds the median of the OTHER nodes' figures by more than the margin
 (leave-one-out: with two nodes it is compared with the other one, and the slow node never
 drags the reference up). It is a *straggler* once it has been slow at every poll for
-``persistSteps`` training steps; one slow poll or step is not.
+``persistSteps`` training steps; one slow poll or step is not. A straggler stays one until it
+is within half the margin (hysteresis: a node near the margin does not flap).
 
 The state between polls lives in the job's ``status.stragglers``, so an operator restart
 forgets nothing. With ``action: replace`` a straggler becomes a failure of the attempt once the
@@ -63,8 +64,14 @@ def track(
         been slow for ``persistSteps`` steps (and kept while it stays slow).
     """
     before = {(p.node_rank, p.node): p for p in previous}
+    slow = slow_nodes(busy, margin=cfg.margin)
+    # hysteresis: a straggler stays one until it is within half the margin (no flapping Events)
+    for rank, reference in slow_nodes(busy, margin=cfg.margin / 2).items():
+        prev = before.get((rank, placement[rank])) if rank < len(placement) else None
+        if prev is not None and prev.detected_step is not None:
+            slow.setdefault(rank, reference)
     out = []
-    for rank, reference in sorted(slow_nodes(busy, margin=cfg.margin).items()):
+    for rank, reference in sorted(slow.items()):
         if rank >= len(placement):
             continue
         node = placement[rank]

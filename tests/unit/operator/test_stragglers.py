@@ -54,6 +54,14 @@ def test_one_off_slowness_is_forgotten() -> None:
     assert _run([(10, slow), (20, fine)]) == []
 
 
+def test_a_straggler_stays_one_until_within_half_the_margin() -> None:
+    slow, near, fine = {0: 1.0, 1: 1.5}, {0: 1.0, 1: 1.15}, {0: 1.0, 1: 1.05}
+    (s,) = _run([(10, slow), (30, slow), (40, near)])
+    assert (s.slow_since_step, s.detected_step, s.busy_seconds) == (10, 30, 1.15)
+    assert _run([(10, slow), (30, slow), (40, fine)]) == []
+    assert _run([(10, slow), (20, near)]) == []  # not yet detected: the full margin applies
+
+
 def test_a_node_that_left_is_forgotten() -> None:
     busy = {0: 1.0, 1: 2.0}
     state = _run([(10, busy), (40, busy)], placement=["n0", "n1"])
