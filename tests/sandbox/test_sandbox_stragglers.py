@@ -25,7 +25,7 @@ pytestmark = pytest.mark.timeout(600)
 def _job_yaml(path: Path, *, steps: int, **stragglers: Any) -> None:
     _manifest(path, step_log="runs/job/steps.jsonl", checkpoint="runs/job/ckpt", steps=steps)
     doc = yaml.safe_load(path.read_text())
-    doc["spec"]["restartPolicy"]["stragglers"] = {"margin": 0.3, "persistSteps": 10, **stragglers}
+    doc["spec"]["restartPolicy"]["stragglers"] = {"persistSteps": 10, **stragglers}
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
 
 
@@ -58,7 +58,7 @@ def test_a_throttled_node_is_reported_as_a_straggler(tmp_path: Path) -> None:
         assert cond["reason"] == "SlowNode" and f"node {node} (rank 1)" in cond["message"], cond
         (entry,) = [s for s in status()["stragglers"] if s["detectedStep"] is not None]
         assert entry["node"] == node and entry["nodeRank"] == 1
-        assert entry["busySeconds"] > 1.3 * entry["medianSeconds"], entry
+        assert entry["busySeconds"] > 1.2 * entry["medianSeconds"], entry
         assert entry["detectedStep"] - entry["slowSinceStep"] >= 10
         events = json.loads(sb.kubectl("get", "events", "--field-selector",
                                        "involvedObject.name=tiny-cpu", "-o", "json"))  # fmt: skip
@@ -80,9 +80,13 @@ def test_a_replaced_straggler_leaves_and_the_loss_curve_equals_an_uninterrupted_
     with Sandbox(tmp_path, nodes=3) as sb:
         sb.kubectl("apply", "-f", "job.yaml")
         slow_pod = "tiny-cpu-a0-n1"
-        sb.wait("the first step", lambda: (sb.job("tiny-cpu").get("status") or {}).get("step"),
-                timeout=300)  # fmt: skip
-        node = json.loads(sb.kubectl("get", "pod", slow_pod, "-o", "json"))["spec"]["nodeName"]
+
+        def running() -> dict[str, Any] | None:  # slow from the start (the status trails)
+            pods = json.loads(sb.kubectl("get", "pods", "-o", "json"))["items"]
+            pod = next((p for p in pods if p["metadata"]["name"] == slow_pod), {})
+            return pod if (pod.get("status") or {}).get("phase") == "Running" else None
+
+        node = sb.wait("the pod running", running, timeout=300)["spec"]["nodeName"]
         _fault(tmp_path, "throttle-pod", slow_pod)
         sb.kubectl("wait", "--for=jsonpath={.status.phase}=Succeeded", "otj/tiny-cpu",
                    "--timeout=400s", timeout=420)  # fmt: skip

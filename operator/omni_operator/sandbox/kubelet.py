@@ -46,6 +46,7 @@ import asyncio
 import base64
 import contextlib
 import datetime as dt
+import itertools
 import logging
 import os
 import random
@@ -71,7 +72,9 @@ POD_MARKER = "OMNI_SANDBOX_POD_UID"
 """Set in every pod process's environment: descendants inherit it, so a pod's processes are
 found even after torchrun's workers lost their parent (what a container's cgroup gives)."""
 GPU = "nvidia.com/gpu"
-THROTTLE_PERIOD_S = 0.4
+THROTTLE_PERIOD_S = 0.1
+"""Short beside a step, so the stops land in every phase of it (a period near the step time
+would stop the same phase of every step)."""
 THROTTLE_STOPPED = 0.5
 """The share of each period a throttled pod's processes are stopped (a node about 2x slower)."""
 log = logging.getLogger("omni.sandbox")
@@ -894,11 +897,12 @@ def _throttle(c: Container, *, on: bool) -> None:
 
 async def _duty_cycle(c: Container) -> None:
     """SIGSTOP, wait, SIGCONT, wait, for every process but the pod's first; the process list is
-    read again every period (torchrun starts its workers later; an in-place restart starts new
-    ones)."""
+    read again every few periods (torchrun starts its workers later; an in-place restart starts
+    new ones)."""
     stopped = THROTTLE_PERIOD_S * THROTTLE_STOPPED
-    while True:
-        procs = [p for p in pod_processes(c.uid) if p.pid != c.proc.pid]
+    for period in itertools.count():
+        if period % 4 == 0:
+            procs = [p for p in pod_processes(c.uid) if p.pid != c.proc.pid]
         for sig, pause in (
             (signal.SIGSTOP, stopped),
             (signal.SIGCONT, THROTTLE_PERIOD_S - stopped),
