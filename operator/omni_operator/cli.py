@@ -99,7 +99,8 @@ def sandbox_fault(
     fault: Annotated[
         str,
         typer.Argument(
-            help="node-lost | node-ready | degrade-network | kill-pod | crash-pod | hang-pod"
+            help="node-lost | node-ready | degrade-network | kill-pod | crash-pod | hang-pod "
+            "| throttle-pod | unthrottle-pod"
         ),
     ],
     target: Annotated[str, typer.Argument(help="the node or pod name")],

@@ -244,6 +244,20 @@ def job_dashboard() -> DashboardSpec:
                         "outside any timed phase (optimizer bookkeeping, logging).",
                     ),
                     PanelSpec(
+                        "Busy seconds per step, by node (stragglers stand out)",
+                        [
+                            Query(
+                                f"max by (node_rank) (omni_trainer_node_busy_seconds{j})",
+                                "node {{node_rank}}",
+                            )
+                        ],
+                        unit="s",
+                        min=0,
+                        description="The step minus the waits for peers, median over recent "
+                        "steps of each node's slowest rank; every rank's wall step time is the "
+                        "same in a synchronous job, its busy time is not.",
+                    ),
+                    PanelSpec(
                         "Step time p50 / p95 (per rank)",
                         [
                             Query(
@@ -382,8 +396,13 @@ def fleet_dashboard() -> DashboardSpec:
                         stacked=True,
                     ),
                     PanelSpec(
-                        "Quarantined nodes",
-                        [Query("max(omni_operator_quarantined_nodes)", "nodes")],
+                        "Quarantined and straggler nodes",
+                        [
+                            Query("max(omni_operator_quarantined_nodes)", "quarantined"),
+                            Query("max(omni_operator_straggler_nodes)", "stragglers"),
+                        ],
+                        description="Stragglers: nodes persistently slower than the other "
+                        "nodes of their job (restartPolicy.stragglers, condition Straggler).",
                     ),
                 ],
             ),

@@ -63,6 +63,11 @@ class OperatorMetrics(MetricsEndpoint):
             "Nodes the operator avoids after failures attributed to them.",
             registry=r,
         )
+        self.straggler_nodes = Gauge(
+            PREFIX + "straggler_nodes",
+            "Nodes persistently slower than their job's other nodes (condition Straggler).",
+            registry=r,
+        )
         self.set_jobs_by_phase({})
 
     def serve(self, port: int = DEFAULT_PORT, *, addr: str = "0.0.0.0") -> int:
@@ -91,6 +96,9 @@ class OperatorMetrics(MetricsEndpoint):
 
     def set_quarantined_nodes(self, count: int) -> None:
         self.quarantined_nodes.set(count)
+
+    def set_straggler_nodes(self, count: int) -> None:
+        self.straggler_nodes.set(count)
 
     @contextmanager
     def reconcile(self, handler: str) -> Iterator[None]:
@@ -130,6 +138,9 @@ class NullOperatorMetrics:
     def set_quarantined_nodes(self, count: int) -> None:
         pass
 
+    def set_straggler_nodes(self, count: int) -> None:
+        pass
+
     @contextmanager
     def reconcile(self, handler: str) -> Iterator[None]:
         yield
@@ -142,15 +153,17 @@ class Fleet:
     def __init__(self) -> None:
         self.phases: dict[tuple[str, str], str] = {}
         self.quarantined: dict[tuple[str, str], int] = {}
+        self.stragglers: dict[tuple[str, str], int] = {}
         self.recovering_since: dict[tuple[str, str], float] = {}
 
     def observe(
-        self, job: tuple[str, str], *, phase: str, quarantined: int, now: float
+        self, job: tuple[str, str], *, phase: str, quarantined: int, now: float, stragglers: int = 0
     ) -> float | None:
         """Record a job's state; returns the recovery time when a restart just came back."""
         before = self.phases.get(job)
         self.phases[job] = phase
         self.quarantined[job] = quarantined
+        self.stragglers[job] = stragglers
         if phase == "Restarting" and before != "Restarting":
             self.recovering_since[job] = now
         elif phase == "Running" and job in self.recovering_since:
@@ -158,7 +171,7 @@ class Fleet:
         return None
 
     def forget(self, job: tuple[str, str]) -> None:
-        for table in (self.phases, self.quarantined, self.recovering_since):
+        for table in (self.phases, self.quarantined, self.stragglers, self.recovering_since):
             table.pop(job, None)
 
     def export(self, metrics: OperatorMetrics | NullOperatorMetrics) -> None:
@@ -167,3 +180,4 @@ class Fleet:
             counts[phase] = counts.get(phase, 0) + 1
         metrics.set_jobs_by_phase(counts)
         metrics.set_quarantined_nodes(sum(self.quarantined.values()))
+        metrics.set_straggler_nodes(sum(self.stragglers.values()))

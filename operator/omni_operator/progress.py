@@ -2,7 +2,8 @@
 
 The rank-0 pod serves ``omni_trainer_step``, tokens/s, MFU and the latest complete checkpoint
 step on its ``metrics`` port. The operator polls it on every resync: the step feeds hang
-detection, the checkpoint step refills the restart budget, tokens/s and MFU go into the status.
+detection, the checkpoint step refills the restart budget, tokens/s and MFU go into the status,
+the per-node busy times feed straggler detection.
 """
 
 from __future__ import annotations
@@ -24,15 +25,23 @@ _FIELDS = {
     "omni_trainer_restart_attempt": "attempt",
 }
 
+NODE_BUSY = "omni_trainer_node_busy_seconds"
+"""Per node rank: busy seconds per step (straggler detection, ``omni_operator.stragglers``)."""
+
 
 def parse_progress(text: str) -> Progress:
     """The progress figures in a scrape (missing ones stay None)."""
     values: dict[str, Any] = {}
+    busy: dict[int, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             field = _FIELDS.get(sample.name)
             if field is not None:
                 values[field] = sample.value
+            elif sample.name == NODE_BUSY and sample.labels.get("node_rank", "").isdigit():
+                busy[int(sample.labels["node_rank"])] = sample.value
+    if busy:
+        values["node_busy"] = dict(sorted(busy.items()))
     for key in ("step", "checkpoint_step", "resumed_from", "attempt"):
         if key in values:
             values[key] = int(values[key])

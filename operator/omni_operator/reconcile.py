@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from omni_operator import recovery
+from omni_operator import recovery, stragglers
 from omni_operator.placement import PlacedNode, Placement, PlacementError, place
 from omni_operator.render import (
     LABEL_ATTEMPT,
@@ -74,6 +74,8 @@ class Progress:
     """The checkpoint step the running attempt resumed from (0: from the start)."""
     since_first_step_s: float | None = None
     """The final report only: seconds from the attempt's first step to the end of training."""
+    node_busy: Mapping[int, float] | None = None
+    """Busy seconds per step by node rank (a window median; None: not reported yet)."""
     attempt: int | None = None
     """The restart attempt of the trainer that answered (None: unknown); a trainer of an earlier
     attempt, not yet killed by an in-place restart, is not this attempt's progress."""
@@ -564,6 +566,12 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
         current=recovery.Current(st.attempt, recovery.parse_time(st.attempt_start_time)),
     )
     if failure is None:
+        failure = stragglers.replacement(
+            st.stragglers,
+            checkpoint_step=st.last_checkpoint.step if st.last_checkpoint else None,
+            cfg=spec.restart_policy.stragglers,
+        )
+    if failure is None:
         s.actions.requeue_after = recovery.next_deadline(
             pods,
             s.nodes,
@@ -609,6 +617,7 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
         last_progress_time=None,
         attempt_start_time=None,
         first_step_time=None,
+        stragglers=[],  # measured again by the next attempt
     )
     if mode == "in-place":  # the pods stay, with their placement
         s.set(pod_attempt=st.pods_of)
@@ -723,6 +732,31 @@ def _record_progress(s: _Step, pods: list[Obj], phases: list[str]) -> None:
     p = s.obs.progress
     if p is not None and (p.attempt is None or p.attempt == st.attempt):
         _apply_progress(s, p, all_running=all_running)
+        if all_running:
+            _watch_stragglers(s, p)
+
+
+def _watch_stragglers(s: _Step, p: Progress) -> None:
+    """The nodes' busy times -> ``status.stragglers``, condition Straggler, and a Warning
+    Event when a node becomes a straggler (once per detection, not per poll)."""
+    cfg = s.spec.restart_policy.stragglers
+    if not cfg.enabled or not p.node_busy or p.step is None:
+        return
+    before = s.st.stragglers
+    now = stragglers.track(before, p.node_busy, step=p.step, placement=s.st.placement, cfg=cfg)
+    known = {(x.node_rank, x.node) for x in before if x.detected_step is not None}
+    detected = [x for x in now if x.detected_step is not None]
+    for x in detected:
+        if (x.node_rank, x.node) not in known:
+            s.event("Warning", "Straggler", stragglers.describe(x))
+    s.set(stragglers=now)
+    if detected:
+        s.condition("Straggler", "True", "SlowNode", "; ".join(map(stragglers.describe, detected)))
+    else:
+        n = len(p.node_busy)
+        s.condition("Straggler", "False", "NoStraggler",
+                    f"no node persistently over {cfg.margin:.0%} slower than the others' median "
+                    f"({n} node{'s' if n > 1 else ''} reporting)")  # fmt: skip
 
 
 def _apply_progress(s: _Step, p: Progress, *, all_running: bool = False) -> None:

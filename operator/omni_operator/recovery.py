@@ -49,6 +49,7 @@ FailureKind = Literal[
     "start_timeout",
     "stopped",
     "preflight_failed",
+    "straggler",
 ]
 
 REASONS: Mapping[FailureKind, str] = {
@@ -62,15 +63,17 @@ REASONS: Mapping[FailureKind, str] = {
     "start_timeout": "StartTimeout",
     "stopped": "GracefulStop",
     "preflight_failed": "PreflightFailed",
+    "straggler": "Straggler",
 }
 """CamelCase reasons for status, conditions and Events (Kubernetes convention)."""
 
 EXIT_STOPPED = 143
 """The trainer's exit after a graceful stop on SIGTERM (omni_trainer.components.graceful_stop),
 also what a container killed by SIGTERM reports: stopped on request, not a crash."""
-GRACEFUL_REASONS = frozenset({"PodDeleted", "PodEvicted", "GracefulStop"})
+GRACEFUL_REASONS = frozenset({"PodDeleted", "PodEvicted", "GracefulStop", "Straggler"})
 """Failures of an attempt that was asked to stop with a grace period: its trainers write an
-emergency checkpoint, so the next attempt waits for the old pods to be gone."""
+emergency checkpoint, so the next attempt waits for the old pods to be gone (a straggler's
+replacement deletes the pods with their grace)."""
 
 _DISRUPTIONS = {
     "EvictionByEvictionAPI",
@@ -630,13 +633,16 @@ def quarantined_nodes(
     already: Iterable[str] = (),
 ) -> tuple[str, ...]:
     """Nodes blamed for at least ``threshold`` failures (history plus this one), sorted, plus the
-    ones already quarantined (quarantine is not lifted automatically)."""
+    ones already quarantined (quarantine is not lifted automatically), a straggler that is being
+    replaced and the nodes a network preflight named."""
     counts: Counter[str] = Counter(n for r in history for n in r.nodes)
+    at_once: set[str] = set()
     if failure is not None:
         counts.update(failure.nodes)
-    at_once = failure.nodes if failure is not None and failure.kind == "preflight_failed" else ()
-    hit = {n for n, c in counts.items() if c >= threshold}
-    return tuple(sorted(set(already) | hit | set(at_once)))
+        if failure.kind in ("straggler", "preflight_failed"):  # never placed again
+            at_once.update(failure.nodes)
+    blamed = {n for n, c in counts.items() if c >= threshold}
+    return tuple(sorted(set(already) | blamed | at_once))
 
 
 def decide_restart(

@@ -161,6 +161,33 @@ class BackoffConfig(Spec):
         return v
 
 
+class StragglersConfig(Spec):
+    """Straggler detection from the trainer's per-node busy time (the step minus the waits for
+    peers, a median over recent steps, ``omni_trainer_node_busy_seconds``)."""
+
+    enabled: bool = Field(True, description="compare the nodes' busy times at every progress poll")
+    margin: float = Field(
+        0.2,
+        gt=0,
+        le=10,
+        description="a node is slow when its busy time exceeds the median of the other nodes' by "
+        "more than this fraction (0.2: 20 % slower)",
+    )
+    persist_steps: int = Field(
+        50,
+        ge=1,
+        description="training steps a node must stay slow, at every poll, before it is reported "
+        "(a one-off slow step or poll is not a straggler)",
+    )
+    action: Literal["report", "replace"] = Field(
+        "report",
+        description="report: condition Straggler, a Warning Event and the operator metric "
+        "omni_operator_straggler_nodes. replace: also quarantine the node and restart the job "
+        "without it once the trainer reports a checkpoint newer than the detection (no step "
+        "lost); needs a free node to place the job on",
+    )
+
+
 class RestartPolicyConfig(Spec):
     """Whole-job restarts from the latest complete checkpoint."""
 
@@ -198,6 +225,7 @@ class RestartPolicyConfig(Spec):
         description="the longest an attempt may take from creating its pods to the trainer's "
         "first step (scheduling, image pulls, imports, rendezvous); then it is restarted",
     )
+    stragglers: StragglersConfig = StragglersConfig()
     quarantine_after_failures: int = Field(
         2,
         ge=1,

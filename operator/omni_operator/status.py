@@ -57,6 +57,26 @@ class RestartRecord(Spec):
     )
 
 
+class StragglerStatus(Spec):
+    """A node whose busy time per step exceeds the other nodes' median by the margin."""
+
+    node: str
+    node_rank: int = Field(ge=0)
+    busy_seconds: float = Field(ge=0, description="its busy seconds per step (window median)")
+    median_seconds: float = Field(ge=0, description="the other nodes' median busy seconds")
+    slow_since_step: int = Field(ge=0, description="the step at which it was first seen slow")
+    detected_step: int | None = Field(
+        None,
+        description="the step at which it had been slow restartPolicy.stragglers."
+        "persistSteps long (None: not yet a straggler)",
+    )
+
+    @property
+    def ratio(self) -> float:
+        """How many times slower than the median it is."""
+        return self.busy_seconds / self.median_seconds if self.median_seconds else 0.0
+
+
 class CheckpointStatus(Spec):
     """The latest complete checkpoint the trainer reported."""
 
@@ -131,6 +151,9 @@ class OmniTrainingJobStatus(Spec):
     placement: list[str] = Field(default_factory=list, description="node names by node rank")
     quarantined_nodes: list[str] = Field(default_factory=list)
     preflight: PreflightStatus | None = None
+    stragglers: list[StragglerStatus] = Field(
+        default_factory=list, description="nodes slower than the others (see condition Straggler)"
+    )
     conditions: list[Condition] = Field(default_factory=list)
     restart_history: list[RestartRecord] = Field(default_factory=list)
     start_time: str | None = None

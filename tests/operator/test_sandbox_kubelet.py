@@ -167,6 +167,48 @@ async def test_hang_stops_the_processes_and_deletion_ends_them(env: Env) -> None
     await env.wait("no process left", lambda: not pod_processes(uid))
 
 
+async def test_throttle_slows_the_trainer_on_a_duty_cycle_until_removed(
+    env: Env, tmp_path: Path
+) -> None:
+    """The child ticks every 10 ms into a file: throttled, it ticks about half as often; the
+    pod's first process is never stopped; unthrottled, it runs at full speed again."""
+    ticks = tmp_path / "ticks"
+    child = (
+        f"import time\nwhile True:\n    open({str(ticks)!r}, 'a').write('.')\n    time.sleep(0.01)"
+    )
+    # the child starts after the throttle (as torchrun's workers do): the cycle finds it
+    script = (f"import subprocess, sys, time; time.sleep(1); "
+              f"subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(120)")  # fmt: skip
+    await env.post(f"/api/v1/namespaces/{NS}/pods", _pod("t", "node-0", script))
+    await env.wait("Running", lambda: f"{NS}/t" in env.kubelet.containers)
+    uid = env.pod("t")["metadata"]["uid"]
+    first = env.kubelet.containers[f"{NS}/t"].proc.pid
+    await inject_fault(env.url, "throttle-pod", "t", namespace=NS)
+    await env.wait("ticking", lambda: ticks.exists() and ticks.stat().st_size > 10)
+
+    async def rate(seconds: float = 2.0) -> float:
+        before = ticks.stat().st_size
+        await asyncio.sleep(seconds)
+        return (ticks.stat().st_size - before) / seconds
+
+    await env.wait("throttled", lambda: env.kubelet.containers[f"{NS}/t"].throttle is not None)
+    await asyncio.sleep(1.0)  # the cycle has read the process list again
+    stopped_seen = set()
+    for _ in range(20):
+        for p in pod_processes(uid):
+            stopped_seen.add((p.pid == first, p.status() == psutil.STATUS_STOPPED))
+        await asyncio.sleep(0.05)
+    assert (False, True) in stopped_seen and (True, True) not in stopped_seen
+    slow = await rate()
+    await inject_fault(env.url, "unthrottle-pod", "t", namespace=NS)
+    await env.wait("unthrottled", lambda: env.kubelet.containers[f"{NS}/t"].throttle is None)
+    full = await rate()
+    assert slow < 0.7 * full, (slow, full)
+    assert FAULT not in (env.pod("t")["metadata"].get("annotations") or {})
+    await env.delete(f"/api/v1/namespaces/{NS}/pods/t")
+    await env.wait("no process left", lambda: not pod_processes(uid))
+
+
 async def test_node_lost_kills_its_pods_silently_and_marks_it_unknown(env: Env) -> None:
     await env.post(f"/api/v1/namespaces/{NS}/pods", _pod("p", "node-0", SLEEPER))
     await env.wait("Running", lambda: _phase(env, "p") == "Running")

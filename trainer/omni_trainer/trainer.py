@@ -30,6 +30,7 @@ from omni_trainer.components.run_summary import (
     summarize,
 )
 from omni_trainer.components.step_runner import StepRunner
+from omni_trainer.components.stragglers import BusyTracker, busy_seconds, node_rank_from_env
 from omni_trainer.components.throughput import resolve_peak_flops
 from omni_trainer.components.timing import PhaseTimer
 from omni_trainer.config import TrainerConfig
@@ -81,6 +82,7 @@ class Trainer:
             metrics=self.metrics,
         )
         self.start_step = self.checkpoints.start(resume=resume)
+        self.busy = BusyTracker(node_rank=node_rank_from_env(groups.rank), group=groups.world)
         self.stopped_at: int | None = None
         """The step a SIGTERM stopped the run at (None: it was not stopped)."""
         self.reorder_bytes: list[int] = []
@@ -128,6 +130,9 @@ class Trainer:
                 r = self.train_step(step)
                 results.append(r)
                 self._export(r)
+                nodes = self.busy.observe(step + 1, busy_seconds(r.seconds, r.phases))
+                if nodes is not None and self.groups.rank == 0:
+                    self.metrics.record_node_busy(nodes)
                 self.checkpoints.poll()
                 self.reporter.update(
                     step + 1,

@@ -38,6 +38,7 @@ from omni_operator.progress import MetricsProgress
 from omni_operator.recovery import format_time, node_not_ready_since, pod_node
 from omni_operator.render import LABEL_ATTEMPT, LABEL_JOB
 from omni_operator.spec import GROUP, PLURAL, VERSION, OmniTrainingJob, parse_job
+from omni_operator.status import OmniTrainingJobStatus
 from omni_trainer.config import ManifestError
 
 RESOURCE = (GROUP, VERSION, PLURAL)
@@ -439,6 +440,7 @@ async def _reconcile_once(st: OperatorState, namespace: str, name: str) -> Outco
         (namespace, name),
         phase=phase or "Pending",
         quarantined=len(quarantined or ()),
+        stragglers=0 if phase in rec.TERMINAL else _stragglers(actions.status, status),
         now=st.clock().timestamp(),
     )
     if recovered is not None:
@@ -450,6 +452,13 @@ async def _reconcile_once(st: OperatorState, namespace: str, name: str) -> Outco
     if phase in rec.TERMINAL:
         return FINISHED
     return Outcome(requeue_after=actions.requeue_after)
+
+
+def _stragglers(patch: dict[str, Any], status: OmniTrainingJobStatus) -> int:
+    """Nodes detected as stragglers after this reconcile (the patch, else the old status)."""
+    if "stragglers" in patch:
+        return sum(x.get("detectedStep") is not None for x in patch["stragglers"] or ())
+    return sum(x.detected_step is not None for x in status.stragglers)
 
 
 async def _apply(kube: Kube, raw: dict[str, Any], job_path: str, actions: rec.Actions) -> None:

@@ -222,13 +222,15 @@ def read_state(workdir: Path) -> dict[str, Any]:
         ) from None
 
 
-FAULTS = {
+FAULTS: dict[str, tuple[str, str | None]] = {
     "node-lost": ("node", "lost"),
     "node-ready": ("node", "ready"),
     "degrade-network": ("node", "degraded-network"),
     "kill-pod": ("pod", "kill"),
     "crash-pod": ("pod", "crash"),
     "hang-pod": ("pod", "hang"),
+    "throttle-pod": ("pod", "throttle"),
+    "unthrottle-pod": ("pod", None),
 }
 
 
@@ -251,4 +253,4 @@ async def inject_fault(server: str, fault: str, target: str, *, namespace: str) 
             raise RuntimeError(f"{kind} {target!r} not found{where}")
         if resp.status >= 400:
             raise RuntimeError(f"{fault} {target}: {resp.status} {await resp.text()}")
-    return f"{kind} {target}: {FAULT}={value}"
+    return f"{kind} {target}: {FAULT}={value}" if value else f"{kind} {target}: {FAULT} removed"

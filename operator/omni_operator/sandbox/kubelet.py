@@ -35,8 +35,11 @@ killed, it stops reporting and turns Ready=Unknown; ``ready``: it comes back;
 until the annotation changes) or on a Pod
 (``kill``: every process of its container gets SIGKILL, exit 137; ``crash``: every process but
 the container's first, its init (the trainer crashes, its supervisor or torchrun sees it);
-``hang``: SIGSTOP to every process but the first, the trainer stops making progress). ``kill``
-and ``crash`` act once: the kubelet removes the annotation.
+``hang``: SIGSTOP to every process but the first, the trainer stops making progress;
+``throttle``: the same processes stopped and continued on a duty cycle, :data:`THROTTLE_STOPPED`
+of every :data:`THROTTLE_PERIOD_S`, until the annotation goes: a node slower than the others,
+as a thermally throttled GPU or a noisy neighbour makes one). ``kill`` and ``crash`` act once:
+the kubelet removes the annotation.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ import asyncio
 import base64
 import contextlib
 import datetime as dt
+import itertools
 import logging
 import os
 import random
@@ -72,6 +76,11 @@ POD_MARKER = "OMNI_SANDBOX_POD_UID"
 """Set in every pod process's environment: descendants inherit it, so a pod's processes are
 found even after torchrun's workers lost their parent (what a container's cgroup gives)."""
 GPU = "nvidia.com/gpu"
+THROTTLE_PERIOD_S = 0.1
+"""Short beside a step, so the stops land in every phase of it (a period near the step time
+would stop the same phase of every step)."""
+THROTTLE_STOPPED = 0.5
+"""The share of each period a throttled pod's processes are stopped (a node about 2x slower)."""
 log = logging.getLogger("omni.sandbox")
 
 
@@ -298,6 +307,8 @@ class Container:
     grace_s: float
     gpus: int = 0
     hung: bool = False
+    throttle: asyncio.Task[None] | None = None
+    """The duty cycle of a ``throttle`` fault (None: not throttled)."""
     lost: bool = False
     """Its node was lost: it is killed and nobody reports its end."""
     killing_since: float | None = None
@@ -432,6 +443,7 @@ class Kubelet:
                 running.hung = True
                 _signal(running, signal.SIGSTOP, spare_first=True)
             else:
+                _throttle(running, on=fault == "throttle")
                 await self._refresh_config(pod, running)
             return
         if status.get("phase") in ("Succeeded", "Failed"):
@@ -703,6 +715,7 @@ class Kubelet:
             code = c.proc.poll()
             if code is None:
                 continue
+            _throttle(c, on=False)
             _signal(c, signal.SIGKILL)  # stragglers of a pod whose first process ended
             del self.containers[key]
             if c.lost:
@@ -804,6 +817,7 @@ class Kubelet:
         if c.killing_since is None:
             c.killing_since = asyncio.get_running_loop().time()
             c.grace_s = grace_s
+            _throttle(c, on=False)
             if c.hung:
                 _signal(c, signal.SIGCONT)
             if grace_s > 0:  # like a runtime: SIGTERM to the first process, later SIGKILL all
@@ -813,6 +827,7 @@ class Kubelet:
 
     def stop_all(self) -> None:
         for c in self.containers.values():
+            _throttle(c, on=False)
             _signal(c, signal.SIGKILL)
         for c in self.containers.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -901,3 +916,32 @@ def _signal(
     for proc in procs:
         with contextlib.suppress(psutil.Error):
             proc.send_signal(sig)
+
+
+def _throttle(c: Container, *, on: bool) -> None:
+    """Start or stop the duty cycle of a throttled pod (stopping it continues its processes)."""
+    if on and c.throttle is None:
+        c.throttle = asyncio.get_running_loop().create_task(_duty_cycle(c))
+        log.warning(f"sandbox: {c.pod} throttled ({THROTTLE_STOPPED:.0%} of the time stopped)")
+    elif not on and c.throttle is not None:
+        c.throttle.cancel()
+        c.throttle = None
+        _signal(c, signal.SIGCONT, spare_first=True)
+
+
+async def _duty_cycle(c: Container) -> None:
+    """SIGSTOP, wait, SIGCONT, wait, for every process but the pod's first; the process list is
+    read again every few periods (torchrun starts its workers later; an in-place restart starts
+    new ones)."""
+    stopped = THROTTLE_PERIOD_S * THROTTLE_STOPPED
+    for period in itertools.count():
+        if period % 4 == 0:
+            procs = [p for p in pod_processes(c.uid) if p.pid != c.proc.pid]
+        for sig, pause in (
+            (signal.SIGSTOP, stopped),
+            (signal.SIGCONT, THROTTLE_PERIOD_S - stopped),
+        ):
+            for proc in procs:
+                with contextlib.suppress(psutil.Error):
+                    proc.send_signal(sig)
+            await asyncio.sleep(pause)

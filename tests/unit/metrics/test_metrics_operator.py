@@ -58,7 +58,7 @@ def test_fleet_counts_phases_quarantine_and_recovery_time() -> None:
 
     fleet, m = Fleet(), OperatorMetrics()
     a, b = ("ns", "a"), ("ns", "b")
-    assert fleet.observe(a, phase="Running", quarantined=0, now=0.0) is None
+    assert fleet.observe(a, phase="Running", quarantined=0, now=0.0, stragglers=1) is None
     assert fleet.observe(b, phase="Restarting", quarantined=1, now=10.0) is None
     assert fleet.observe(b, phase="Restarting", quarantined=1, now=20.0) is None
     assert fleet.observe(b, phase="Running", quarantined=1, now=55.0) == 45.0  # since 10 s
@@ -66,7 +66,11 @@ def test_fleet_counts_phases_quarantine_and_recovery_time() -> None:
     value = m.registry.get_sample_value
     assert value("omni_operator_jobs", {"phase": "Running"}) == 2
     assert value("omni_operator_quarantined_nodes") == 1
+    assert value("omni_operator_straggler_nodes") == 1
     fleet.forget(b)
     fleet.export(m)
     assert value("omni_operator_jobs", {"phase": "Running"}) == 1
     assert value("omni_operator_quarantined_nodes") == 0
+    fleet.forget(a)
+    fleet.export(m)
+    assert value("omni_operator_straggler_nodes") == 0

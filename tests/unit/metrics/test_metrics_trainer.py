@@ -57,6 +57,7 @@ def test_scraped_values_match_recorded(served: tuple[TrainerMetrics, int]) -> No
     m.record_checkpoint(
         step=200, seconds=4.0, blocking_seconds=0.5, age=10.0, loader_snapshot_seconds=0.1
     )
+    m.record_node_busy({0: 0.25, 1: 0.5})
     got = scrape(port)
 
     def at(name: str, **labels: str) -> float:
@@ -84,6 +85,8 @@ def test_scraped_values_match_recorded(served: tuple[TrainerMetrics, int]) -> No
     assert phase["pipeline_wait"] == 0  # exported before it ever happened
     assert phase["checkpoint_blocking"] == pytest.approx(0.5)
     assert phase["loader_snapshot"] == pytest.approx(0.1)
+    assert at("omni_trainer_node_busy_seconds", node_rank="1") == 0.5
+    assert at("omni_trainer_node_busy_seconds", node_rank="0") == 0.25
     assert at("omni_trainer_checkpoint_duration_seconds_sum") == 4.0
     assert at("omni_trainer_checkpoint_blocking_seconds_count") == 1
     state_time = at("omni_trainer_checkpoint_last_complete_timestamp_seconds")

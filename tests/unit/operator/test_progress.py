@@ -45,3 +45,13 @@ def test_no_running_rank0_or_no_answer_is_no_progress() -> None:
 
 def test_parse_keeps_missing_figures_unknown() -> None:
     assert parse_progress("# nothing yet\n") == Progress()
+
+
+def test_per_node_busy_times_are_parsed_by_node_rank() -> None:
+    text = (
+        "# TYPE omni_trainer_node_busy_seconds gauge\n"
+        'omni_trainer_node_busy_seconds{training_job="t",node_rank="1"} 0.5\n'
+        'omni_trainer_node_busy_seconds{training_job="t",node_rank="0"} 0.25\n'
+        'omni_trainer_step{training_job="t"} 9\n'
+    )
+    assert parse_progress(text) == Progress(step=9, node_busy={0: 0.25, 1: 0.5})

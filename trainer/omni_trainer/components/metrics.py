@@ -32,10 +32,12 @@ TRAINER_PHASES = (
     "encoder_wait",
     "llm",
     "pipeline_wait",
+    "peer_wait",
     "sync",
     "checkpoint_blocking",
 )
-"""Where a trainer step's time goes (``PhaseTimer`` spans; ``llm`` is what no span covers)."""
+"""Where a trainer step's time goes (``PhaseTimer`` spans; ``llm`` is what no span covers;
+``peer_wait``: waiting for the slowest rank before the gradient reduction)."""
 PHASES = (*TRAINER_PHASES, "loader_snapshot")
 """Step-time phases: the trainer's via :meth:`record_step` (all but the checkpoint blocking),
 the checkpoint blocking and loader snapshot via :meth:`TrainerMetrics.record_checkpoint`. A fixed
@@ -84,6 +86,8 @@ class MetricsSink(Protocol):
     ) -> None: ...
 
     def record_resume(self, step: int) -> None: ...
+
+    def record_node_busy(self, busy: Mapping[int, float]) -> None: ...
 
     def close(self) -> None: ...
 
@@ -242,6 +246,12 @@ class TrainerMetrics(MetricsEndpoint):
             "Checkpoint step this run resumed from (0: from the start); the operator records it "
             "as the restart's fromStep.",
         )
+        self.node_busy = gauge(
+            "node_busy_seconds",
+            "Per node: median busy seconds per step of its slowest rank over the last steps (the "
+            "step minus waits for peers; a straggler's is the longest). Served by global rank 0.",
+            (*job_l, "node_rank"),
+        )
         # Series that exist before the first step, so dashboards and alerts see 0, not "no data".
         self.steps.labels(job)
         self.media_bytes.labels(**self._rank_labels)
@@ -340,6 +350,11 @@ class TrainerMetrics(MetricsEndpoint):
         """This run continued from the checkpoint of ``step`` optimizer steps (0: none)."""
         self.resumed_from.labels(self._job).set(step)
 
+    def record_node_busy(self, busy: Mapping[int, float]) -> None:
+        """Every node's window median of busy seconds per step (global rank 0 gathers them)."""
+        for node, seconds in busy.items():
+            self.node_busy.labels(self._job, str(node)).set(seconds)
+
 
 class NullTrainerMetrics:
     """For ranks that do not export: same methods as :class:`TrainerMetrics`, no effect."""
@@ -379,6 +394,9 @@ class NullTrainerMetrics:
         pass
 
     def record_resume(self, step: int) -> None:
+        pass
+
+    def record_node_busy(self, busy: Mapping[int, float]) -> None:
         pass
 
     def close(self) -> None:

@@ -75,6 +75,7 @@ class StepRunner:
         self.batches: list[DeviceBatch] = []
         self._global_tokens = 1.0
         self._forward_calls = 0
+        self._arrival = torch.zeros(1, device=comm.comm_device(groups.world))
 
     def forward_backward(self, local: list[PackedSequence]) -> float:
         """Forward and backward of this replica's micro-batches; returns the global mean loss.
@@ -201,7 +202,14 @@ class StepRunner:
         return loss_sum / self._global_tokens, num_tokens, {"loss_sum": reported}
 
     def _finalize_grads(self, *_args, **_kwargs) -> None:
-        """Called by megatron after the last backward: the anchor's POST slot, then grad sync."""
+        """Called by megatron after the last backward: the anchor's POST slot, then grad sync.
+
+        A one-element all-reduce over the world first: the time a rank waits there for the
+        slowest one is its ``peer_wait`` (not busy time, see ``components/stragglers.py``); the
+        gradient reduction that follows then starts together on every rank.
+        """
         self.anchor.end_step()
+        with self.timer.span("peer_wait"):
+            comm.all_reduce(self._arrival, group=self.groups.world)
         with self.timer.span("sync"):
             self.parts.reduce_gradients()
