@@ -21,6 +21,8 @@ from omni_trainer.mcore.parallel import init_distributed
 out, scenario = Path(sys.argv[1]), sys.argv[2]
 rank, _, _ = init_distributed()
 cfg = PreflightConfig(size_mb=1, iterations=3, timeout_seconds=5)
+if scenario == "healthy":  # three processes share two busy cores: a healthy link's figure
+    cfg = cfg.model_copy(update={"min_fraction_of_median": 0.1})  # swings with the scheduler
 if scenario == "slow" and rank == 1:
     exchange = dist.batch_isend_irecv
 

@@ -48,7 +48,7 @@ def run(scenario: str, tmp_path: Path) -> tuple[list[int], list[dict | None], li
         for r in range(WORLD)
     ]
     terms = [f.read_text() if (f := tmp_path / f"term{r}").exists() else "" for r in range(WORLD)]
-    assert all(c in (0, EXIT_PREFLIGHT) for c in codes[:2]), [x[-1500:] for x in logs]
+    assert all(c in (0, EXIT_PREFLIGHT) for c in codes[:2]), (codes, [x[-1500:] for x in logs])
     return codes, results, terms, time.monotonic() - start
 
 

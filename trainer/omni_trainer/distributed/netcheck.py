@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 from collections.abc import Mapping
 
@@ -158,4 +159,8 @@ def enforce(result: PreflightResult | None) -> None:
     print(result.describe(), flush=True)
     if result.failed:  # a rank that names nobody leaves the message to one that does
         report(failure_message(result))
-    raise SystemExit(EXIT_PREFLIGHT)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Out at once: tearing the process group down against peers that already left can abort
+    # the process (gloo), which would turn a named slow node into an unexplained crash.
+    os._exit(EXIT_PREFLIGHT)
