@@ -22,8 +22,14 @@ def test_a_degraded_node_fails_the_preflight_and_is_replaced(tmp_path: Path) -> 
     doc = yaml.safe_load((tmp_path / "job.yaml").read_text())
     doc["spec"]["nodes"] = 3
     doc["spec"]["trainer"]["data"].update(globalBatchSize=12, loaderShards=3)  # 3 ranks
-    # 20 exchanges span several duty cycles of the fault (a few alone could fit in one run)
-    doc["spec"]["preflight"] = {"sizeMb": 2, "iterations": 20, "timeoutSeconds": 60}
+    # 20 exchanges span several duty cycles of the fault (a few alone could fit in one run).
+    # The sandbox's fault stalls the node's processes, and on a loaded machine the kubelet's own
+    # stop/continue cadence stretches: the degraded links then read only 10-20% slower (seen in
+    # CI: 0.263 vs 0.32 GB/s), so the relative floor is set at 0.9 of the median here. With three
+    # nodes the healthy two share their best link, which is the median.
+    doc["spec"]["preflight"] = {
+        "sizeMb": 2, "iterations": 20, "timeoutSeconds": 60, "minFractionOfMedian": 0.9,
+    }  # fmt: skip
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     with Sandbox(tmp_path) as sb:
         sb.kubectl("apply", "-f", "job.yaml")
