@@ -80,7 +80,8 @@ def _meta(job: OmniTrainingJob, name: str, labels: dict[str, str] | None = None)
 
 
 def render_config_map(job: OmniTrainingJob, *, attempt: int = 0, pods: int | None = None) -> Obj:
-    """The trainer's manifest (``spec.trainer`` only: cluster settings are not its business),
+    """The trainer's manifest (``spec.trainer`` and ``spec.preflight``, which the trainers run;
+    other cluster settings are not their business),
     with the data reorder groups of the topology's network-local node groups, and the restart
     attempt the pods' supervisors run: in the pods that attempt ``pods`` (default: ``attempt``)
     created (in-place restarts change only that key)."""
@@ -89,11 +90,15 @@ def render_config_map(job: OmniTrainingJob, *, attempt: int = 0, pods: int | Non
     if group is not None:
         data = trainer.setdefault("data", {})
         data["reorder"] = {**data.get("reorder", {}), "groupSize": group}
+    spec: dict = {"trainer": trainer}
+    preflight = job.spec.preflight.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    if preflight:  # the trainers run the network preflight with the manifest's settings
+        spec["preflight"] = preflight
     manifest = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "OmniTrainingJob",
         "metadata": {"name": job.metadata.name},
-        "spec": {"trainer": trainer},
+        "spec": spec,
     }
     return {
         "apiVersion": "v1",

@@ -191,6 +191,20 @@ def test_config_map_is_a_manifest_the_trainer_reads() -> None:
     assert set(yaml.safe_load(data)["spec"]) == {"trainer"}  # cluster settings stay out
 
 
+def test_the_trainers_get_the_manifests_preflight_settings() -> None:
+    """The trainers run the network preflight: the settings a user wrote reach them (before,
+    the pods' manifest dropped spec.preflight and every job ran the defaults)."""
+    settings = {"enabled": False, "sizeMb": 2, "minFractionOfMedian": 0.9}
+    data = render_config_map(_job(preflight=settings))["data"][CONFIG_FILE]
+    assert yaml.safe_load(data)["spec"]["preflight"] == settings
+    from omni_trainer.distributed.netcheck_rules import PreflightConfig
+
+    cfg = PreflightConfig.model_validate(
+        parse_manifest(yaml.safe_load(data)).spec.model_extra["preflight"]
+    )
+    assert (cfg.enabled, cfg.size_mb, cfg.min_fraction_of_median) == (False, 2, 0.9)
+
+
 def test_reorder_groups_follow_the_network_local_node_groups() -> None:
     """G consecutive nodes of a stage hold G x gpus / tensor consecutive data-parallel ranks."""
     assert _job(nodes=8).spec.trainer_reorder_group() == 2 * 8 // 4  # 4 nodes per stage, G=2
