@@ -10,6 +10,7 @@ the training loop's collectives on the main thread. No send/recv (P2P) is used a
 from __future__ import annotations
 
 import concurrent.futures as cf
+import hashlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,9 @@ from typing import Any, TypeVar
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import DefaultSavePlanner, FileSystemWriter
+
+from omni_trainer.checkpoint.loader_state import loader_file, serialize
+from omni_trainer.checkpoint.storage import CheckpointStorage, FileEntry, describe_file
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -118,3 +122,27 @@ class BackgroundSaver:
             self.wait()
         finally:
             self._pool.shutdown(wait=True)
+
+
+def write_share(
+    storage: CheckpointStorage,
+    step: int,
+    staged: dict[str, Any],
+    loader: Any,
+    *,
+    local: Path,
+    rank: int,
+    planner: DefaultSavePlanner,
+    group: dist.ProcessGroup | None,
+) -> dict[str, FileEntry]:
+    """This rank's share of a checkpoint: its DCP files under ``local/model`` and its loader
+    state in ``storage``; the files it wrote, with their sizes (either tier's marker lists them)."""
+    files: dict[str, FileEntry] = {}
+    for rel in save_dcp(staged, local / "model", planner=planner, group=group):
+        files[f"model/{rel}"] = describe_file(local / "model" / rel)
+    if loader is not None:
+        data = serialize(loader)
+        rel = loader_file(rank)
+        storage.write_bytes(step, rel, data)
+        files[rel] = FileEntry(len(data), hashlib.sha256(data).hexdigest())
+    return files

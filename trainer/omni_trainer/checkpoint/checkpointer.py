@@ -35,7 +35,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from omni_trainer.checkpoint.async_save import BackgroundSaver, make_planner, save_dcp
+from omni_trainer.checkpoint.async_save import BackgroundSaver, make_planner, write_share
 from omni_trainer.checkpoint.config import FAST, PERSISTENT, CheckpointConfig
 from omni_trainer.checkpoint.fast_io import FastTierIO, MarkerInfo
 from omni_trainer.checkpoint.fast_tier import FastPlan, NodeTier, latest_fast, newest_tier
@@ -44,8 +44,6 @@ from omni_trainer.checkpoint.loader_state import (
     SHARED,
     deserialize,
     file_for,
-    loader_file,
-    serialize,
     snapshot,
 )
 from omni_trainer.checkpoint.state import ModelState, load_targets, staged_state_dict
@@ -53,7 +51,6 @@ from omni_trainer.checkpoint.storage import (
     CheckpointStorage,
     Fenced,
     FileEntry,
-    describe_file,
     open_storage,
     step_name,
 )
@@ -223,14 +220,9 @@ class Checkpointer:
             if self.rank == 0 and step in storage.list_steps():
                 storage.remove(step)  # a partial save of this step from a crashed run
             self._barrier()
-            for rel in save_dcp(staged, local / "model", planner=self.planner, group=self.group):
-                files[f"model/{rel}"] = describe_file(local / "model" / rel)
+            files = write_share(storage, step, staged, loader, local=local, rank=self.rank,
+                                planner=self.planner, group=self.group)  # fmt: skip
             del staged
-            if loader is not None:
-                data = serialize(loader)
-                rel = loader_file(self.rank)
-                storage.write_bytes(step, rel, data)
-                files[rel] = FileEntry(len(data), hashlib.sha256(data).hexdigest())
             if storage.local_dir(step) is None:
                 for rel in sorted(files):
                     if rel.startswith("model/"):

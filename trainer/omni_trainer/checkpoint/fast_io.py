@@ -8,7 +8,6 @@ calls every method at the same point, errors included, so no rank waits alone).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,13 +16,11 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed.checkpoint import DefaultSavePlanner
 
-from omni_trainer.checkpoint.async_save import save_dcp
+from omni_trainer.checkpoint.async_save import write_share
 from omni_trainer.checkpoint.fast_tier import FastPlan, NodeTier, peer_of, source_of
-from omni_trainer.checkpoint.loader_state import loader_file, serialize
 from omni_trainer.checkpoint.storage import (
     CheckpointStorage,
     FileEntry,
-    describe_file,
     step_name,
 )
 from omni_trainer.distributed import comm
@@ -93,14 +90,9 @@ class FastTierIO:
         own: dict[str, bytes] = {}
         local = node.storage.local_dir(step)
         try:
-            for rel in save_dcp(staged, local / "model", planner=self.planner, group=self.group):
-                files[f"model/{rel}"] = describe_file(local / "model" / rel)
+            files = write_share(node.storage, step, staged, loader, local=local, rank=self.rank,
+                                planner=self.planner, group=self.group)  # fmt: skip
             del staged
-            if loader is not None:
-                data = serialize(loader)
-                rel = loader_file(self.rank)
-                node.storage.write_bytes(step, rel, data)
-                files[rel] = FileEntry(len(data), hashlib.sha256(data).hexdigest())
             own = node.read(step, sorted(files))
         except Exception as exc:
             log.exception("rank %d: fast checkpoint %s failed", self.rank, step_name(step))
