@@ -160,10 +160,17 @@ gpu-check: setup
 .PHONY: bench-faults
 
 # Each fault kind injected into the tiny job in the sandbox (crash, container killed, hang,
-# SIGTERM, node lost, image missing on restart): detection, first step, steps recomputed and
+# SIGTERM, node lost, image missing on restart; --faults adds suspend, straggler): detection, first step, steps recomputed and
 # training time lost, restartPolicy.mode in-place side by side with recreate.
 bench-faults: setup
 	$(BIN)/python bench/faults.py $(BENCH_ARGS)
+
+.PHONY: fault-suite
+
+# 21 faults of 8 kinds in one in-place job of the tiny model in the sandbox; every step's sample
+# fingerprint and loss compared with the same job run uninterrupted (exit 1 unless all equal).
+fault-suite: setup
+	$(BIN)/python bench/faults.py --suite $(BENCH_ARGS)
 
 .PHONY: bench-fast-tier
 

@@ -13,7 +13,10 @@ checkpoint, so every fault has steps to recompute:
 * SIGTERM: the pod of node rank 1 deleted with its grace period (an emergency checkpoint);
 * node lost: ``node-lost`` on node rank 1's node (``nodeLostGraceSeconds`` 5);
 * image missing on restart: ``spec.image`` changed to an image the registry lacks, then a
-  crash: a restart that keeps the pods pulls nothing; one that recreates them cannot pull.
+  crash: a restart that keeps the pods pulls nothing; one that recreates them cannot pull;
+* suspend: ``spec.suspend`` set (the pods deleted with their grace), then unset (a new attempt);
+* straggler: ``throttle-pod`` on node rank 1 (its trainer stopped half of the time) with
+  ``restartPolicy.stragglers.action: replace``: found, then replaced after the next checkpoint.
 
 A mode ending in ``+fast`` adds the fast checkpoint tier (``checkpoint.fast`` every
 ``--fast-interval`` steps on each node's disk, each share copied to the peer node): with
@@ -26,7 +29,13 @@ step (injection to the first step the new attempt logged), steps recomputed (the
 before the fault minus the step resumed from), and training time lost (first step plus the
 recomputed steps at the median step time: the time until training is where it was).
 
+``--suite`` is the fault suite: one in-place job of ``--steps`` steps takes :data:`SUITE` (21
+faults of 8 kinds, one after another), trains to the end, and is compared with the same job run
+uninterrupted: every step's sample fingerprint and loss must be equal (no sample lost, none
+trained twice), recomputed steps included.
+
     make bench-faults
+    make fault-suite
     python bench/faults.py --modes in-place --faults crash kill
     python bench/faults.py --modes recreate recreate+fast --faults node-lost --interval 20 --past 12
 """
@@ -54,7 +63,13 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 LABEL_ATTEMPT, LABEL_RANK = "omni.megascale.io/attempt", "omni.megascale.io/node-rank"
-FAULTS = ("crash", "kill", "hang", "sigterm", "node-lost", "image-missing")
+FAULTS = ("crash", "kill", "hang", "sigterm", "node-lost", "image-missing", "suspend", "straggler")
+SUITE = (
+    *("crash", "kill", "sigterm", "node-lost", "suspend") * 3,
+    "hang", "straggler", "crash", "kill", "hang", "image-missing",
+)  # fmt: skip
+"""The suite's faults in order: the straggler's node stays quarantined (one of the sandbox's four
+nodes), and a missing image is a fault only at a restart that pulls, so it comes last."""
 JOB = "tiny-cpu"
 NS = "default"
 MISSING_IMAGE = "ghcr.io/megascale-omni/trainer:0.0.0-missing"
@@ -63,7 +78,11 @@ MISSING_IMAGE = "ghcr.io/megascale-omni/trainer:0.0.0-missing"
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--modes", nargs="+", default=["in-place", "recreate"])
-    p.add_argument("--faults", nargs="+", default=list(FAULTS), choices=FAULTS)
+    p.add_argument("--faults", nargs="+", default=list(FAULTS[:6]), choices=FAULTS)
+    p.add_argument(
+        "--suite", action="store_true", help="the fault suite (--modes, --faults unused)"
+    )
+    p.add_argument("--steps", type=int, default=700, help="the suite job's steps")
     p.add_argument("--interval", type=int, default=5, help="checkpoint every this many steps")
     p.add_argument("--past", type=int, default=2, help="inject this many steps past a checkpoint")
     p.add_argument("--fast-interval", type=int, default=2, help="the fast tier's interval")
@@ -149,16 +168,19 @@ class Sandbox:
         raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-def _job(mode: str, *, interval: int, fast_interval: int, step_log: str) -> dict[str, Any]:
+def _job(
+    mode: str, *, interval: int, fast_interval: int, step_log: str, steps: int = 100000
+) -> dict[str, Any]:
     doc = yaml.safe_load((REPO / "examples" / "tiny-cpu.yaml").read_text())
     spec = doc["spec"]
     spec["nodes"] = 2
     restart_mode, _, tier = mode.partition("+")
     spec["restartPolicy"] = {"mode": restart_mode, "nodeLostGraceSeconds": 5,
                              "hangTimeoutSeconds": 60, "backoffSeconds": {"base": 0, "max": 0},
-                             "budget": 20, "stopGraceSeconds": 20}  # fmt: skip
+                             "budget": 40, "stopGraceSeconds": 20,
+                             "stragglers": {"action": "replace", "persistSteps": 10}}  # fmt: skip
     trainer = spec["trainer"]
-    trainer["train"].update(steps=100000, stepLog=step_log)
+    trainer["train"].update(steps=steps, stepLog=step_log)
     trainer["checkpoint"] = {"path": f"runs/{mode}/ckpt", "intervalSteps": interval}
     if tier == "fast":
         fast = {"path": "/var/lib/omni-fast", "intervalSteps": fast_interval}
@@ -190,8 +212,19 @@ def _inject(sb: Sandbox, fault: str) -> Callable[[], None]:
     if fault == "sigterm":
         pod = sb.pod_of_rank(1)["metadata"]["name"]
         return lambda: sb.request("DELETE", f"/api/v1/namespaces/{NS}/pods/{pod}")
+    if fault == "straggler":
+        pod = sb.pod_of_rank(1)["metadata"]["name"]
+        return lambda: sb.fault("throttle-pod", pod)
+    if fault == "suspend":
+        return lambda: _suspend_and_resume(sb)
     node = sb.pod_of_rank(1)["spec"]["nodeName"]
     return lambda: sb.fault("node-lost", node)
+
+
+def _suspend_and_resume(sb: Sandbox) -> None:
+    sb.request("PATCH", sb.job_path(), {"spec": {"suspend": True}})
+    sb.wait("the job suspended", lambda: sb.status().get("phase") == "Suspended", timeout=120)
+    sb.request("PATCH", sb.job_path(), {"spec": {"suspend": False}})
 
 
 def run_mode(sb: Sandbox, mode: str, faults: list[str], args: argparse.Namespace) -> list[Cost]:
@@ -236,9 +269,10 @@ def _measure(sb: Sandbox, cost: Cost, step_log: Path, args: argparse.Namespace) 
     inject()
     reached = max(r["step"] for r in _records(step_log))
 
-    def decided() -> bool:
+    def decided() -> bool:  # a resumed suspend is no restart, but a new attempt
         st = sb.status()
-        return st.get("restarts", 0) > before or st.get("phase") == "Failed"
+        new_attempt = st.get("attempt", attempt) > attempt
+        return st.get("restarts", 0) > before or new_attempt or st.get("phase") == "Failed"
 
     sb.wait(f"{cost.mode}/{cost.fault}: a restart decision", decided, timeout=args.timeout)
     cost.detection_s = time.time() - t0
@@ -258,18 +292,71 @@ def _measure(sb: Sandbox, cost: Cost, step_log: Path, args: argparse.Namespace) 
     if rec.get("failed"):
         cost.note = f"job Failed: {sb.status().get('message', '')[:100]}"
         return cost
-    history = sb.status()["restartHistory"][-1]
+    history = (sb.status().get("restartHistory") or [{}])[-1]
     cost.first_step_s = rec["time"] - t0
     cost.recomputed = max(reached - (rec["step"] - 1), 0)
     median = statistics.median(_step_times(_records(step_log)))
     cost.lost_s = cost.first_step_s + cost.recomputed * median
     mean = statistics.mean(_step_times(_records(step_log)))
-    cost.note = (f"{history['mode']} ({history['reason']}), step time median {median:.2f} s "
+    how = f"{history.get('mode')} ({history.get('reason')})"
+    cost.note = (f"{how}, step time median {median:.2f} s "
                  f"mean {mean:.3f} s, resumed at {rec['step'] - 1} (reached {reached}), "
                  f"operator lostSeconds {history.get('lostSeconds')}")  # fmt: skip
     if lost is not None:
         sb.fault("node-ready", lost)  # the node comes back for later placements
     return cost
+
+
+def run_suite(sb: Sandbox, args: argparse.Namespace) -> tuple[list[Cost], bool]:
+    """The suite's faults one after another in one in-place job, which then trains to its end;
+    the costs, and whether every step equals the uninterrupted run."""
+    step_log = sb.cwd / "runs" / "suite" / "steps.jsonl"
+    doc = _job("in-place", interval=args.interval, fast_interval=args.fast_interval,
+               step_log="runs/suite/steps.jsonl", steps=args.steps)  # fmt: skip
+    doc["spec"]["trainer"]["checkpoint"]["path"] = "runs/suite/ckpt"
+    sb.request("POST", f"/apis/omni.megascale.io/v1alpha1/namespaces/{NS}/omnitrainingjobs", doc)
+    costs: list[Cost] = []
+    try:
+        for i, fault in enumerate(SUITE, 1):
+            cost = _measure(sb, Cost(fault, "in-place"), step_log, args)
+            costs.append(cost)
+            print(f"  fault {i}/{len(SUITE)} {fault}: first step after {_fmt(cost.first_step_s)},"
+                  f" {cost.recomputed} recomputed; {cost.note}", flush=True)  # fmt: skip
+        phase = sb.wait("the job's end", lambda: sb.status().get("phase") in ("Succeeded", "Failed")
+                        and sb.status()["phase"], timeout=args.timeout * 3)  # fmt: skip
+        print(f"job {phase}: {sb.status().get('restarts')} restarts", flush=True)
+    finally:
+        sb.request("DELETE", sb.job_path())
+        sb.wait("the job gone", lambda: not sb.pods(), timeout=120)
+    ref = dict(doc, spec={**doc["spec"], "trainer": {**doc["spec"]["trainer"]}})
+    ref["spec"]["trainer"].pop("checkpoint")
+    ref["spec"]["trainer"]["train"] = {**doc["spec"]["trainer"]["train"],
+                                       "stepLog": "runs/ref/steps.jsonl"}  # fmt: skip
+    (sb.cwd / "ref.yaml").write_text(yaml.safe_dump(ref, sort_keys=False))
+    env = {**os.environ, "OMNI_NUM_THREADS": str(os.cpu_count() or 1)}  # a pod's threads
+    subprocess.run([sys.executable, "-m", "omni_trainer.cli", "train", "ref.yaml", "--nproc", "2"],
+                   cwd=sb.cwd, env=env, check=True, capture_output=True)  # fmt: skip
+    ok = compare_with_uninterrupted(_records(step_log), _records(sb.cwd / "runs/ref/steps.jsonl"))
+    return costs, ok
+
+
+def compare_with_uninterrupted(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> bool:
+    """Every step of the faulted run (each of its runs, recomputed ones included) against the
+    uninterrupted run: the same samples and the same loss. Prints the verdict."""
+    ref = {r["step"]: r for r in want}
+    steps = sorted({r["step"] for r in got})
+    runs_of = {s: [r for r in got if r["step"] == s] for s in steps}
+    complete = steps == sorted(ref)
+    wrong = [r["step"] for r in got if r["step"] not in ref
+             or r["samples"] != ref[r["step"]]["samples"]]  # fmt: skip
+    worst = max((abs(r["loss"] - ref[r["step"]]["loss"]) for r in got if r["step"] in ref),
+                default=float("inf"))  # fmt: skip
+    recomputed = sum(len(v) - 1 for v in runs_of.values())
+    ok = complete and not wrong and worst <= 1e-6
+    print(f"fingerprints: {len(steps)} steps ({recomputed} recomputed runs) vs an uninterrupted "
+          f"run of {len(ref)}: every step present {complete}, samples differ at {len(wrong)} "
+          f"{wrong[:5]}, max loss difference {worst:.2e}; equal: {ok}")  # fmt: skip
+    return ok
 
 
 def _step_times(records: list[dict[str, Any]]) -> list[float]:
@@ -311,6 +398,18 @@ def print_table(costs: list[Cost], modes: list[str]) -> None:
         print(f"  {c.mode:<9} {c.fault:<14} {c.note}")
 
 
+def print_suite(costs: list[Cost]) -> None:
+    """Per kind: how many faults, median first step after the fault, steps recomputed."""
+    print(f"\nsuite: {len(costs)} faults of {len({c.fault for c in costs})} kinds")
+    print(f"{'fault':<14}{'n':>4}{'1st step median':>18}{'recomputed':>12}")
+    for fault in dict.fromkeys(c.fault for c in costs):
+        mine = [c for c in costs if c.fault == fault]
+        firsts = [c.first_step_s for c in mine if c.first_step_s is not None]
+        first = _fmt(statistics.median(firsts)) if firsts else "-"
+        recomputed = sum(c.recomputed or 0 for c in mine)
+        print(f"{fault:<14}{len(mine):>4}{first:>18}{recomputed:>12}")
+
+
 def main() -> None:
     args = _args()
     os.environ.setdefault("PYTHONPATH", f"{REPO / 'trainer'}:{REPO / 'operator'}")
@@ -320,6 +419,10 @@ def main() -> None:
         sb = Sandbox(cwd)
         costs: list[Cost] = []
         try:
+            if args.suite:
+                costs, ok = run_suite(sb, args)
+                print_suite(costs)
+                sys.exit(0 if ok else 1)
             for mode in args.modes:
                 costs += run_mode(sb, mode, list(args.faults), args)
                 print(f"{mode}: done ({len(costs)} faults so far)", flush=True)

@@ -1,4 +1,5 @@
-"""The sandbox's ``degraded-network`` node fault: a node whose traffic is slow, as a bad cable,
+"""The sandbox's duty cycle of stopped and continued processes: a pod's ``throttle`` fault (a
+slow node) and the ``degraded-network`` node fault: a node whose traffic is slow, as a bad cable,
 a flapping link or a congested switch port looks to its peers.
 
 Every pod on the loopback shares one network, so the fault slows the node's pods themselves:
@@ -24,8 +25,12 @@ REFRESH_S = 1.0
 """How often the node's process list is read again (reading it is the costly part)."""
 
 
-async def throttle(processes: Callable[[], list[psutil.Process]]) -> None:
-    """Stop and continue ``processes()`` in a duty cycle until cancelled; continued at the end."""
+async def throttle(
+    processes: Callable[[], list[psutil.Process]], *, stop_s: float = STOP_S, run_s: float = RUN_S
+) -> None:
+    """Stop and continue ``processes()`` in a duty cycle (``stop_s`` stopped, ``run_s``
+    running) until cancelled; continued at the end. The list is read again every
+    :data:`REFRESH_S` (torchrun starts its workers later; an in-place restart starts new ones)."""
     procs: list[psutil.Process] = []
     read_at = 0.0
     try:
@@ -33,9 +38,9 @@ async def throttle(processes: Callable[[], list[psutil.Process]]) -> None:
             if time.monotonic() - read_at > REFRESH_S:
                 procs, read_at = processes(), time.monotonic()
             _send(procs, signal.SIGSTOP)
-            await asyncio.sleep(STOP_S)
+            await asyncio.sleep(stop_s)
             _send(procs, signal.SIGCONT)
-            await asyncio.sleep(RUN_S)
+            await asyncio.sleep(run_s)
     finally:
         _send(processes(), signal.SIGCONT)
 

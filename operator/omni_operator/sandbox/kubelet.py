@@ -48,7 +48,6 @@ import asyncio
 import base64
 import contextlib
 import datetime as dt
-import itertools
 import logging
 import os
 import random
@@ -921,27 +920,16 @@ def _signal(
 def _throttle(c: Container, *, on: bool) -> None:
     """Start or stop the duty cycle of a throttled pod (stopping it continues its processes)."""
     if on and c.throttle is None:
-        c.throttle = asyncio.get_running_loop().create_task(_duty_cycle(c))
+        stop_s = THROTTLE_PERIOD_S * THROTTLE_STOPPED
+
+        def processes() -> list[psutil.Process]:  # every process but the pod's first
+            return [p for p in pod_processes(c.uid) if p.pid != c.proc.pid]
+
+        c.throttle = asyncio.get_running_loop().create_task(
+            degrade.throttle(processes, stop_s=stop_s, run_s=THROTTLE_PERIOD_S - stop_s)
+        )
         log.warning(f"sandbox: {c.pod} throttled ({THROTTLE_STOPPED:.0%} of the time stopped)")
     elif not on and c.throttle is not None:
         c.throttle.cancel()
         c.throttle = None
         _signal(c, signal.SIGCONT, spare_first=True)
-
-
-async def _duty_cycle(c: Container) -> None:
-    """SIGSTOP, wait, SIGCONT, wait, for every process but the pod's first; the process list is
-    read again every few periods (torchrun starts its workers later; an in-place restart starts
-    new ones)."""
-    stopped = THROTTLE_PERIOD_S * THROTTLE_STOPPED
-    for period in itertools.count():
-        if period % 4 == 0:
-            procs = [p for p in pod_processes(c.uid) if p.pid != c.proc.pid]
-        for sig, pause in (
-            (signal.SIGSTOP, stopped),
-            (signal.SIGCONT, THROTTLE_PERIOD_S - stopped),
-        ):
-            for proc in procs:
-                with contextlib.suppress(psutil.Error):
-                    proc.send_signal(sig)
-            await asyncio.sleep(pause)

@@ -96,6 +96,18 @@ def test_audio_encoder_cost_hand_computed() -> None:
     assert c.output_bytes == n * llm_h * 2
 
 
+def test_stage0_receives_its_sequence_shard_with_sp_and_every_token_without() -> None:
+    """Send-then-reshard: with sequence parallelism each of stage 0's TP ranks receives only
+    its shard of the projected outputs; without it each receives them all."""
+    dev, n, llm_h = cpu_profile(1e9), 64, MODEL.llm.hidden_size
+    whole = n * llm_h * 2
+    sp = encoder_mb_cost(AUDIO, [n], llm_hidden=llm_h, layout=Layout(tp=4), device=dev)
+    no_sp = encoder_mb_cost(
+        AUDIO, [n], llm_hidden=llm_h, layout=Layout(tp=4, sequence_parallel=False), device=dev
+    )
+    assert (sp.output_bytes, no_sp.output_bytes) == (whole / 4, whole)
+
+
 def test_audio_work_enters_the_prediction() -> None:
     dev = cpu_profile(50e9)
     low, high = _audio_text(0.2), _audio_text(0.8)

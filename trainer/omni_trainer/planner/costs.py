@@ -286,7 +286,9 @@ class EncoderMBCost:
     activation_bytes: float
     """Kept from forward to backward on the busiest rank."""
     output_bytes: float
-    """Per rank, projected outputs sent to stage 0 (``tokens x llm_hidden`` bf16 / group)."""
+    """Per stage-0 rank, projected outputs it receives: with sequence parallelism its sequence
+    shard (``tokens x llm_hidden`` bf16 / tp, send-then-reshard), without it every token (each
+    TP rank of stage 0 takes whole pieces)."""
     sequence_parallel: int
     """Samples above eta (sequence parallel)."""
 
@@ -334,7 +336,7 @@ def encoder_mb_cost(
         forward=compute + a2a,
         backward=(2.0 + redo) * compute + (1.0 + redo) * a2a,
         activation_bytes=tokens_on * per_token,
-        output_bytes=sum(lengths) * llm_hidden * BF16 / g,
+        output_bytes=sum(lengths) * llm_hidden * BF16 / (g if layout.sequence_parallel else 1),
         sequence_parallel=len(plan.long),
     )
 
