@@ -55,14 +55,10 @@ def is_standby(pod: Mapping[str, Any]) -> bool:
 
 def replaced(pod: Mapping[str, Any], placement: Sequence[str]) -> bool:
     """A gang pod whose rank moved to a spare (placement names another node for its rank)."""
-    rank = pod_rank(pod)
-    node = pod_node(pod)
-    return (
-        rank is not None
-        and node is not None
-        and rank < len(placement)
-        and (placement[rank] != node)
-    )
+    rank, node = pod_rank(pod), pod_node(pod)
+    if rank is None or node is None or rank >= len(placement):
+        return False
+    return placement[rank] != node
 
 
 def ready(pod: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]],
