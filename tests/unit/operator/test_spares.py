@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from omni_operator.placement import place_spares
 from omni_operator.reconcile import Progress, reconcile
 from omni_operator.recovery import Failure
 from omni_operator.render import LABEL_ATTEMPT, LABEL_RANK, LABEL_SPARE
@@ -135,3 +136,15 @@ def test_spares_leave_with_the_job_and_need_in_place_restarts() -> None:
     assert [d.obj["metadata"]["name"] for d in a.delete] == ["tiny-cpu-s0"]
     with pytest.raises(ManifestError, match=r"spareNodes 1 needs restartPolicy\.mode in-place"):
         _job(spareNodes=1, restartPolicy={"mode": "recreate"})
+
+
+def test_spares_go_to_free_usable_nodes_of_the_job_s_domains_only() -> None:
+    zoned = _job(**SPARE, topology={"networkDomainLabels": ["topology.kubernetes.io/zone"]})
+    nodes = [node("n0"), node("n1"), node("n2", zone="z2"), node("n3", ready=False),
+             node("n4"), node("n5")]  # fmt: skip
+    chosen = place_spares(nodes, zoned.spec, want=2, domains={("z1",)}, taken={"n0", "n1"})
+    assert [n["metadata"]["name"] for n in chosen] == ["n4", "n5"]  # not z2, not NotReady
+    assert place_spares(nodes, zoned.spec, want=2, domains={("z1",)}, taken={"n0", "n1"},
+                        quarantined={"n4"})[0]["metadata"]["name"] == "n5"  # fmt: skip
+    spread = place_spares(nodes, zoned.spec, want=2, domains={("z1",), ("z2",)}, taken={"n0"})
+    assert sorted(n["metadata"]["name"] for n in spread) == ["n1", "n2"]  # one per domain
