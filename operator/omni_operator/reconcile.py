@@ -590,7 +590,7 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
             cfg=spec.restart_policy.stragglers,
         )
     if failure is None:
-        _keep_spares(s, pods)
+        _keep_spares(s)
         s.actions.requeue_after = recovery.next_deadline(
             pods,
             s.nodes,
@@ -677,7 +677,7 @@ def _swap_in(s: _Step, swap: spares.Swap, *, pods_of: int) -> None:
     s.event("Normal", "SpareAssigned", f"attempt {s.st.attempt}: {moved}")
 
 
-def _keep_spares(s: _Step, pods: list[Obj]) -> None:
+def _keep_spares(s: _Step) -> None:
     """``spec.spareNodes`` standby pods, refilled in the background; ``status.spares``."""
     standby = s.standby()
     if not s.spec.spare_nodes and not standby:
