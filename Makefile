@@ -160,8 +160,10 @@ gpu-check: setup
 .PHONY: bench-faults
 
 # Each fault kind injected into the tiny job in the sandbox (crash, container killed, hang,
-# SIGTERM, node lost, image missing on restart; --faults adds suspend, straggler): detection, first step, steps recomputed and
-# training time lost, restartPolicy.mode in-place side by side with recreate.
+# SIGTERM, node lost, image missing on restart; --faults adds suspend, straggler): detection,
+# first step, steps recomputed and training time lost, restartPolicy.mode in-place side by side
+# with recreate. A node lost with a hot spare beside without:
+# make bench-faults BENCH_ARGS='--modes in-place+spare in-place --faults node-lost'
 bench-faults: setup
 	$(BIN)/python bench/faults.py $(BENCH_ARGS)
 

@@ -24,6 +24,10 @@ A mode ending in ``+fast`` adds the fast checkpoint tier (``checkpoint.fast`` ev
 checkpoint, and the table shows what the fast tier saves (the restart resumes from the fast
 step the lost node's peer still holds) and the mean step time shows what it costs.
 
+A mode ending in ``+spare`` keeps one hot spare (``spec.spareNodes: 1``; each fault waits for it
+to be ready): with ``--modes in-place+spare in-place --faults node-lost`` the table puts a node
+loss continued on the spare beside the same loss recreating the pods.
+
 Per fault: detection (injection to the operator's restart decision, polled every 0.2 s), first
 step (injection to the first step the new attempt logged), steps recomputed (the last step
 before the fault minus the step resumed from), and training time lost (first step plus the
@@ -38,6 +42,7 @@ trained twice), recomputed steps included.
     make fault-suite
     python bench/faults.py --modes in-place --faults crash kill
     python bench/faults.py --modes recreate recreate+fast --faults node-lost --interval 20 --past 12
+    python bench/faults.py --modes in-place+spare in-place --faults node-lost
 """
 
 from __future__ import annotations
@@ -185,6 +190,8 @@ def _job(
     if tier == "fast":
         fast = {"path": "/var/lib/omni-fast", "intervalSteps": fast_interval}
         trainer["checkpoint"]["fast"] = fast
+    if tier == "spare":
+        spec["spareNodes"] = 1
     return doc
 
 
@@ -254,10 +261,14 @@ def _measure(sb: Sandbox, cost: Cost, step_log: Path, args: argparse.Namespace) 
     the recovery cost."""
     attempt = sb.status().get("attempt", 0)
 
+    spares = 1 if cost.mode.endswith("+spare") else 0
+
     def ready() -> bool:
         recs = [r for r in _records(step_log) if r["attempt"] == attempt]
         step = max((r["step"] for r in recs), default=0)
-        return len(recs) >= args.interval + args.past and step % args.interval >= args.past
+        ready_spares = sum(x.get("ready", False) for x in sb.status().get("spares") or [])
+        return (len(recs) >= args.interval + args.past and step % args.interval >= args.past
+                and ready_spares >= spares)  # fmt: skip
 
     sb.wait(f"{cost.mode}: attempt {attempt} training", ready, timeout=args.timeout)
     if cost.fault == "image-missing":

@@ -313,3 +313,62 @@ def _natural(s: str) -> tuple[Any, ...]:
     """Sort key where n2 < n10; ties broken by the raw string so the key is injective."""
     parts = re.split(r"(\d+)", s)
     return (*((0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts), s)
+
+
+def node_domain(node: Node | None, labels: Sequence[str]) -> Domain | None:
+    """The node's network domain (its values of ``labels``); None when it lacks one of them
+    or is unknown (gone from the API)."""
+    if node is None:
+        return None
+    node_labels = node["metadata"].get("labels") or {}
+    if any(k not in node_labels for k in labels):
+        return None
+    return tuple(node_labels[k] for k in labels)
+
+
+def place_rank(spec: OmniTrainingJobSpec, rank: int, node: Node) -> PlacedNode:
+    """Node rank ``rank`` of :func:`place`'s layout on ``node`` (a spare taking the rank over):
+    the same stages and reorder group, the new node's name, domain and allocatable."""
+    labels = tuple(spec.topology.network_domain_labels)
+    return PlacedNode(
+        name=node["metadata"]["name"],
+        rank=rank,
+        stages=_stages_of(rank, spec.nodes, spec.trainer.parallelism.pipeline),
+        reorder_group=rank // spec.group_size,  # place() numbers ranks group by group
+        domain=node_domain(node, labels) or (),
+        allocatable=dict((node.get("status") or {}).get("allocatable") or {}),
+    )
+
+
+def place_spares(
+    nodes: Iterable[Node],
+    spec: OmniTrainingJobSpec,
+    *,
+    want: int,
+    domains: Iterable[Domain],
+    taken: Iterable[str] = (),
+    quarantined: Iterable[str] = (),
+) -> list[Node]:
+    """Up to ``want`` usable nodes for hot spares, inside the job's network ``domains`` (a
+    spare takes over a rank of its own domain, keeping reorder groups network-local), none of
+    ``taken`` (the job's and the other spares' nodes); the domains with the fewest spares
+    first, then by name, so spares spread over the domains the job runs in."""
+    labels = tuple(spec.topology.network_domain_labels)
+    avoid, skip = set(quarantined), set(taken)
+    count: dict[Domain, int] = {d: 0 for d in domains}
+    free: dict[Domain, list[Node]] = {d: [] for d in count}
+    for node in sorted(nodes, key=lambda n: _natural(n["metadata"]["name"])):
+        domain = node_domain(node, labels)
+        if node["metadata"]["name"] in skip or domain not in free:
+            continue
+        if _unusable(node, spec, avoid) is None:
+            free[domain].append(node)
+    chosen: list[Node] = []
+    while len(chosen) < want:
+        open_ = [d for d in free if free[d]]
+        if not open_:
+            break
+        d = min(open_, key=lambda d: (count[d], tuple(map(_natural, d))))
+        chosen.append(free[d].pop(0))
+        count[d] += 1
+    return chosen

@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from omni_operator import recovery, stragglers
+from omni_operator import recovery, spares, stragglers
 from omni_operator.placement import PlacedNode, Placement, PlacementError, place
 from omni_operator.render import (
     LABEL_ATTEMPT,
@@ -322,11 +322,23 @@ class _Step:
         return [o for o in self.obs.owned if o["kind"] == "Pod"]
 
     def attempt_pods(self) -> list[Obj]:
-        """The pods the current attempt's trainers run in (an in-place restart keeps them)."""
+        """The pods the current attempt's trainers run in (an in-place restart keeps them; a
+        spare that took a rank over is one of them, the pod it replaced no longer)."""
+        return [
+            p
+            for p in self.gang()
+            if not spares.is_standby(p) and not spares.replaced(p, self.st.placement)
+        ]
+
+    def gang(self) -> list[Obj]:
+        """Pods of the gang the trainers run in: its rank pods and its standby spares."""
         mine = str(self.st.pods_of)
         return [
             p for p in self.pods() if p["metadata"].get("labels", {}).get(LABEL_ATTEMPT) == mine
         ]
+
+    def standby(self) -> list[Obj]:
+        return [p for p in self.gang() if spares.is_standby(p)]
 
     def stopping_pods(self) -> list[str]:
         """Pods of earlier attempts still running their grace period on a live node."""
@@ -374,8 +386,8 @@ def reconcile(obs: Observed) -> Actions:
         s.set(restart_budget_left=s.spec.restart_policy.budget)
     s.condition("Valid", "True", "SpecValid", "the spec passed validation")
 
-    stale = [p for p in s.pods() if p not in s.attempt_pods()]
-    s.delete_pods(stale)
+    keep = s.attempt_pods() + s.standby()
+    s.delete_pods([p for p in s.pods() if p not in keep])
 
     if s.spec.suspend:
         return _suspend(s)
@@ -413,7 +425,8 @@ def reconcile(obs: Observed) -> Actions:
 
 
 def _suspend(s: _Step) -> Actions:
-    s.delete_pods(s.attempt_pods())
+    s.delete_pods(s.attempt_pods() + s.standby())
+    s.set(spares=[])
     s.condition("Suspended", "True", "Suspended", "spec.suspend is true: pods deleted")
     s.condition("PodsRunning", "False", "Suspended", "")
     s.phase(
@@ -465,13 +478,17 @@ def _restart_in_place(s: _Step, pods: list[Obj]) -> Actions:
     """The backoff ended: tell the pods' supervisors (the ConfigMap's attempt key) to restart
     their trainers as the new attempt, which resumes from the latest checkpoint."""
     st = s.st
+    last = st.restart_history[-1] if st.restart_history else None
+    fresh = last is not None and last.attempt == st.attempt and last.mode == "spare"
+    assigned = spares.assignments(s.job, pods)
     s.actions.adopt.append(
         {
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": {"name": config_map_name(s.job.metadata.name),
                          "namespace": s.job.metadata.namespace or "default"},
-            "data": {ATTEMPT_KEY: attempt_order(st.attempt, pods=st.pods_of)},
+            "data": {ATTEMPT_KEY: attempt_order(st.attempt, pods=st.pods_of, spares=assigned,
+                                                fresh=fresh)},
         }
     )  # fmt: skip
     s.set(last_progress_time=None, attempt_start_time=s.now_s, first_step_time=None)
@@ -530,7 +547,8 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
                 s.set(restart_history=_restart_cost(s, ago_s=final.since_first_step_s))
             _apply_progress(s, final)
         _record_preflight(s, (final_report(pods) or {}).get("preflight"))
-        s.set(completion_time=s.now_s)
+        s.delete_pods(s.standby())
+        s.set(completion_time=s.now_s, spares=[])
         s.condition("PodsRunning", "False", "Completed", "all pods succeeded")
         s.condition("Complete", "True", "Succeeded", f"all {spec.nodes} pods succeeded")
         s.phase(
@@ -572,6 +590,7 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
             cfg=spec.restart_policy.stragglers,
         )
     if failure is None:
+        _keep_spares(s)
         s.actions.requeue_after = recovery.next_deadline(
             pods,
             s.nodes,
@@ -584,7 +603,8 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
         return s.finish()
 
     latest = st.last_checkpoint.step if st.last_checkpoint else None
-    mode = recovery.restart_mode(failure, pods, spec)
+    swap = spares.plan_swap(failure, pods, s.standby(), s.nodes, job=s.job, now=s.now)
+    mode = "spare" if swap is not None else recovery.restart_mode(failure, pods, spec)
     decision = recovery.decide_restart(
         st.restart_history,
         failure,
@@ -600,7 +620,8 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
     _record_preflight(s, failure.preflight)
     if decision.action == "fail":
         s.delete_pods([p for p, ph in zip(pods, phases, strict=True) if ph not in TERMINAL])
-        s.set(completion_time=s.now_s)
+        s.delete_pods(s.standby())
+        s.set(completion_time=s.now_s, spares=[])
         s.condition("PodsRunning", "False", failure.reason, failure.message)
         s.condition("Failed", "True", decision.reason, decision.message)
         s.phase(
@@ -619,7 +640,9 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
         first_step_time=None,
         stragglers=[],  # measured again by the next attempt
     )
-    if mode == "in-place":  # the pods stay, with their placement
+    if swap is not None:  # the survivors stay; spares take the lost ranks over
+        _swap_in(s, swap, pods_of=st.pods_of)
+    elif mode == "in-place":  # the pods stay, with their placement
         s.set(pod_attempt=st.pods_of)
     else:
         s.delete_pods(pods)
@@ -631,6 +654,59 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
     )
     s.actions.requeue_after = decision.delay_seconds
     return s.finish()
+
+
+def _swap_in(s: _Step, swap: spares.Swap, *, pods_of: int) -> None:
+    """The spares of ``swap`` join the gang (created by attempt ``pods_of``) at their ranks;
+    the lost pods go (forced)."""
+    placement = list(s.st.placement)
+    for rank, spare in sorted(swap.ranks.items()):
+        placement[rank] = recovery.pod_node(spare) or placement[rank]
+        s.actions.adopt.append(spares.relabel(spare, rank))
+    s.delete_pods(list(swap.lost))
+    assigned = {p["metadata"]["name"] for p in swap.ranks.values()}
+    s.set(
+        pod_attempt=pods_of,
+        placement=placement,
+        spares=[x for x in s.st.spares if x.pod not in assigned],
+    )
+    moved = ", ".join(
+        f"rank {r} to {p['metadata']['name']} on {placement[r]}"
+        for r, p in sorted(swap.ranks.items())
+    )
+    s.event("Normal", "SpareAssigned", f"attempt {s.st.attempt}: {moved}")
+
+
+def _keep_spares(s: _Step) -> None:
+    """``spec.spareNodes`` standby pods, refilled in the background; ``status.spares``."""
+    standby = s.standby()
+    if not s.spec.spare_nodes and not standby:
+        return
+    plan = spares.refill(
+        s.job,
+        standby=standby,
+        gang_nodes=list(s.st.placement),
+        nodes=s.obs.nodes,
+        pods_of=s.st.pods_of,
+        taken_names=[p["metadata"]["name"] for p in s.pods()],
+        quarantined=s.st.quarantined_nodes,
+        now=s.now,
+    )
+    s.delete_pods(list(plan.delete))
+    s.actions.create += plan.create
+    dropped = {p["metadata"]["name"] for p in plan.delete}
+    now = [p for p in standby if p["metadata"]["name"] not in dropped] + list(plan.create)
+    status = spares.statuses(now, s.nodes, s.now)
+    s.set(spares=status)
+    n = sum(x.ready for x in status)
+    s.condition(
+        "SparesReady",
+        "True" if n >= s.spec.spare_nodes else "False",
+        "SparesReady" if n >= s.spec.spare_nodes else "SparesMissing",
+        f"{n} of {s.spec.spare_nodes} spares ready"
+        + ("" if len(status) >= s.spec.spare_nodes else
+           f"; no free node for {s.spec.spare_nodes - len(status)} in the job's network domains"),
+    )  # fmt: skip
 
 
 def final_report(pods: Sequence[Obj]) -> dict[str, Any] | None:

@@ -557,7 +557,7 @@ def _first_failures(exits: list[_Exit]) -> list[_Exit]:
     )
 
 
-RestartMode = Literal["in-place", "recreate"]
+RestartMode = Literal["in-place", "recreate", "spare"]
 IN_PLACE_KINDS = frozenset({"pod_failed", "hang"})
 """Failures whose pods are all still there and healthy but for their trainer: restarted inside
 them. A lost node, an eviction, a deleted pod or a stuck start need new pods."""
@@ -713,7 +713,7 @@ def decide_restart(
         else "the newest checkpoint (none seen yet: the start if none is written)"
     )
     new_q = sorted(set(quarantine) - set(quarantined))
-    how = " in place" if mode == "in-place" else ""
+    how = {"in-place": " in place", "spare": " on a hot spare"}.get(mode, "")
     left = max(policy.budget - used - charge, 0)
     message = (
         f"{failure.message}; restarting{how} as attempt {attempt + 1} from {resume} in {delay:g} s "

@@ -34,6 +34,11 @@ ATTEMPT_PATH = f"{CONFIG_DIR}/{ATTEMPT_KEY}"
 LABEL_JOB = f"{GROUP}/job"
 LABEL_RANK = f"{GROUP}/node-rank"
 LABEL_ATTEMPT = f"{GROUP}/attempt"
+LABEL_SPARE = f"{GROUP}/spare"
+"""On a hot spare's pod: ``standby`` (waiting), ``assigned`` (it took the rank of its
+``node-rank`` label over and belongs to the gang)."""
+SPARE_RANK = -1
+"""A standby's node rank until its supervisor is given one (it starts nothing before)."""
 ANNOTATION_NODE = f"{GROUP}/placed-node"
 TRAINER_UID = 1000
 STOP_MARGIN_SECONDS = 10
@@ -43,6 +48,11 @@ STOP_MARGIN_SECONDS = 10
 def pod_name(job_name: str, *, attempt: int, rank: int) -> str:
     """``<job>-a<attempt>-n<rank>``; also the pod's hostname under the job's Service."""
     return f"{job_name}-a{attempt}-n{rank}"
+
+
+def spare_pod_name(job_name: str, index: int) -> str:
+    """``<job>-s<index>``: a hot spare's pod (also its hostname under the job's Service)."""
+    return f"{job_name}-s{index}"
 
 
 def config_map_name(job_name: str) -> str:
@@ -189,22 +199,41 @@ def _master_addr(job: OmniTrainingJob, attempt: int) -> str:
     return f"{host}.{job.metadata.name}.{_namespace(job)}.svc"
 
 
-def attempt_order(attempt: int, *, pods: int | None = None) -> str:
-    return order(attempt, pods=attempt if pods is None else pods)
+def attempt_order(
+    attempt: int,
+    *,
+    pods: int | None = None,
+    spares: Mapping[str, Mapping[str, str]] | None = None,
+    fresh: bool = False,
+) -> str:
+    return order(attempt, pods=attempt if pods is None else pods, spares=spares, fresh=fresh)
+
+
+SPARE_ENV = ("OMNI_NODE_RANK", "OMNI_PIPELINE_STAGES", "OMNI_REORDER_GROUP")
+"""What differs between node ranks in :func:`rank_env` (a spare is given it with its rank)."""
+
+
+def spare_env(job: OmniTrainingJob, node: PlacedNode) -> dict[str, str]:
+    """The environment of node rank ``node.rank`` that a spare pod takes over."""
+    env = rank_env(job, node, attempt=0)
+    return {k: env[k] for k in SPARE_ENV}
 
 
 def in_place(job: OmniTrainingJob) -> bool:
     return job.spec.restart_policy.mode == "in-place"
 
 
-def container_command(job: OmniTrainingJob, node: PlacedNode, *, attempt: int) -> list[str]:
+def container_command(
+    job: OmniTrainingJob, node: PlacedNode, *, attempt: int, standby: bool = False
+) -> list[str]:
     """torchrun, under the in-pod supervisor when restarts are in place (it restarts torchrun
-    for each attempt the operator names; see ``omni_trainer.supervisor``)."""
+    for each attempt the operator names; see ``omni_trainer.supervisor``); ``standby``: a hot
+    spare's, which waits for a node rank."""
     run = torchrun_command(job, node, attempt=attempt)
     if not in_place(job):
         return run
     return ["omni", "supervise", f"--attempt-file={ATTEMPT_PATH}", f"--state-dir={STATE_DIR}",
-            "--", *run]  # fmt: skip
+            *(["--standby"] if standby else []), "--", *run]  # fmt: skip
 
 
 def torchrun_command(job: OmniTrainingJob, node: PlacedNode, *, attempt: int) -> list[str]:
@@ -226,11 +255,24 @@ def torchrun_command(job: OmniTrainingJob, node: PlacedNode, *, attempt: int) ->
     ]
 
 
-def render_pod(job: OmniTrainingJob, node: PlacedNode, *, attempt: int, gang: bool = True) -> Obj:
-    """The pod of one node rank (``gang`` adds the Volcano/Kueue group wiring if configured)."""
+def render_pod(
+    job: OmniTrainingJob,
+    node: PlacedNode,
+    *,
+    attempt: int,
+    gang: bool = True,
+    spare: str | None = None,
+) -> Obj:
+    """The pod of one node rank (``gang`` adds the Volcano/Kueue group wiring if configured),
+    or the standby pod named ``spare`` on ``node`` (rank :data:`SPARE_RANK`), of the gang whose
+    pods attempt ``attempt`` created."""
     spec, sched, res = job.spec, job.spec.scheduling, job.spec.resources
-    name = pod_name(job.metadata.name, attempt=attempt, rank=node.rank)
-    labels = {LABEL_RANK: str(node.rank), LABEL_ATTEMPT: str(attempt)}
+    if spare is not None:
+        name, labels = spare, {LABEL_SPARE: "standby", LABEL_ATTEMPT: str(attempt)}
+        gang = False  # admitted on its own, never holding the gang back
+    else:
+        name = pod_name(job.metadata.name, attempt=attempt, rank=node.rank)
+        labels = {LABEL_RANK: str(node.rank), LABEL_ATTEMPT: str(attempt)}
     annotations = {ANNOTATION_NODE: node.name}
     if gang and sched.kueue_queue:
         labels["kueue.x-k8s.io/queue-name"] = sched.kueue_queue
@@ -265,7 +307,7 @@ def render_pod(job: OmniTrainingJob, node: PlacedNode, *, attempt: int, gang: bo
         "name": "trainer",
         "image": spec.image,
         "imagePullPolicy": "IfNotPresent",
-        "command": container_command(job, node, attempt=attempt),
+        "command": container_command(job, node, attempt=attempt, standby=spare is not None),
         "env": env,
         "ports": [
             {"name": "rendezvous", "containerPort": RDZV_PORT, "protocol": "TCP"},

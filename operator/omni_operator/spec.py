@@ -240,6 +240,16 @@ class OmniTrainingJobSpec(Spec):
     trainer: TrainerConfig
     image: str = Field(DEFAULT_IMAGE, min_length=1, description="trainer container image")
     nodes: int = Field(1, ge=1, description="pods, one per node")
+    spare_nodes: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="hot spares: standby pods kept running (scheduled, image pulled, trainer "
+        "imported) on other nodes of the job's network domains; a lost node's rank moves to "
+        "one of them without a scheduling round trip (the other pods restart in place), and "
+        "the operator schedules a new spare in the background. Needs restartPolicy.mode "
+        "in-place; a lost node rank 0 (the rendezvous host) still recreates the pods",
+    )
     gpus_per_node: int = Field(
         8, ge=0, description="GPUs (= trainer processes) per node; 0: one CPU process per pod"
     )
@@ -400,6 +410,14 @@ def _cluster_settings_problems(spec: OmniTrainingJobSpec) -> list[tuple[Loc, str
                 ("scheduling", "schedulerName"),
                 f"volcanoGang needs the Volcano scheduler; schedulerName is "
                 f"{sched.scheduler_name!r} (leave it unset or set 'volcano')",
+            )
+        )
+    if spec.spare_nodes and spec.restart_policy.mode != "in-place":
+        out.append(
+            (
+                ("spareNodes",),
+                f"spareNodes {spec.spare_nodes} needs restartPolicy.mode in-place (the other "
+                "pods restart in place with the spare); set mode in-place or spareNodes 0",
             )
         )
     for i, field, msg in volume_problems(spec.volumes):

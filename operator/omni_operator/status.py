@@ -117,6 +117,14 @@ class PreflightStatus(Spec):
         return cls.model_validate({**known, "verdict": verdict, "time": time})
 
 
+class SpareStatus(Spec):
+    """One hot spare's standby pod (spec.spareNodes)."""
+
+    pod: str
+    node: str | None = Field(None, description="the node it is placed on")
+    ready: bool = Field(False, description="its container runs: it can take a rank over")
+
+
 class OmniTrainingJobStatus(Spec):
     """What the operator last observed and decided."""
 
@@ -153,6 +161,9 @@ class OmniTrainingJobStatus(Spec):
     preflight: PreflightStatus | None = None
     stragglers: list[StragglerStatus] = Field(
         default_factory=list, description="nodes slower than the others (see condition Straggler)"
+    )
+    spares: list[SpareStatus] = Field(
+        default_factory=list, description="standby pods of spec.spareNodes, by name"
     )
     conditions: list[Condition] = Field(default_factory=list)
     restart_history: list[RestartRecord] = Field(default_factory=list)

@@ -390,3 +390,26 @@ async def test_a_container_restarts_in_its_pod_under_its_restart_policy(env: Env
         assert resp.status == 200  # fmt: skip
     await env.wait("Succeeded", lambda: _phase(env, "r") == "Succeeded")
     assert env.pod("r")["status"]["containerStatuses"][0]["restartCount"] == 2
+
+
+async def test_a_new_pod_of_an_old_name_starts_with_empty_empty_dirs(env: Env) -> None:
+    """An emptyDir outlives container restarts but not its pod: a job deleted and created
+    again (pods of the same names) must not find the old pods' files (a supervisor's state)."""
+    script = (
+        "import os, sys\n"
+        "f = os.path.join(os.environ['STATE'], 'ran')\n"
+        "print('found' if os.path.exists(f) else 'fresh', flush=True)\n"
+        "open(f, 'w').write('1')\n"
+    )
+    pod = _pod("e", "node-0", script)
+    pod["spec"]["volumes"] = [{"name": "state", "emptyDir": {}}]
+    pod["spec"]["containers"][0]["volumeMounts"] = [
+        {"name": "state", "mountPath": "/var/run/state"}
+    ]
+    pod["spec"]["containers"][0]["env"].append({"name": "STATE", "value": "/var/run/state"})
+    for _ in range(2):
+        await env.post(f"/api/v1/namespaces/{NS}/pods", pod)
+        await env.wait("Succeeded", lambda: _phase(env, "e") == "Succeeded")
+        await env.delete(f"/api/v1/namespaces/{NS}/pods/e")
+        await env.wait("removed", lambda: env.emu.stored("v1/pods", NS, "e") is None)
+    assert (env.kubelet.pod_log(NS, "e") or "").split() == ["fresh", "fresh"]

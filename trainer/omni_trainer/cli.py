@@ -444,6 +444,9 @@ def supervise(
     state_dir: Annotated[
         Path, typer.Option(help="a directory that outlives the container (an emptyDir)")
     ],
+    standby: Annotated[
+        bool, typer.Option(help="a hot spare: warm up, then wait until the operator assigns it")
+    ] = False,
 ) -> None:
     """A trainer pod's init: run the command after `--` for the operator's restart attempt, and
     restart it in place when the operator names a newer one (restartPolicy.mode: in-place)."""
@@ -452,7 +455,8 @@ def supervise(
     if not ctx.args:
         raise _fail("omni supervise needs the command to run after `--`")
     pods = int(os.environ.get(ATTEMPT_ENV, "0"))  # the attempt that created this pod
-    code = Supervisor(ctx.args, attempt_file=attempt_file, state_dir=state_dir, pods=pods).run()
+    code = Supervisor(ctx.args, attempt_file=attempt_file, state_dir=state_dir, pods=pods,
+                      pod=os.environ.get("POD_NAME"), standby=standby).run()  # fmt: skip
     raise typer.Exit(code)
 
 

@@ -16,6 +16,13 @@ in an emptyDir that outlives the container). Its termination message starts with
 ``[attempt N]``, so the operator tells a failure of the current attempt from a late echo of an
 older one. SIGTERM (the pod deleted) goes to the trainer, which stops gracefully.
 
+A hot spare (``spec.spareNodes``) runs the supervisor with ``--standby``: it warms the node
+(imports the trainer once, so the image's files are in the page cache and known to import) and
+waits until the operator's order names its pod (:data:`SPARES_KEY`) with the node rank it takes
+over; then it starts the trainer with that rank's environment, and the survivors restart in
+place with it. The spare's pod was scheduled, pulled and started long before: no scheduling
+round trip when a node is lost.
+
 The supervisor imports no torch: it is the container's init and must stay small.
 """
 
@@ -28,8 +35,9 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -49,6 +57,14 @@ SAME_NODES_ENV = "OMNI_SAME_NODES"
 """Set to ``1`` for a trainer started in pods an earlier attempt created (an in-place restart):
 its nodes already passed the network preflight, which runs on new nodes only. Every pod of the
 gang gets the same order, so all ranks agree."""
+SPARES_KEY = "spares"
+"""In an order: ``{pod name: {env name: value}}``, the spare pods that took a node rank over and
+that rank's environment (``OMNI_NODE_RANK``...)."""
+FRESH_KEY = "fresh"
+"""In an order: a spare joined the gang at this attempt, so its nodes are not all known-good."""
+RANK_ENV = "OMNI_NODE_RANK"
+WARM_IMPORTS = "import omni_trainer.trainer"
+"""What a standby imports once (torch, megatron-core, the trainer) to warm its node."""
 POLL_S = 0.2
 _TAG = re.compile(r"^\[attempt (\d+)\] ?")
 
@@ -85,19 +101,59 @@ def decide(*, target: int | None, ran: int | None, running: bool, exit_code: int
     return "exit" if exit_code is not None else "wait"
 
 
-def order(attempt: int, *, pods: int) -> str:
-    """The ConfigMap value: run ``attempt`` in the pods that attempt ``pods`` created."""
-    return json.dumps({"attempt": attempt, "pods": pods})
+def order(
+    attempt: int,
+    *,
+    pods: int,
+    spares: Mapping[str, Mapping[str, str]] | None = None,
+    fresh: bool = False,
+) -> str:
+    """The ConfigMap value: run ``attempt`` in the pods that attempt ``pods`` created, plus the
+    spare pods that took ranks over (``spares``: pod -> that rank's environment); ``fresh``: a
+    spare joined at this attempt."""
+    doc: dict[str, object] = {"attempt": attempt, "pods": pods}
+    if spares:
+        doc[SPARES_KEY] = {k: dict(v) for k, v in sorted(spares.items())}
+    if fresh:
+        doc[FRESH_KEY] = True
+    return json.dumps(doc)
 
 
-def read_order(path: Path, *, pods: int) -> int | None:
+@dataclass(frozen=True)
+class Target:
+    """What the operator's order asks of one pod."""
+
+    attempt: int
+    env: Mapping[str, str]
+    """A spare's rank environment (empty for the gang's own pods)."""
+    fresh: bool = False
+
+
+def read_target(path: Path, *, pods: int, pod: str | None = None,
+                standby: bool = False) -> Target | None:  # fmt: skip
     """The attempt the operator wants these pods (created by attempt ``pods``) to run; None
-    when the file is missing, partial, or addressed to other pods."""
+    when the file is missing, partial, addressed to other pods, or (``standby``) does not name
+    this spare ``pod`` yet."""
     try:
         data = json.loads(path.read_text())
-        return int(data["attempt"]) if int(data["pods"]) == pods else None
-    except (OSError, ValueError, KeyError, TypeError):
+        if int(data["pods"]) != pods:
+            return None
+        env = (data.get(SPARES_KEY) or {}).get(pod) if pod else None
+        if standby and env is None:
+            return None
+        return Target(int(data["attempt"]), {str(k): str(v) for k, v in (env or {}).items()},
+                      fresh=bool(data.get(FRESH_KEY)))  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
+
+
+def with_rank(command: Sequence[str], env: Mapping[str, str]) -> list[str]:
+    """``command`` with torchrun's ``--node-rank`` set to the rank ``env`` assigns (a spare's;
+    unchanged without one)."""
+    rank = env.get(RANK_ENV)
+    if rank is None:
+        return list(command)
+    return [f"--node-rank={rank}" if w.startswith("--node-rank=") else w for w in command]
 
 
 def read_int(path: Path) -> int | None:
@@ -146,6 +202,10 @@ class Supervisor:
     pods: int = 0
     """The attempt that created this pod (its ``OMNI_RESTART_ATTEMPT``)."""
     poll_s: float = POLL_S
+    pod: str | None = None
+    """This pod's name (a spare is addressed by it)."""
+    standby: bool = False
+    """A hot spare: warm the node, start nothing until an order names this pod."""
     _proc: subprocess.Popen[bytes] | None = None
     _stopping: bool = False
 
@@ -163,6 +223,9 @@ class Supervisor:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         _become_subreaper()
         previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        if self.standby and read_int(self._ran_file) is None:
+            print(f"omni supervise: standby {self.pod}: warming ({WARM_IMPORTS})", flush=True)
+            subprocess.Popen([sys.executable, "-c", WARM_IMPORTS])  # reaped as an orphan
         try:
             return self._loop()
         finally:
@@ -182,8 +245,9 @@ class Supervisor:
                     return self._finish(exit_code if exit_code is not None else 143)
                 time.sleep(self.poll_s)
                 continue
+            target = self._target()
             action = decide(
-                target=read_order(self.attempt_file, pods=self.pods),
+                target=target.attempt if target is not None else None,
                 ran=read_int(self._ran_file),
                 running=running,
                 exit_code=exit_code,
@@ -196,21 +260,27 @@ class Supervisor:
                     self._kill_all()
                     self._wait_gone()
                 exit_code = None
-                self._start(read_order(self.attempt_file, pods=self.pods))
+                assert target is not None
+                self._start(target)
             time.sleep(self.poll_s)
 
-    def _start(self, attempt: int | None) -> None:
-        assert attempt is not None
+    def _target(self) -> Target | None:
+        return read_target(self.attempt_file, pods=self.pods, pod=self.pod, standby=self.standby)
+
+    def _start(self, target: Target) -> None:
+        attempt = target.attempt
         self._message_file.write_bytes(b"")
         env = {
             **os.environ,
+            **target.env,
             ATTEMPT_ENV: str(attempt),
-            SAME_NODES_ENV: "1" if attempt != self.pods else "0",
+            SAME_NODES_ENV: "1" if attempt != self.pods and not target.fresh else "0",
             termination.ENV: str(self._message_file),
         }
+        command = with_rank(self.command, target.env)
         self._ran_file.write_text(f"{attempt}\n")
-        print(f"omni supervise: starting attempt {attempt}: {' '.join(self.command)}", flush=True)
-        self._proc = subprocess.Popen(list(self.command), env=env)
+        print(f"omni supervise: starting attempt {attempt}: {' '.join(command)}", flush=True)
+        self._proc = subprocess.Popen(command, env=env)
 
     def _on_sigterm(self, signum: int, frame: object) -> None:
         """The pod is deleted: the trainer gets SIGTERM and stops gracefully."""

@@ -550,6 +550,9 @@ class Kubelet:
         except _ConfigMissing as err:  # a kubelet waits (and retries) until the object exists
             await self._wait_config(pod, container, str(err))
             return
+        if restart is None:  # a new pod (a kubelet's pod directory is per UID): its emptyDirs
+            shutil.rmtree(root / "volumes", ignore_errors=True)  # start empty, even if an
+            # earlier pod of the same name (a job deleted and created again) left files there
         try:
             mounts = await self._volumes(pod, root)
             argv, env = self._command(

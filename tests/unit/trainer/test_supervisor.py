@@ -15,9 +15,10 @@ from omni_trainer.supervisor import (
     Supervisor,
     decide,
     order,
-    read_order,
+    read_target,
     tag,
     untag,
+    with_rank,
 )
 
 
@@ -34,13 +35,43 @@ def test_decide() -> None:
 
 def test_orders_and_tags(tmp_path: Path) -> None:
     path = tmp_path / "attempt"
-    assert read_order(path, pods=0) is None
+    assert read_target(path, pods=0) is None
     path.write_text(order(3, pods=1))
-    assert read_order(path, pods=1) == 3 and read_order(path, pods=0) is None  # other pods'
+    target = read_target(path, pods=1)
+    assert target is not None and (target.attempt, target.env, target.fresh) == (3, {}, False)
+    assert read_target(path, pods=0) is None  # other pods'
+    assert read_target(path, pods=1, pod="job-s0", standby=True) is None  # a spare waits
     path.write_text('{"attempt": 3')
-    assert read_order(path, pods=1) is None  # partial
+    assert read_target(path, pods=1) is None  # partial
     assert untag(tag(4, "rank 1: RuntimeError: x")) == (4, "rank 1: RuntimeError: x")
     assert untag("RuntimeError: x") == (None, "RuntimeError: x")
+
+
+def test_a_spare_takes_the_rank_its_order_names(tmp_path: Path) -> None:
+    path = tmp_path / "attempt"
+    rank = {"OMNI_NODE_RANK": "1", "OMNI_PIPELINE_STAGES": "0"}
+    path.write_text(order(4, pods=2, spares={"job-s0": rank}, fresh=True))
+    spare = read_target(path, pods=2, pod="job-s0", standby=True)
+    assert spare is not None and (spare.attempt, dict(spare.env), spare.fresh) == (4, rank, True)
+    survivor = read_target(path, pods=2, pod="job-a2-n0")
+    assert survivor is not None and (survivor.attempt, dict(survivor.env)) == (4, {})
+    command = ["torchrun", "--nnodes=2", "--node-rank=-1", "-m", "x"]
+    assert with_rank(command, spare.env) == ["torchrun", "--nnodes=2", "--node-rank=1", "-m", "x"]
+    assert with_rank(command, {}) == command
+
+
+def test_a_standby_starts_its_trainer_only_when_assigned(tmp_path: Path) -> None:
+    """It waits (no trainer) through orders for the gang, then runs the assigned rank."""
+    (tmp_path / "attempt").write_text(order(0, pods=0))
+    body = "open(sys.argv[1], 'w').write(os.environ['OMNI_NODE_RANK'] + ' ' + sys.argv[2])"
+    command = [*_script(tmp_path, body), str(tmp_path / "rank.txt"), "--node-rank=-1"]
+    sup = Supervisor(command, attempt_file=tmp_path / "attempt", state_dir=tmp_path / "state",
+                     pods=0, pod="job-s0", standby=True, poll_s=0.05)  # fmt: skip
+    assign = order(1, pods=0, spares={"job-s0": {"OMNI_NODE_RANK": "1"}}, fresh=True)
+    threading.Timer(1.0, lambda: (tmp_path / "attempt").write_text(assign)).start()
+    assert sup.run() == 0
+    assert _runs(tmp_path) == ["1"]  # never ran attempt 0
+    assert (tmp_path / "rank.txt").read_text() == "1 --node-rank=1"
 
 
 def _script(tmp_path: Path, body: str) -> list[str]:
