@@ -1,0 +1,248 @@
+"""Replay of an executed dataflow table: each stage's busy and waiting seconds, from per-op
+durations, by discrete-event simulation on a machine with a given number of cores.
+
+The planner's :func:`~omni_trainer.multiplex.dataflow.simulate` predicts a step from the cost
+model (one LLM forward op = 1, one device per stage). This replays the same table with op
+durations measured on the machine (per stage and op kind, from the trainer's timers) and with the
+machine's cores: when more stages are runnable than there are cores, the runnable ones share them
+(processor sharing: each progresses at ``cores / runnable`` of its solo speed). A stage waits
+while its next op's inputs are not there yet; so its waits come from the schedule's dependency
+structure and the op costs, never from measured waits. Pure Python (no torch).
+
+Op order per stage is what the runtime executes: the encoder backwards then forwards of a slot
+(:meth:`DataflowTable.at` order), the slot just before its LLM forward and after that forward's
+cross-stage receive (megatron receives before calling ``forward_step_func``); encoder outputs
+and gradients are one dependency per encoder micro-batch (the anchor sends each as soon as it is
+computed); sends never block.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from omni_trainer.multiplex.dataflow import POST, PRE, DataflowError, DataflowTable
+
+__all__ = ["OpTimes", "Replay", "StageReplay", "fit_op_times", "replay"]
+
+_EPS = 1e-12
+
+
+@dataclass(frozen=True)
+class OpTimes:
+    """One stage's solo op durations (seconds on one core, nothing else running)."""
+
+    llm_forward: float
+    """Per LLM forward op (one micro-batch on one model chunk)."""
+    llm_backward: float
+    """Per LLM backward op."""
+    encoder_forward: float = 0.0
+    """Per unit of :attr:`EncoderMicroBatch.cost` (an encoder forward takes ``cost`` times it)."""
+    encoder_backward: float = 0.0
+    """Per unit of encoder cost, for the backward."""
+
+    def scaled(self, llm: float, encoder: float) -> OpTimes:
+        """The LLM durations times ``llm``, the encoder ones times ``encoder``."""
+        return OpTimes(
+            self.llm_forward * llm,
+            self.llm_backward * llm,
+            self.encoder_forward * encoder,
+            self.encoder_backward * encoder,
+        )
+
+
+@dataclass(frozen=True)
+class StageReplay:
+    """Seconds of one stage from the step's start to its last op's end."""
+
+    stage: int
+    encoder: float
+    """Wall seconds while an encoder op of the stage was running (slowed by core sharing)."""
+    llm: float
+    """Wall seconds while an LLM op of the stage was running."""
+    waiting: float
+    """Seconds blocked on another stage: pipeline neighbours, encoder outputs or gradients."""
+
+    @property
+    def finish(self) -> float:
+        """When the stage's last op ends."""
+        return self.encoder + self.llm + self.waiting
+
+
+@dataclass(frozen=True)
+class Replay:
+    """Per stage seconds, and the step's makespan (the last stage to finish)."""
+
+    stages: tuple[StageReplay, ...]
+
+    @property
+    def makespan(self) -> float:
+        return max(s.finish for s in self.stages)
+
+
+@dataclass(frozen=True)
+class _Op:
+    key: tuple
+    kind: str  # "encoder" | "llm" | "recv" (zero work: the receive before a slot)
+    work: float
+    needs: tuple[tuple, ...]
+
+
+def _programs(table: DataflowTable, times: Sequence[OpTimes]) -> list[list[_Op]]:
+    """Each stage's ops in execution order, with their solo durations and dependencies."""
+    pp, vpp, last = table.pp, table.vpp, table.pp - 1
+    feeds: dict[int, list[tuple]] = {}  # LLM micro-batch -> its encoder forwards
+    for e in table.encoder_mbs:
+        feeds.setdefault(e.microbatch, []).append(("EF", e.id))
+
+    def slot(stage: int, index: int) -> list[_Op]:
+        t = times[stage]
+        ops = [
+            _Op(("EB", i), "encoder", table.mb(i).cost * t.encoder_backward,
+                (("B", 0, table.mb(i).microbatch, 0),))
+            for i in table.at(stage, index, "backward")
+        ]  # fmt: skip
+        ops += [
+            _Op(("EF", i), "encoder", table.mb(i).cost * t.encoder_forward, ())
+            for i in table.at(stage, index, "forward")
+        ]
+        return ops
+
+    programs = []
+    for s in range(pp):
+        t = times[s]
+        prog, i = slot(s, PRE), 0
+        for op in table.ops(s):
+            m, c = op.microbatch, op.chunk
+            if op.kind == "F":
+                src = ("F", s - 1, m, c) if s else ("F", last, m, c - 1) if c else None
+                prog.append(_Op(("R", s, i), "recv", 0.0, (src,) if src else ()))
+                prog += slot(s, i)
+                needs = tuple(feeds.get(m, ())) if s == 0 and c == 0 else ()
+                prog.append(_Op(("F", s, m, c), "llm", t.llm_forward, needs))
+                i += 1
+            else:
+                src = (
+                    ("B", s + 1, m, c) if s < last else ("B", 0, m, c + 1) if c < vpp - 1 else None
+                )
+                prog.append(_Op(("B", s, m, c), "llm", t.llm_backward, (src,) if src else ()))
+        programs.append(prog + slot(s, POST))
+    return programs
+
+
+def replay(table: DataflowTable, times: Sequence[OpTimes], *, cores: int | None = None) -> Replay:
+    """Run the table's step on ``cores`` cores (None: a device per stage) with these op times.
+
+    Args:
+        table: the executed dataflow table.
+        times: per stage, its solo op durations.
+        cores: processors the stages share; with more runnable stages than cores each runnable
+            stage progresses at ``cores / runnable`` of its solo speed.
+
+    Returns:
+        Per stage: wall seconds in encoder ops, in LLM ops, and blocked (waiting).
+    """
+    if len(times) != table.pp:
+        raise ValueError(f"times has {len(times)} stages, the table {table.pp}")
+    if cores is not None and cores < 1:
+        raise ValueError(f"cores must be >= 1 (got {cores})")
+    progs = _programs(table, times)
+    pos = [0] * table.pp
+    left = [p[0].work if p else 0.0 for p in progs]
+    done: set[tuple] = set()
+    spent = [{"encoder": 0.0, "llm": 0.0, "recv": 0.0, "wait": 0.0} for _ in progs]
+    while True:
+        _finish_instant(progs, pos, left, done)
+        live = [s for s in range(table.pp) if pos[s] < len(progs[s])]
+        if not live:
+            break
+        run = [s for s in live if all(n in done for n in progs[s][pos[s]].needs)]
+        if not run:
+            stuck = ", ".join(str(progs[s][pos[s]].key) for s in live)
+            raise DataflowError(f"replay deadlocked: every stage waits ({stuck})")
+        rate = 1.0 if cores is None else min(1.0, cores / len(run))
+        dt = min(left[s] for s in run) / rate
+        for s in live:
+            spent[s][progs[s][pos[s]].kind if s in run else "wait"] += dt
+        for s in run:
+            left[s] -= dt * rate
+            if left[s] <= _EPS * max(1.0, dt):
+                left[s] = 0.0
+    return Replay(
+        tuple(StageReplay(s, sp["encoder"], sp["llm"], sp["wait"]) for s, sp in enumerate(spent))
+    )
+
+
+def _finish_instant(
+    progs: list[list[_Op]], pos: list[int], left: list[float], done: set[tuple]
+) -> None:
+    """Complete every op that has no work left and whose inputs are there, until none does."""
+    moved = True
+    while moved:
+        moved = False
+        for s, prog in enumerate(progs):
+            while pos[s] < len(prog) and left[s] <= 0.0:
+                op = prog[pos[s]]
+                if not all(n in done for n in op.needs):
+                    break
+                done.add(op.key)
+                pos[s] += 1
+                left[s] = prog[pos[s]].work if pos[s] < len(prog) else 0.0
+                moved = True
+
+
+def _mean_seconds(
+    tables: Sequence[DataflowTable], times: Sequence[OpTimes], cores: int | None
+) -> list[dict[str, float]]:
+    """Per stage, mean wall seconds per step in encoder and LLM ops over the tables."""
+    runs = [replay(t, times, cores=cores).stages for t in tables]
+    return [
+        {k: sum(getattr(r[s], k) for r in runs) / len(runs) for k in ("encoder", "llm")}
+        for s in range(len(times))
+    ]
+
+
+def fit_op_times(
+    tables: Sequence[DataflowTable],
+    measured: Sequence[Mapping[str, float]],
+    *,
+    cores: int | None = None,
+    backward_ratio: float = 2.0,
+    iterations: int = 50,
+) -> list[OpTimes]:
+    """Solo op durations per stage whose replay reproduces the measured op seconds.
+
+    The shape within a stage is the cost model's (an LLM backward ``backward_ratio`` times a
+    forward; an encoder micro-batch ``cost`` units forward, ``backward_ratio x cost`` backward);
+    the scale per stage and kind (LLM, encoder) is fit so that the replayed wall seconds per step
+    in LLM and in encoder ops, on ``cores``, equal ``measured`` (per stage ``{"llm": s,
+    "encoder": s}``, mean per step over ``tables``' steps). Only op timers go in, never waits:
+    on shared cores an op's wall time exceeds its solo time by the sharing the replay itself
+    predicts, hence the fixed-point iteration.
+    """
+    pp = tables[0].pp
+    if len(measured) != pp:
+        raise ValueError(f"measured has {len(measured)} stages, the tables {pp}")
+    times = []
+    for s in range(pp):
+        llm_ops = sum(len(t.ops(s)) for t in tables) / len(tables) / 2  # F and B pairs
+        enc = sum(t.stage_cost(s) for t in tables) / len(tables)
+        f = measured[s]["llm"] / (llm_ops * (1 + backward_ratio)) if llm_ops else 0.0
+        u = measured[s]["encoder"] / (enc * (1 + backward_ratio)) if enc else 0.0
+        times.append(OpTimes(f, f * backward_ratio, u, u * backward_ratio))
+    for _ in range(iterations):
+        got = _mean_seconds(tables, times, cores)
+        factors = [
+            (_ratio(measured[s]["llm"], got[s]["llm"]), _ratio(measured[s]["encoder"],
+             got[s]["encoder"]))
+            for s in range(pp)
+        ]  # fmt: skip
+        times = [t.scaled(*f) for t, f in zip(times, factors, strict=True)]
+        if all(abs(a - 1) < 1e-9 and abs(b - 1) < 1e-9 for a, b in factors):
+            break
+    return times
+
+
+def _ratio(want: float, got: float) -> float:
+    return want / got if got > 0 and math.isfinite(want / got) else 1.0
