@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -183,19 +184,30 @@ def pair_ratios(times: dict[str, dict[int, float]], x: str, y: str) -> Spread:
     return Spread.of([times[y][r] / times[x][r] for r in common])
 
 
-def simulated(job: dict, *, world: int, steps: int, policies: tuple[str, ...]) -> dict:
-    """The time model's view of the same steps (after the first), per policy: mean makespan and
-    per stage encoder / LLM / idle, in LLM forward ops (``omni plan``'s tables and simulation)."""
+def step_tables(job: dict, *, world: int, steps: int, policies: tuple[str, ...]) -> dict:
+    """Per policy, ``omni plan``'s dataflow tables of the timed steps (after the first): the
+    tables the trainer executes (planned from the same data and manifest)."""
     from omni_trainer.config import parse_manifest
     from omni_trainer.plan import plan_step
 
     cfg = parse_manifest(job).spec.trainer
-    out = {}
-    for p in policies:
-        sims = [
-            plan_step(cfg, world_size=world, step=s, policy=p).simulation
+    return {
+        p: [
+            plan_step(cfg, world_size=world, step=s, policy=p).table
             for s in range(1, max(steps, 2))
         ]
+        for p in policies
+    }
+
+
+def simulated(tables: dict) -> dict:
+    """The planner's time model on those tables, per policy: mean makespan and per stage
+    encoder / LLM / idle, in LLM forward ops (``omni plan``'s simulation)."""
+    from omni_trainer.multiplex.dataflow import simulate
+
+    out = {}
+    for p, steps in tables.items():
+        sims = [simulate(t) for t in steps]
         out[p] = {
             "makespan": statistics.mean(sim["makespan"] for sim in sims),
             "stages": {
@@ -209,6 +221,49 @@ def simulated(job: dict, *, world: int, steps: int, policies: tuple[str, ...]) -
     return out
 
 
+def halves(runs: list[dict]) -> tuple[list[dict], list[dict]]:
+    """Fit and held-out runs: even repeats fit, odd ones are predicted (one repeat: the same)."""
+    fit = [r for r in runs if r["repeat"] % 2 == 0]
+    held = [r for r in runs if r["repeat"] % 2 == 1]
+    return fit, held or fit
+
+
+def replayed(runs: list[dict], tables: dict, *, cores: int) -> dict:
+    """Per policy and stage, the replay's seconds per step (mean over the timed steps' tables)
+    with op durations fit to the fit half's median op seconds (encoder and LLM timers, per
+    stage), and the held-out half's median measured waiting."""
+    from omni_trainer.multiplex.replay import fit_op_times, replay
+
+    fit_runs, held_runs = halves(runs)
+    out = {}
+    for p, steps in tables.items():
+        fit = [per_stage(r["summary"]) for r in fit_runs if r["policy"] == p]
+        held = [per_stage(r["summary"]) for r in held_runs if r["policy"] == p]
+        measured = [
+            {k: statistics.median(run[s][k] for run in fit) for k in ("encoder", "llm")}
+            for s in sorted(fit[0])
+        ]
+        times = fit_op_times(steps, measured, cores=cores)
+        reps = [replay(t, times, cores=cores).stages for t in steps]
+        out[p] = {
+            s: {
+                **{k: statistics.mean(getattr(r[s], k) for r in reps) for k in ("encoder", "llm")},
+                "waiting": statistics.mean(r[s].waiting for r in reps),
+                "measured_waiting": statistics.median(run[s]["waiting"] for run in held),
+            }
+            for s in sorted(fit[0])
+        }
+    return out
+
+
+def agreement(rows: list[tuple[float, float]], tolerance: float = 0.25) -> tuple[int, float]:
+    """(measured, replayed) waits: how many agree within ``tolerance`` of the measured, and the
+    ratio measured / replayed farthest from 1 (inf where the replay says no wait)."""
+    ok = sum(abs(r - m) <= tolerance * m for m, r in rows)
+    ratios = [m / r if r > 0 else (1.0 if m == 0 else math.inf) for m, r in rows]
+    return ok, max(ratios, key=lambda x: abs(math.log(x)) if 0 < x < math.inf else math.inf)
+
+
 def seconds_per_unit(runs: list[dict], sim: dict) -> float:
     """Calibration: measured LLM seconds per simulated LLM unit (the same for every policy)."""
     measured = statistics.median(
@@ -218,8 +273,19 @@ def seconds_per_unit(runs: list[dict], sim: dict) -> float:
     return measured / units
 
 
-def report(runs: list[dict], policies: tuple[str, ...], sim: dict | None = None) -> list[str]:
-    """The printed lines: per policy and stage, then each pair, then the loss check."""
+def _row(label: str, stage: int, v: dict[str, float], tail: str = "") -> str:
+    return f"{label:<13}{stage:>6}{v['encoder']:>9.3f}{v['llm']:>8.3f}{v['waiting']:>9.3f}{tail}"
+
+
+def _vs(measured: float, model: float, name: str) -> str:
+    return f"{'':>18}   waiting measured/{name} x{measured / model:.2f}" if model else ""
+
+
+def report(
+    runs: list[dict], policies: tuple[str, ...], sim: dict | None = None, rep: dict | None = None
+) -> list[str]:
+    """The printed lines: per policy and stage (with the planner's and the replay's rows when
+    given), then the replay's agreement, each pair, and the loss check."""
     times: dict[str, dict[int, float]] = {p: {} for p in policies}
     stages: dict[str, list[dict[int, dict[str, float]]]] = {p: [] for p in policies}
     for run in runs:
@@ -232,7 +298,21 @@ def report(runs: list[dict], policies: tuple[str, ...], sim: dict | None = None)
     peaks = {}
     unit = seconds_per_unit(runs, sim) if sim is not None else 0.0
     if sim is not None:
-        lines.insert(0, f"simulated: time model x {unit:.4f} s per LLM forward op (fit on LLM s)")
+        lines.insert(
+            0,
+            f"planner: omni plan's time model x {unit:.4f} s per LLM forward op (op costs from "
+            "the cost model, one unit fit on LLM s, a device per stage)",
+        )
+    if rep is not None:
+        fit, held = halves(runs)
+        lines.insert(
+            len(lines) - 1,
+            f"replayed: the executed tables replayed on {rep['cores']} cores, op seconds fit per "
+            f"stage and kind on the encoder/LLM timers of repeats "
+            f"{sorted({r['repeat'] for r in fit})}, never on waits; measured waiting of repeats "
+            f"{sorted({r['repeat'] for r in held})}",
+        )
+    agree: list[tuple[float, float]] = []
     for p in policies:
         for stage in sorted(stages[p][0]):
             med = {
@@ -240,26 +320,29 @@ def report(runs: list[dict], policies: tuple[str, ...], sim: dict | None = None)
                 for k in ("encoder", "llm", "waiting")
             }
             peak = max(run[stage]["peak_mib"] for run in stages[p])
-            lines.append(
-                f"{p:<13}{stage:>6}{med['encoder']:>9.3f}{med['llm']:>8.3f}"
-                f"{med['waiting']:>9.3f}{peak:>18.2f}"
-            )
+            lines.append(_row(p, stage, med, f"{peak:>18.2f}"))
             if sim is not None:
                 m = {k: v * unit for k, v in sim[p]["stages"][stage].items()}
                 lines.append(
-                    f"{'  simulated':<13}{stage:>6}{m['encoder']:>9.3f}{m['llm']:>8.3f}"
-                    f"{m['waiting']:>9.3f}"
-                    f"{'':>18}   waiting measured/simulated x{med['waiting'] / m['waiting']:.2f}"
-                    if m["waiting"]
-                    else f"{'  simulated':<13}{stage:>6}{m['encoder']:>9.3f}{m['llm']:>8.3f}"
-                    f"{m['waiting']:>9.3f}"
+                    _row("  planner", stage, m, _vs(med["waiting"], m["waiting"], "planner"))
                 )
+            if rep is not None:
+                r = rep["policies"][p][stage]
+                agree.append((r["measured_waiting"], r["waiting"]))
+                tail = _vs(r["measured_waiting"], r["waiting"], "replayed")
+                lines.append(_row("  replayed", stage, r, tail))
         peaks[p] = max(run[s]["peak_mib"] for run in stages[p] for s in run)
         t = Spread.of(list(times[p].values()))
         lines.append(
             f"{'':<13}{'step':>6}{t.median:>9.3f} s (min {t.low:.3f}, max {t.high:.3f}, "
             f"{t.n} runs); peak encoder activations {peaks[p]:.2f} MiB"
-            + (f"; simulated makespan {sim[p]['makespan'] * unit:.3f} s" if sim else "")
+            + (f"; planner makespan {sim[p]['makespan'] * unit:.3f} s" if sim else "")
+        )
+    if agree:
+        ok, worst = agreement(agree)
+        lines.append(
+            f"simulated waits within 25% of measured: {ok} of {len(agree)} stage rows "
+            f"(worst x{worst:.2f})   (replayed vs held-out measured)"
         )
     for x, y in itertools.combinations(policies, 2):
         r = pair_ratios(times, x, y)
@@ -289,6 +372,12 @@ def main() -> None:
         default="1",
         help="robustness: ViT layers x each (comma-separated); step-time growth per policy",
     )
+    ap.add_argument(
+        "--cores",
+        type=int,
+        default=len(os.sched_getaffinity(0)),
+        help="cores the stages share in the replay (default: this process's affinity mask)",
+    )
     ap.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -302,13 +391,15 @@ def main() -> None:
         runs = launch(
             job, nproc=args.nproc, steps=args.steps, repeats=args.repeats, policies=policies
         )
-        sim = simulated(job, world=args.nproc, steps=args.steps, policies=policies)
+        tables = step_tables(job, world=args.nproc, steps=args.steps, policies=policies)
+        sim = simulated(tables)
+        rep = {"cores": args.cores, "policies": replayed(runs, tables, cores=args.cores)}
         print(
             f"pp={args.pipeline} on {args.nproc} processes (1 thread each), encoder x{scale}, "
             f"policies interleaved {args.repeats} times, {args.steps} steps per run (the first "
             "excluded); ratio = Y's step time / X's in the same repeat (> 1: X faster)"
         )
-        print("\n".join(report(runs, policies, sim)))
+        print("\n".join(report(runs, policies, sim, rep)))
         measured = {
             p: statistics.median(step_time(r["summary"]) for r in runs if r["policy"] == p)
             for p in policies

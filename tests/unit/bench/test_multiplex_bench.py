@@ -20,10 +20,12 @@ def bench():
     return module
 
 
-def summary(steps: list[float], loss: float = 6.0, peak_mib: float = 1.0) -> dict:
+def summary(
+    steps: list[float], loss: float = 6.0, peak_mib: float = 1.0, llm: float = 0.5, wait=0.1
+) -> dict:
     rows = [
-        {"stage": s, "encoder_s": 0.1 * (s + 1), "llm_s": 0.5, "encoder_wait_s": 0.05,
-         "pipeline_wait_s": 0.05, "encoder_activation_peak_bytes": peak_mib * 2**20 * (s + 1)}
+        {"stage": s, "encoder_s": 0.1 * (s + 1), "llm_s": llm, "encoder_wait_s": wait / 2,
+         "pipeline_wait_s": wait / 2, "encoder_activation_peak_bytes": peak_mib * 2**20 * (s + 1)}
         for s in (0, 1)
     ]  # fmt: skip
     return {"step_time_curve": steps, "breakdown": rows, "loss_curve": [loss, loss - 1]}
@@ -64,10 +66,38 @@ def test_simulated_side_is_calibrated_on_llm_seconds(bench) -> None:
     sim = {"a": {"makespan": 20.0, "stages": {0: stage, 1: stage}}}
     assert bench.seconds_per_unit(runs, sim) == pytest.approx(0.05)
     lines = bench.report(runs, ("a",), sim)
-    assert lines[0] == "simulated: time model x 0.0500 s per LLM forward op (fit on LLM s)"
+    assert lines[0].startswith("planner: omni plan's time model x 0.0500 s per LLM forward op")
     # measured waiting 0.1 s per stage, simulated 4 units = 0.2 s
-    assert any(line.endswith("waiting measured/simulated x0.50") for line in lines)
-    assert any(line.endswith("simulated makespan 1.000 s") for line in lines)
+    assert any(line.endswith("waiting measured/planner x0.50") for line in lines)
+    assert any(line.endswith("planner makespan 1.000 s") for line in lines)
+
+
+def test_replayed_waits_are_predicted_for_held_out_repeats(bench) -> None:
+    """Op seconds fit on repeat 0 only (0.5 s of LLM per stage: F = 1/12 s, B = 1/6 s); the
+    replay of 1F1B with 2 stages and 2 micro-batches then waits 3 F on stage 0 (0.25 s) and 1 F
+    on stage 1 (0.083 s); repeat 1's measured 0.1 s per stage: stage 1 within 25%, stage 0 not.
+    Repeat 1's 5 s of LLM and repeat 0's waits go in nowhere."""
+    from omni_trainer.multiplex.dataflow import plan_dataflow
+
+    runs = [
+        {"repeat": 0, "policy": "a", "summary": summary([1.0, 1.0], wait=9.0)},
+        {"repeat": 1, "policy": "a", "summary": summary([1.0, 1.0], llm=5.0)},
+    ]
+    table = plan_dataflow("uniform", pp=2, vpp=1, num_microbatches=2, encoder_mbs=())
+    rep = bench.replayed(runs, {"a": [table]}, cores=2)
+    assert [rep["a"][s]["waiting"] for s in (0, 1)] == pytest.approx([0.25, 0.5 / 6])
+    assert [rep["a"][s]["measured_waiting"] for s in (0, 1)] == pytest.approx([0.1, 0.1])
+    lines = bench.report(runs, ("a",), rep={"cores": 2, "policies": rep})
+    assert any(line.endswith("waiting measured/replayed x0.40") for line in lines)
+    assert "simulated waits within 25% of measured: 1 of 2 stage rows (worst x0.40)" in "".join(
+        lines
+    )
+    assert "repeats [0], never on waits; measured waiting of repeats [1]" in lines[0]
+
+
+def test_agreement_counts_rows_and_names_the_worst(bench) -> None:
+    assert bench.agreement([(1.0, 1.2), (1.0, 0.5), (2.0, 2.0)]) == (2, 2.0)
+    assert bench.agreement([(1.0, 0.0), (0.0, 0.0)]) == (1, float("inf"))
 
 
 @pytest.mark.parametrize("pp", [2, 4])

@@ -54,6 +54,19 @@ def test_two_stages_share_one_core() -> None:
     assert seconds(replay(table(), [UNIT, UNIT], cores=2)) == seconds(replay(table(), [UNIT] * 2))
 
 
+def test_a_latency_delays_every_cross_stage_input() -> None:
+    # 0.5 s from an op's end to its output on the other stage: stage 1's F0 starts at 1.5, B0
+    # ends at 4.5, stage 0's B0 starts at 5; stage 1's B1 ends at 7.5, stage 0's B1 starts at 8
+    r = replay(table(), [UNIT, UNIT], latency=0.5)
+    assert seconds(r) == [(0.0, 6.0, 4.0), (0.0, 6.0, 1.5)]
+    assert r.makespan == 10.0
+    # encoder outputs from stage 1 (done at 1 and 2) reach stage 0 at 1.5 and 2.5: F0 [1.5,
+    # 2.5], F1 [2.5, 3.5]; stage 1 gets F0 at 3, B0 [4, 6]; stage 0 waits to 6.5, B0 ends 8.5,
+    # B1 [9.5, 11.5]; stage 1's E0' at 9, E1' waits for B1's gradient until 12
+    r = replay(table(encoders_on=1), [UNIT, UNIT], latency=0.5)
+    assert seconds(r) == [(0.0, 6.0, 5.5), (6.0, 6.0, 2.0)]
+
+
 def test_encoder_outputs_and_gradients_are_waited_for() -> None:
     # stage 1 encodes both micro-batches first (0-2), so stage 0's F0 waits 1 s for E0; the
     # encoder backwards run after the schedule, E1' waits for stage 0's B1 (ends at 10)

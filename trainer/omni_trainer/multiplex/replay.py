@@ -131,7 +131,13 @@ def _programs(table: DataflowTable, times: Sequence[OpTimes]) -> list[list[_Op]]
     return programs
 
 
-def replay(table: DataflowTable, times: Sequence[OpTimes], *, cores: int | None = None) -> Replay:
+def replay(
+    table: DataflowTable,
+    times: Sequence[OpTimes],
+    *,
+    cores: int | None = None,
+    latency: float = 0.0,
+) -> Replay:
     """Run the table's step on ``cores`` cores (None: a device per stage) with these op times.
 
     Args:
@@ -139,6 +145,8 @@ def replay(table: DataflowTable, times: Sequence[OpTimes], *, cores: int | None 
         times: per stage, its solo op durations.
         cores: processors the stages share; with more runnable stages than cores each runnable
             stage progresses at ``cores / runnable`` of its solo speed.
+        latency: seconds from an op's end to its output being usable on another stage (p2p
+            transfer and the receiver's wake-up); zero on the same stage.
 
     Returns:
         Per stage: wall seconds in encoder ops, in LLM ops, and blocked (waiting).
@@ -150,21 +158,40 @@ def replay(table: DataflowTable, times: Sequence[OpTimes], *, cores: int | None 
     progs = _programs(table, times)
     pos = [0] * table.pp
     left = [p[0].work if p else 0.0 for p in progs]
-    done: set[tuple] = set()
+    done: dict[tuple, tuple[float, int]] = {}  # op key -> (end, stage)
     spent = [{"encoder": 0.0, "llm": 0.0, "recv": 0.0, "wait": 0.0} for _ in progs]
+    t = 0.0
+
+    def ready_at(s: int) -> float:
+        needs = progs[s][pos[s]].needs
+        if any(n not in done for n in needs):
+            return math.inf
+        return max((done[n][0] + (latency if done[n][1] != s else 0.0) for n in needs), default=t)
+
     while True:
-        _finish_instant(progs, pos, left, done)
+        moved = True  # complete every op with no work left whose inputs are there
+        while moved:
+            moved = False
+            for s, prog in enumerate(progs):
+                while pos[s] < len(prog) and left[s] <= 0.0 and ready_at(s) <= t:
+                    done[prog[pos[s]].key] = (t, s)
+                    pos[s] += 1
+                    left[s] = prog[pos[s]].work if pos[s] < len(prog) else 0.0
+                    moved = True
         live = [s for s in range(table.pp) if pos[s] < len(progs[s])]
         if not live:
             break
-        run = [s for s in live if all(n in done for n in progs[s][pos[s]].needs)]
-        if not run:
+        when = {s: ready_at(s) for s in live}
+        run = [s for s in live if when[s] <= t]
+        pending = [w - t for s, w in when.items() if t < w < math.inf]
+        if not run and not pending:
             stuck = ", ".join(str(progs[s][pos[s]].key) for s in live)
             raise DataflowError(f"replay deadlocked: every stage waits ({stuck})")
-        rate = 1.0 if cores is None else min(1.0, cores / len(run))
-        dt = min(left[s] for s in run) / rate
+        rate = 1.0 if cores is None else min(1.0, cores / max(len(run), 1))
+        dt = min([left[s] / rate for s in run] + pending)
         for s in live:
             spent[s][progs[s][pos[s]].kind if s in run else "wait"] += dt
+        t += dt
         for s in run:
             left[s] -= dt * rate
             if left[s] <= _EPS * max(1.0, dt):
@@ -174,29 +201,11 @@ def replay(table: DataflowTable, times: Sequence[OpTimes], *, cores: int | None 
     )
 
 
-def _finish_instant(
-    progs: list[list[_Op]], pos: list[int], left: list[float], done: set[tuple]
-) -> None:
-    """Complete every op that has no work left and whose inputs are there, until none does."""
-    moved = True
-    while moved:
-        moved = False
-        for s, prog in enumerate(progs):
-            while pos[s] < len(prog) and left[s] <= 0.0:
-                op = prog[pos[s]]
-                if not all(n in done for n in op.needs):
-                    break
-                done.add(op.key)
-                pos[s] += 1
-                left[s] = prog[pos[s]].work if pos[s] < len(prog) else 0.0
-                moved = True
-
-
 def _mean_seconds(
-    tables: Sequence[DataflowTable], times: Sequence[OpTimes], cores: int | None
+    tables: Sequence[DataflowTable], times: Sequence[OpTimes], cores: int | None, latency: float
 ) -> list[dict[str, float]]:
     """Per stage, mean wall seconds per step in encoder and LLM ops over the tables."""
-    runs = [replay(t, times, cores=cores).stages for t in tables]
+    runs = [replay(t, times, cores=cores, latency=latency).stages for t in tables]
     return [
         {k: sum(getattr(r[s], k) for r in runs) / len(runs) for k in ("encoder", "llm")}
         for s in range(len(times))
@@ -208,6 +217,7 @@ def fit_op_times(
     measured: Sequence[Mapping[str, float]],
     *,
     cores: int | None = None,
+    latency: float = 0.0,
     backward_ratio: float = 2.0,
     iterations: int = 50,
 ) -> list[OpTimes]:
@@ -217,7 +227,8 @@ def fit_op_times(
     forward; an encoder micro-batch ``cost`` units forward, ``backward_ratio x cost`` backward);
     the scale per stage and kind (LLM, encoder) is fit so that the replayed wall seconds per step
     in LLM and in encoder ops, on ``cores``, equal ``measured`` (per stage ``{"llm": s,
-    "encoder": s}``, mean per step over ``tables``' steps). Only op timers go in, never waits:
+    "encoder": s}``, mean per step over ``tables``' steps; ``cores`` and ``latency`` as in
+    :func:`replay`). Only op timers go in, never waits:
     on shared cores an op's wall time exceeds its solo time by the sharing the replay itself
     predicts, hence the fixed-point iteration.
     """
@@ -232,7 +243,7 @@ def fit_op_times(
         u = measured[s]["encoder"] / (enc * (1 + backward_ratio)) if enc else 0.0
         times.append(OpTimes(f, f * backward_ratio, u, u * backward_ratio))
     for _ in range(iterations):
-        got = _mean_seconds(tables, times, cores)
+        got = _mean_seconds(tables, times, cores, latency)
         factors = [
             (_ratio(measured[s]["llm"], got[s]["llm"]), _ratio(measured[s]["encoder"],
              got[s]["encoder"]))
