@@ -89,9 +89,12 @@ def worker(spec_path: Path) -> None:
     spec = json.loads(spec_path.read_text())
     torch.set_num_threads(1)
     _, world, device = init_distributed()
+    data = spec["job"]["spec"]["trainer"]["data"]
+    hidden = parse_manifest(spec["job"]).spec.trainer.model.llm.hidden_size
     runs = []
     try:
         for repeat in range(spec["repeats"]):
+            latency = p2p_latency(numel=data["seqLength"] * data["microBatchSize"] * hidden)
             for policy in spec["policies"]:
                 doc = copy.deepcopy(spec["job"])
                 doc["spec"]["trainer"]["parallelism"]["encoder"]["policy"] = policy
@@ -101,12 +104,44 @@ def worker(spec_path: Path) -> None:
                     dims, device, reorder_group_size=cfg.data.reorder.group_size
                 )
                 summary = asdict(Trainer(cfg, groups=groups, steps=spec["steps"]).train())
-                runs.append({"repeat": repeat, "policy": policy, "summary": summary})
+                runs.append(
+                    {"repeat": repeat, "policy": policy, "summary": summary, "latency": latency}
+                )
                 dist.barrier()
         if dist.get_rank() == 0:
             Path(spec["out"]).write_text(json.dumps(runs))
     finally:
         destroy_distributed()
+
+
+def p2p_latency(*, numel: int, rounds: int = 20) -> float:
+    """One-way seconds of an activation-sized message between pipeline neighbours (rank k and
+    k+1: pipeline-only layouts), the median over ``rounds`` ping-pongs of every pair: transfer
+    plus the blocked receiver's wake-up, under the machine's load of the moment."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    buf = torch.zeros(numel)
+    mine = []
+    for a in range(world - 1):
+        if rank in (a, a + 1):
+            for _ in range(rounds):
+                start = time.perf_counter()
+                if rank == a:
+                    dist.send(buf, a + 1)
+                    dist.recv(buf, a + 1)
+                    mine.append((time.perf_counter() - start) / 2)
+                else:
+                    dist.recv(buf, a)
+                    dist.send(buf, a)
+        dist.barrier()
+    everyone = [None] * world
+    dist.all_gather_object(everyone, mine)
+    samples = [x for xs in everyone for x in xs]
+    return statistics.median(samples) if samples else 0.0
 
 
 def launch(job: dict, *, nproc: int, steps: int, repeats: int, policies: tuple[str, ...]) -> list:
@@ -228,30 +263,55 @@ def halves(runs: list[dict]) -> tuple[list[dict], list[dict]]:
     return fit, held or fit
 
 
-def replayed(runs: list[dict], tables: dict, *, cores: int) -> dict:
-    """Per policy and stage, the replay's seconds per step (mean over the timed steps' tables)
-    with op durations fit to the fit half's median op seconds (encoder and LLM timers, per
-    stage), and the held-out half's median measured waiting."""
+def _op_seconds(runs: list[dict]) -> list[dict[str, float]]:
+    """Per stage, the runs' median encoder and LLM seconds per step (the op timers)."""
+    stages = [per_stage(r["summary"]) for r in runs]
+    return [
+        {k: statistics.median(run[s][k] for run in stages) for k in ("encoder", "llm")}
+        for s in sorted(stages[0])
+    ]
+
+
+def _waits(runs: list[dict]) -> list[float]:
+    """Per stage, the runs' median measured waiting per step."""
+    stages = [per_stage(r["summary"]) for r in runs]
+    return [statistics.median(run[s]["waiting"] for run in stages) for s in sorted(stages[0])]
+
+
+def _replay_mean(tables: list, runs: list[dict], *, cores: int) -> list[dict[str, float]]:
+    """Per stage, the replay's seconds per step (mean over the tables), op durations fit on the
+    runs' op timers, latency their median ping-pong."""
     from omni_trainer.multiplex.replay import fit_op_times, replay
 
+    latency = statistics.median(r.get("latency", 0.0) for r in runs)
+    times = fit_op_times(tables, _op_seconds(runs), cores=cores, latency=latency)
+    reps = [replay(t, times, cores=cores, latency=latency).stages for t in tables]
+    return [
+        {k: statistics.mean(getattr(r[s], k) for r in reps) for k in ("encoder", "llm", "waiting")}
+        for s in range(len(times))
+    ]
+
+
+def replayed(runs: list[dict], tables: dict, *, cores: int) -> dict:
+    """Per policy and stage, the replay against measured waits, two ways (waits never fit):
+    ``held_out``: op seconds and latency from the even repeats, waits of the odd ones;
+    ``same_run``: each run replayed with its own op seconds and latency (the machine's load of
+    that run), the median over runs, against the median measured waiting."""
     fit_runs, held_runs = halves(runs)
     out = {}
     for p, steps in tables.items():
-        fit = [per_stage(r["summary"]) for r in fit_runs if r["policy"] == p]
-        held = [per_stage(r["summary"]) for r in held_runs if r["policy"] == p]
-        measured = [
-            {k: statistics.median(run[s][k] for run in fit) for k in ("encoder", "llm")}
-            for s in sorted(fit[0])
-        ]
-        times = fit_op_times(steps, measured, cores=cores)
-        reps = [replay(t, times, cores=cores).stages for t in steps]
+        mine = [r for r in runs if r["policy"] == p]
+        held = _replay_mean(steps, [r for r in fit_runs if r["policy"] == p], cores=cores)
+        held_waits = _waits([r for r in held_runs if r["policy"] == p])
+        each = [_replay_mean(steps, [r], cores=cores) for r in mine]
         out[p] = {
             s: {
-                **{k: statistics.mean(getattr(r[s], k) for r in reps) for k in ("encoder", "llm")},
-                "waiting": statistics.mean(r[s].waiting for r in reps),
-                "measured_waiting": statistics.median(run[s]["waiting"] for run in held),
+                **held[s],
+                "measured_waiting": held_waits[s],
+                "same_run_waiting": statistics.median(e[s]["waiting"] for e in each),
+                "same_run_measured": _waits(mine)[s],
             }
-            for s in sorted(fit[0])
+            for s in range(len(held))
         }
     return out
 
@@ -307,12 +367,13 @@ def report(
         fit, held = halves(runs)
         lines.insert(
             len(lines) - 1,
-            f"replayed: the executed tables replayed on {rep['cores']} cores, op seconds fit per "
-            f"stage and kind on the encoder/LLM timers of repeats "
-            f"{sorted({r['repeat'] for r in fit})}, never on waits; measured waiting of repeats "
-            f"{sorted({r['repeat'] for r in held})}",
+            f"replayed: the executed tables replayed on {rep['cores']} cores with the measured "
+            "p2p latency, op seconds fit per stage and kind on encoder/LLM timers, never on "
+            f"waits; held-out: fit on repeats {sorted({r['repeat'] for r in fit})}, measured "
+            f"waiting of repeats {sorted({r['repeat'] for r in held})}; same-run: each run "
+            "replayed with its own op seconds and latency",
         )
-    agree: list[tuple[float, float]] = []
+    agree: dict[str, list[tuple[float, float]]] = {"held-out": [], "same-run": []}
     for p in policies:
         for stage in sorted(stages[p][0]):
             med = {
@@ -328,8 +389,12 @@ def report(
                 )
             if rep is not None:
                 r = rep["policies"][p][stage]
-                agree.append((r["measured_waiting"], r["waiting"]))
+                agree["held-out"].append((r["measured_waiting"], r["waiting"]))
+                agree["same-run"].append((r["same_run_measured"], r["same_run_waiting"]))
                 tail = _vs(r["measured_waiting"], r["waiting"], "replayed")
+                if r["same_run_waiting"]:
+                    ratio = r["same_run_measured"] / r["same_run_waiting"]
+                    tail += f" held-out, x{ratio:.2f} same-run"
                 lines.append(_row("  replayed", stage, r, tail))
         peaks[p] = max(run[s]["peak_mib"] for run in stages[p] for s in run)
         t = Spread.of(list(times[p].values()))
@@ -338,12 +403,13 @@ def report(
             f"{t.n} runs); peak encoder activations {peaks[p]:.2f} MiB"
             + (f"; planner makespan {sim[p]['makespan'] * unit:.3f} s" if sim else "")
         )
-    if agree:
-        ok, worst = agreement(agree)
-        lines.append(
-            f"simulated waits within 25% of measured: {ok} of {len(agree)} stage rows "
-            f"(worst x{worst:.2f})   (replayed vs held-out measured)"
-        )
+    for how, rows in agree.items():
+        if rows:
+            ok, worst = agreement(rows)
+            lines.append(
+                f"simulated waits within 25% of measured: {ok} of {len(rows)} stage rows "
+                f"(worst x{worst:.2f})   ({how}: replayed vs measured)"
+            )
     for x, y in itertools.combinations(policies, 2):
         r = pair_ratios(times, x, y)
         lines.append(
@@ -378,6 +444,11 @@ def main() -> None:
         default=len(os.sched_getaffinity(0)),
         help="cores the stages share in the replay (default: this process's affinity mask)",
     )
+    ap.add_argument(
+        "--runs",
+        type=Path,
+        help="keep the runs in PATH.x<scale>.json; when it exists, analyse it instead of training",
+    )
     ap.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -388,9 +459,15 @@ def main() -> None:
     growth: dict[int, tuple[dict[str, float], dict[str, float]]] = {}
     for scale in scales:
         job = bench_job(args.pipeline, args.eta, scale)
-        runs = launch(
-            job, nproc=args.nproc, steps=args.steps, repeats=args.repeats, policies=policies
-        )
+        saved = args.runs and args.runs.with_suffix(f".x{scale}.json")
+        if saved and saved.exists():  # the same job, steps and policies: analysed again
+            runs = json.loads(saved.read_text())
+        else:
+            runs = launch(
+                job, nproc=args.nproc, steps=args.steps, repeats=args.repeats, policies=policies
+            )
+            if saved:
+                saved.write_text(json.dumps(runs))
         tables = step_tables(job, world=args.nproc, steps=args.steps, policies=policies)
         sim = simulated(tables)
         rep = {"cores": args.cores, "policies": replayed(runs, tables, cores=args.cores)}
@@ -407,7 +484,7 @@ def main() -> None:
         growth[scale] = (measured, {p: sim[p]["makespan"] for p in policies})
     if len(scales) > 1:
         base = scales[0]
-        print(f"step-time growth over encoder x{base}: measured (simulated)")
+        print(f"step-time growth over encoder x{base}: measured (planner)")
         for scale in scales[1:]:
             m, s = growth[scale]
             cells = [

@@ -73,26 +73,31 @@ def test_simulated_side_is_calibrated_on_llm_seconds(bench) -> None:
 
 
 def test_replayed_waits_are_predicted_for_held_out_repeats(bench) -> None:
-    """Op seconds fit on repeat 0 only (0.5 s of LLM per stage: F = 1/12 s, B = 1/6 s); the
-    replay of 1F1B with 2 stages and 2 micro-batches then waits 3 F on stage 0 (0.25 s) and 1 F
-    on stage 1 (0.083 s); repeat 1's measured 0.1 s per stage: stage 1 within 25%, stage 0 not.
-    Repeat 1's 5 s of LLM and repeat 0's waits go in nowhere."""
+    """Held-out: op seconds fit on repeat 0 only (0.5 s of LLM per stage: F = 1/12 s, B = 1/6
+    s); the replay of 1F1B with 2 stages and 2 micro-batches then waits 3 F on stage 0 (0.25 s)
+    and 1 F on stage 1 (0.083 s); repeat 1's measured 0.1 s per stage: stage 1 within 25%,
+    stage 0 not. Repeat 1's 5 s of LLM and repeat 0's waits go in nowhere. Same-run: repeat 1
+    replayed with its own 5 s of LLM and 0.1 s of latency waits 10x as long, plus latencies."""
     from omni_trainer.multiplex.dataflow import plan_dataflow
 
     runs = [
-        {"repeat": 0, "policy": "a", "summary": summary([1.0, 1.0], wait=9.0)},
-        {"repeat": 1, "policy": "a", "summary": summary([1.0, 1.0], llm=5.0)},
+        {"repeat": 0, "policy": "a", "summary": summary([1.0, 1.0], wait=9.0), "latency": 0.0},
+        {"repeat": 1, "policy": "a", "summary": summary([1.0, 1.0], llm=5.0), "latency": 0.1},
     ]
     table = plan_dataflow("uniform", pp=2, vpp=1, num_microbatches=2, encoder_mbs=())
     rep = bench.replayed(runs, {"a": [table]}, cores=2)
     assert [rep["a"][s]["waiting"] for s in (0, 1)] == pytest.approx([0.25, 0.5 / 6])
     assert [rep["a"][s]["measured_waiting"] for s in (0, 1)] == pytest.approx([0.1, 0.1])
+    # stage 0 waits 2.5 + 0.2 s (two gradients) in repeat 1, stage 1 5/6 + 0.1 s (one input)
+    same = [(0.25 + 2.5 + 0.2) / 2, (0.5 / 6 + 5 / 6 + 0.1) / 2]
+    assert [rep["a"][s]["same_run_waiting"] for s in (0, 1)] == pytest.approx(same)
+    assert [rep["a"][s]["same_run_measured"] for s in (0, 1)] == pytest.approx([4.55, 4.55])
     lines = bench.report(runs, ("a",), rep={"cores": 2, "policies": rep})
-    assert any(line.endswith("waiting measured/replayed x0.40") for line in lines)
-    assert "simulated waits within 25% of measured: 1 of 2 stage rows (worst x0.40)" in "".join(
-        lines
-    )
-    assert "repeats [0], never on waits; measured waiting of repeats [1]" in lines[0]
+    assert any("waiting measured/replayed x0.40 held-out, x3.08 same-run" in x for x in lines)
+    text = "\n".join(lines)
+    assert "within 25% of measured: 1 of 2 stage rows (worst x0.40)   (held-out" in text
+    assert "within 25% of measured: 0 of 2 stage rows (worst x8.95)   (same-run" in text
+    assert "held-out: fit on repeats [0], measured waiting of repeats [1]" in lines[0]
 
 
 def test_agreement_counts_rows_and_names_the_worst(bench) -> None:
