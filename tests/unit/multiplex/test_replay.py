@@ -55,16 +55,32 @@ def test_two_stages_share_one_core() -> None:
 
 
 def test_a_latency_delays_every_cross_stage_input() -> None:
-    # 0.5 s from an op's end to its output on the other stage: stage 1's F0 starts at 1.5, B0
-    # ends at 4.5, stage 0's B0 starts at 5; stage 1's B1 ends at 7.5, stage 0's B1 starts at 8
+    """0.5 s from the later side of a p2p call (megatron's: a rendezvous) to both sides going
+    on; 0.5 s from an encoder output's end to its (buffered) receipt."""
+    # stage 0: F0 [0,1], send to 1.5; F1 [1.5,2.5]; its send meets stage 1's after B0 (4.5):
+    # 5; B0 [5,7]; the gradient of B1 (stage 1 sends at 8) at 8.5; B1 [8.5,10.5]
     r = replay(table(), [UNIT, UNIT], latency=0.5)
-    assert seconds(r) == [(0.0, 6.0, 4.0), (0.0, 6.0, 1.5)]
-    assert r.makespan == 10.0
-    # encoder outputs from stage 1 (done at 1 and 2) reach stage 0 at 1.5 and 2.5: F0 [1.5,
-    # 2.5], F1 [2.5, 3.5]; stage 1 gets F0 at 3, B0 [4, 6]; stage 0 waits to 6.5, B0 ends 8.5,
-    # B1 [9.5, 11.5]; stage 1's E0' at 9, E1' waits for B1's gradient until 12
+    assert seconds(r) == [(0.0, 6.0, 4.5), (0.0, 6.0, 2.5)]
+    assert r.makespan == 10.5
+    # stage 1 encodes (0-2): stage 0's F0 waits for E0 until 1.5, its send to 3, F1 [3,4];
+    # its send meets stage 1's after B0 (6) at 6.5; B1's gradient (sent at 9.5) at 10; stage
+    # 1 waits 1 s for F0's input and 0.5 s at each of its two sends; E1' waits 0.5 s for B1
     r = replay(table(encoders_on=1), [UNIT, UNIT], latency=0.5)
-    assert seconds(r) == [(0.0, 6.0, 5.5), (6.0, 6.0, 2.0)]
+    assert seconds(r) == [(0.0, 6.0, 6.0), (6.0, 6.0, 2.5)]
+    assert r.makespan == 14.5
+
+
+def test_megatron_sends_wait_for_their_receive_to_be_posted() -> None:
+    """Stage 1 encodes micro-batch 2 (3 s) before it posts its first receive: stage 0's send of
+    F0 returns only at 3 (a buffered send would let it run F1 at 1); then 1F1B as usual, and E0'
+    waits for stage 0's B2 (ends at 14)."""
+    t = DataflowTable(
+        2, 1, 3, (EncoderMicroBatch(0, 2, cost=3.0),),
+        forward={0: Slot(1, PRE)}, backward={0: Slot(1, POST)},
+    )  # fmt: skip
+    r = replay(t, [UNIT, UNIT])
+    assert seconds(r) == [(0.0, 9.0, 5.0), (9.0, 9.0, 2.0)]
+    assert r.makespan == 20.0
 
 
 def test_encoder_outputs_and_gradients_are_waited_for() -> None:

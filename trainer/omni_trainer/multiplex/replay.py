@@ -11,9 +11,10 @@ structure and the op costs, never from measured waits. Pure Python (no torch).
 
 Op order per stage is what the runtime executes: the encoder backwards then forwards of a slot
 (:meth:`DataflowTable.at` order), the slot just before its LLM forward and after that forward's
-cross-stage receive (megatron receives before calling ``forward_step_func``); encoder outputs
-and gradients are one dependency per encoder micro-batch (the anchor sends each as soon as it is
-computed); sends never block.
+cross-stage receive (megatron receives before calling ``forward_step_func``). Megatron's 1F1B
+p2p calls are rendezvous (a send returns once its receive is posted, see :func:`_one_f_one_b`);
+encoder outputs and gradients are buffered, one dependency per encoder micro-batch (the anchor
+sends each asynchronously as soon as it is computed and waits for the sends at the step's end).
 """
 
 from __future__ import annotations
@@ -84,51 +85,112 @@ class Replay:
 @dataclass(frozen=True)
 class _Op:
     key: tuple
-    kind: str  # "encoder" | "llm" | "recv" (zero work: the receive before a slot)
+    kind: str  # "encoder" | "llm" | "p2p" (zero work: a receive, or megatron's p2p call)
     work: float
-    needs: tuple[tuple, ...]
+    needs: tuple[tuple, ...] = ()
+    """Ops (keys) that must have ended, on this or another stage (buffered messages)."""
+    meets: tuple[tuple, ...] = ()
+    """Rendezvous ends ``(channel, side)``: the op ends once every partner end is posted."""
+
+
+def _slot(table: DataflowTable, t: OpTimes, stage: int, index: int) -> list[_Op]:
+    """The encoder backwards then forwards at one slot; a backward needs its gradient, sent
+    (buffered) by stage 0's B(m, 0)."""
+    ops = [
+        _Op(("EB", i), "encoder", table.mb(i).cost * t.encoder_backward,
+            (("B", 0, table.mb(i).microbatch, 0),))
+        for i in table.at(stage, index, "backward")
+    ]  # fmt: skip
+    return ops + [
+        _Op(("EF", i), "encoder", table.mb(i).cost * t.encoder_forward)
+        for i in table.at(stage, index, "forward")
+    ]
+
+
+def _feeds(table: DataflowTable, stage: int, m: int, c: int) -> tuple[tuple, ...]:
+    """What stage 0's F(m, 0) receives from the encoders; nothing elsewhere."""
+    if stage or c:
+        return ()
+    return tuple(("EF", e.id) for e in table.encoder_mbs if e.microbatch == m)
+
+
+def _one_f_one_b(table: DataflowTable, t: OpTimes, s: int) -> list[_Op]:
+    """Stage ``s`` of megatron's 1F1B with its p2p calls as it makes them (``recv_forward``,
+    ``send_forward``, ``send_forward_recv_backward``, ``send_backward_recv_forward``,
+    ``recv_backward``, ``send_backward``): each call posts its sends and receives together and
+    returns when every partner has posted (gloo and NCCL hand a message over only once its
+    receive is posted). Channels: ``("A", s, m)`` stage s's activation of m to s+1, ``("G", s,
+    m)`` its input gradient of m to s-1."""
+    last, total = table.pp - 1, table.num_microbatches
+    warmup = min(table.pp - s - 1, total)
+    prog = _slot(table, t, s, PRE)
+    calls = 0
+
+    def call(sends: list[tuple], recvs: list[tuple]) -> None:
+        nonlocal calls
+        ends = tuple((c, "send") for c in sends) + tuple((c, "recv") for c in recvs)
+        if ends:
+            prog.append(_Op(("P", s, calls), "p2p", 0.0, meets=ends))
+            calls += 1
+
+    def act_in(m: int) -> list[tuple]:
+        return [("A", s - 1, m)] if s > 0 else []
+
+    def act_out(m: int) -> list[tuple]:
+        return [("A", s, m)] if s < last else []
+
+    def grad_in(m: int) -> list[tuple]:
+        return [("G", s + 1, m)] if s < last else []
+
+    def grad_out(m: int) -> list[tuple]:
+        return [("G", s, m)] if s > 0 else []
+
+    def forward(m: int) -> None:
+        prog.extend(_slot(table, t, s, m))  # 1F1B runs forwards in micro-batch order
+        prog.append(_Op(("F", s, m, 0), "llm", t.llm_forward, _feeds(table, s, m, 0)))
+
+    for m in range(warmup):
+        call([], act_in(m))
+        forward(m)
+        call(act_out(m), [])
+    steady = total - warmup
+    if steady:
+        call([], act_in(warmup))
+    for k in range(steady):
+        forward(warmup + k)
+        call(act_out(warmup + k), grad_in(k))
+        prog.append(_Op(("B", s, k, 0), "llm", t.llm_backward))
+        call(grad_out(k), act_in(warmup + k + 1) if k < steady - 1 else [])
+    for m in range(steady, total):
+        call([], grad_in(m))
+        prog.append(_Op(("B", s, m, 0), "llm", t.llm_backward))
+        call(grad_out(m), [])
+    return prog + _slot(table, t, s, POST)
+
+
+def _buffered(table: DataflowTable, t: OpTimes, s: int) -> list[_Op]:
+    """Stage ``s`` with buffered LLM messages (an op needs its producer's end): one stage, and
+    the interleaved schedule, whose p2p calls (receives posted ahead) are not modelled."""
+    last, vpp = table.pp - 1, table.vpp
+    prog, i = _slot(table, t, s, PRE), 0
+    for op in table.ops(s):
+        m, c = op.microbatch, op.chunk
+        if op.kind == "F":
+            src = ("F", s - 1, m, c) if s else ("F", last, m, c - 1) if c else None
+            prog.append(_Op(("R", s, i), "p2p", 0.0, (src,) if src else ()))
+            prog += _slot(table, t, s, i)
+            prog.append(_Op(("F", s, m, c), "llm", t.llm_forward, _feeds(table, s, m, c)))
+            i += 1
+        else:
+            src = ("B", s + 1, m, c) if s < last else ("B", 0, m, c + 1) if c < vpp - 1 else None
+            prog.append(_Op(("B", s, m, c), "llm", t.llm_backward, (src,) if src else ()))
+    return prog + _slot(table, t, s, POST)
 
 
 def _programs(table: DataflowTable, times: Sequence[OpTimes]) -> list[list[_Op]]:
     """Each stage's ops in execution order, with their solo durations and dependencies."""
-    pp, vpp, last = table.pp, table.vpp, table.pp - 1
-    feeds: dict[int, list[tuple]] = {}  # LLM micro-batch -> its encoder forwards
-    for e in table.encoder_mbs:
-        feeds.setdefault(e.microbatch, []).append(("EF", e.id))
-
-    def slot(stage: int, index: int) -> list[_Op]:
-        t = times[stage]
-        ops = [
-            _Op(("EB", i), "encoder", table.mb(i).cost * t.encoder_backward,
-                (("B", 0, table.mb(i).microbatch, 0),))
-            for i in table.at(stage, index, "backward")
-        ]  # fmt: skip
-        ops += [
-            _Op(("EF", i), "encoder", table.mb(i).cost * t.encoder_forward, ())
-            for i in table.at(stage, index, "forward")
-        ]
-        return ops
-
-    programs = []
-    for s in range(pp):
-        t = times[s]
-        prog, i = slot(s, PRE), 0
-        for op in table.ops(s):
-            m, c = op.microbatch, op.chunk
-            if op.kind == "F":
-                src = ("F", s - 1, m, c) if s else ("F", last, m, c - 1) if c else None
-                prog.append(_Op(("R", s, i), "recv", 0.0, (src,) if src else ()))
-                prog += slot(s, i)
-                needs = tuple(feeds.get(m, ())) if s == 0 and c == 0 else ()
-                prog.append(_Op(("F", s, m, c), "llm", t.llm_forward, needs))
-                i += 1
-            else:
-                src = (
-                    ("B", s + 1, m, c) if s < last else ("B", 0, m, c + 1) if c < vpp - 1 else None
-                )
-                prog.append(_Op(("B", s, m, c), "llm", t.llm_backward, (src,) if src else ()))
-        programs.append(prog + slot(s, POST))
-    return programs
+    build = _one_f_one_b if table.vpp == 1 and table.pp > 1 else _buffered
+    return [build(table, times[s], s) for s in range(table.pp)]
 
 
 def replay(
@@ -159,14 +221,26 @@ def replay(
     pos = [0] * table.pp
     left = [p[0].work if p else 0.0 for p in progs]
     done: dict[tuple, tuple[float, int]] = {}  # op key -> (end, stage)
-    spent = [{"encoder": 0.0, "llm": 0.0, "recv": 0.0, "wait": 0.0} for _ in progs]
+    posted: dict[tuple, float] = {}  # rendezvous end -> when its stage reached it
+    spent = [{"encoder": 0.0, "llm": 0.0, "p2p": 0.0, "wait": 0.0} for _ in progs]
     t = 0.0
 
+    def arrive(s: int) -> None:
+        if pos[s] < len(progs[s]):
+            posted.update((end, t) for end in progs[s][pos[s]].meets)
+
     def ready_at(s: int) -> float:
-        needs = progs[s][pos[s]].needs
-        if any(n not in done for n in needs):
+        op = progs[s][pos[s]]
+        partners = [(c, "recv" if side == "send" else "send") for c, side in op.meets]
+        if any(n not in done for n in op.needs) or any(e not in posted for e in partners):
             return math.inf
-        return max((done[n][0] + (latency if done[n][1] != s else 0.0) for n in needs), default=t)
+        ends = [done[n][0] + (latency if done[n][1] != s else 0.0) for n in op.needs]
+        if op.meets:  # the last of both sides to arrive, then the message
+            ends.append(max(posted[e] for e in (*op.meets, *partners)) + latency)
+        return max(ends, default=t)
+
+    for s in range(table.pp):
+        arrive(s)
 
     while True:
         moved = True  # complete every op with no work left whose inputs are there
@@ -177,6 +251,7 @@ def replay(
                     done[prog[pos[s]].key] = (t, s)
                     pos[s] += 1
                     left[s] = prog[pos[s]].work if pos[s] < len(prog) else 0.0
+                    arrive(s)
                     moved = True
         live = [s for s in range(table.pp) if pos[s] < len(progs[s])]
         if not live:
