@@ -16,6 +16,7 @@ the same repeat (> 1: X faster). The loss curves of all runs must be equal.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -161,7 +162,7 @@ def launch(job: dict, *, nproc: int, steps: int, repeats: int, policies: tuple[s
                 }
             )
         )
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "OMNI_NUM_THREADS": "1"}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "OMNI_NUM_THREADS": "1", "OMNI_OP_LOG": "1"}
         proc = subprocess.run(
             [*torchrun_argv(nproc), __file__, "--worker", str(spec)],
             capture_output=True,
@@ -278,14 +279,41 @@ def _waits(runs: list[dict]) -> list[float]:
     return [statistics.median(run[s]["waiting"] for run in stages) for s in sorted(stages[0])]
 
 
-def _replay_mean(tables: list, runs: list[dict], *, cores: int) -> list[dict[str, float]]:
-    """Per stage, the replay's seconds per step (mean over the tables), op durations fit on the
-    runs' op timers, latency their median ping-pong."""
+def jitter(summary: dict) -> dict[int, float]:
+    """Per stage, the coefficient of variation of its LLM forwards' durations (the op log):
+    how much the machine's load spreads ops of one cost; 0 without a log."""
+    out: dict[int, list[float]] = {}
+    for row in summary["breakdown"]:
+        d = [
+            b - a for step in row.get("op_log", []) for name, a, b in step if name == "llm_forward"
+        ]
+        cv = statistics.pstdev(d) / statistics.mean(d) if len(d) > 1 else 0.0
+        out.setdefault(row["stage"], []).append(cv)
+    return {s: statistics.mean(v) for s, v in out.items()}
+
+
+def _replay_mean(
+    tables: list, runs: list[dict], *, cores: int, samples: int = 24
+) -> list[dict[str, float]]:
+    """Per stage, the replay's seconds per step (mean over the tables and ``samples`` draws of
+    jittered op durations), op durations fit on the runs' op timers, latency their median
+    ping-pong, jitter their median op-log spread."""
+    import random
+
     from omni_trainer.multiplex.replay import fit_op_times, replay
 
     latency = statistics.median(r.get("latency", 0.0) for r in runs)
-    times = fit_op_times(tables, _op_seconds(runs), cores=cores, latency=latency)
-    reps = [replay(t, times, cores=cores, latency=latency).stages for t in tables]
+    spread = [jitter(r["summary"]) for r in runs]
+    times = [
+        dataclasses.replace(t, jitter=statistics.median(j[s] for j in spread))
+        for s, t in enumerate(fit_op_times(tables, _op_seconds(runs), cores=cores, latency=latency))
+    ]
+    rng = random.Random(0)
+    reps = [
+        replay(t, times, cores=cores, latency=latency, rng=rng).stages
+        for t in tables
+        for _ in range(samples if any(x.jitter for x in times) else 1)
+    ]
     return [
         {k: statistics.mean(getattr(r[s], k) for r in reps) for k in ("encoder", "llm", "waiting")}
         for s in range(len(times))
@@ -368,7 +396,8 @@ def report(
         lines.insert(
             len(lines) - 1,
             f"replayed: the executed tables replayed on {rep['cores']} cores with the measured "
-            "p2p latency, op seconds fit per stage and kind on encoder/LLM timers, never on "
+            "p2p latency and op jitter (LLM forwards' spread), op seconds fit per stage and kind "
+            "on encoder/LLM timers, never on "
             f"waits; held-out: fit on repeats {sorted({r['repeat'] for r in fit})}, measured "
             f"waiting of repeats {sorted({r['repeat'] for r in held})}; same-run: each run "
             "replayed with its own op seconds and latency",

@@ -131,3 +131,12 @@ def test_auto_plans_the_bench_job_within_budgets_front_loaded_exceeds(bench, pp)
         exceeded += front[0] > budget
         assert run("auto", step, memoryBudget=budget)[0] <= budget
     assert exceeded == (3 if pp == 2 else 1)
+
+
+def test_jitter_is_the_spread_of_each_stages_llm_forwards(bench) -> None:
+    s = summary([1.0, 1.0])
+    s["breakdown"][0]["op_log"] = [
+        [("llm_forward", 0.0, 1.0), ("encoder", 1.0, 5.0)],
+        [("llm_forward", 0.0, 3.0)],
+    ]  # durations 1 and 3: mean 2, population stdev 1
+    assert bench.jitter(s) == {0: 0.5, 1: 0.0}

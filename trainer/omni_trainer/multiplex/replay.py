@@ -19,7 +19,9 @@ sends each asynchronously as soon as it is computed and waits for the sends at t
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -42,15 +44,26 @@ class OpTimes:
     """Per unit of :attr:`EncoderMicroBatch.cost` (an encoder forward takes ``cost`` times it)."""
     encoder_backward: float = 0.0
     """Per unit of encoder cost, for the backward."""
+    jitter: float = 0.0
+    """Coefficient of variation of each op's duration around these (a loaded machine's time
+    slicing); the replay draws durations only when given a random generator."""
 
     def scaled(self, llm: float, encoder: float) -> OpTimes:
         """The LLM durations times ``llm``, the encoder ones times ``encoder``."""
-        return OpTimes(
-            self.llm_forward * llm,
-            self.llm_backward * llm,
-            self.encoder_forward * encoder,
-            self.encoder_backward * encoder,
+        return dataclasses.replace(
+            self,
+            llm_forward=self.llm_forward * llm,
+            llm_backward=self.llm_backward * llm,
+            encoder_forward=self.encoder_forward * encoder,
+            encoder_backward=self.encoder_backward * encoder,
         )
+
+    def draw(self, rng: random.Random) -> float:
+        """A factor of mean 1 with this jitter (lognormal): one op's duration over its mean."""
+        if not self.jitter:
+            return 1.0
+        sigma = math.sqrt(math.log1p(self.jitter**2))
+        return rng.lognormvariate(-sigma * sigma / 2, sigma)
 
 
 @dataclass(frozen=True)
@@ -199,6 +212,7 @@ def replay(
     *,
     cores: int | None = None,
     latency: float = 0.0,
+    rng: random.Random | None = None,
 ) -> Replay:
     """Run the table's step on ``cores`` cores (None: a device per stage) with these op times.
 
@@ -209,6 +223,8 @@ def replay(
             stage progresses at ``cores / runnable`` of its solo speed.
         latency: seconds from an op's end to its output being usable on another stage (p2p
             transfer and the receiver's wake-up); zero on the same stage.
+        rng: draws each op's duration around its mean with the stage's
+            :attr:`OpTimes.jitter` (one sample of a Monte Carlo estimate); None: the means.
 
     Returns:
         Per stage: wall seconds in encoder ops, in LLM ops, and blocked (waiting).
@@ -218,6 +234,12 @@ def replay(
     if cores is not None and cores < 1:
         raise ValueError(f"cores must be >= 1 (got {cores})")
     progs = _programs(table, times)
+    if rng is not None:
+        progs = [
+            [dataclasses.replace(op, work=op.work * times[s].draw(rng)) if op.work else op
+             for op in prog]
+            for s, prog in enumerate(progs)
+        ]  # fmt: skip
     pos = [0] * table.pp
     left = [p[0].work if p else 0.0 for p in progs]
     done: dict[tuple, tuple[float, int]] = {}  # op key -> (end, stage)
