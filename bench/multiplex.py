@@ -9,6 +9,13 @@ peak bytes encoder forwards keep for backward, the step time's median (min, max)
 pair ``X vs Y median step-time ratio R (min A, max B, N runs)`` with R = Y's step time / X's in
 the same repeat (> 1: X faster). The loss curves of all runs must be equal.
 
+Two predictions of the per-stage rows: ``planner`` (``omni plan``'s time model: op costs from
+the cost model, one device per stage, one seconds-per-unit fit on LLM seconds) and ``replayed``
+(:mod:`omni_trainer.multiplex.replay`: the executed tables with op seconds fit per stage and kind
+on the encoder and LLM timers, this machine's cores shared by the runnable stages, the p2p
+latency from a ping-pong and the op jitter from the op log). Waits never enter a fit; held-out
+compares the odd repeats' waits with a fit on the even ones, same-run each run with its own.
+
     make bench-multiplex              # pp2 on 2 processes, then pp4 on 4
     python bench/multiplex.py --pipeline 4 --nproc 4 --repeats 5 --steps 4
 """
@@ -209,6 +216,7 @@ def per_stage(summary: dict) -> dict[int, dict[str, float]]:
             "encoder": sum(r["encoder_s"] for r in rows) / n,
             "llm": sum(r["llm_s"] for r in rows) / n,
             "waiting": sum(r["encoder_wait_s"] + r["pipeline_wait_s"] for r in rows) / n,
+            "data": sum(r.get("data_s", 0.0) for r in rows) / n,
             "peak_mib": max(r["encoder_activation_peak_bytes"] for r in rows) / 2**20,
         }
     return out
@@ -265,10 +273,10 @@ def halves(runs: list[dict]) -> tuple[list[dict], list[dict]]:
 
 
 def _op_seconds(runs: list[dict]) -> list[dict[str, float]]:
-    """Per stage, the runs' median encoder and LLM seconds per step (the op timers)."""
+    """Per stage, the runs' median encoder, LLM and data seconds per step (the op timers)."""
     stages = [per_stage(r["summary"]) for r in runs]
     return [
-        {k: statistics.median(run[s][k] for run in stages) for k in ("encoder", "llm")}
+        {k: statistics.median(run[s][k] for run in stages) for k in ("encoder", "llm", "data")}
         for s in sorted(stages[0])
     ]
 
@@ -397,7 +405,7 @@ def report(
             len(lines) - 1,
             f"replayed: the executed tables replayed on {rep['cores']} cores with the measured "
             "p2p latency and op jitter (LLM forwards' spread), op seconds fit per stage and kind "
-            "on encoder/LLM timers, never on "
+            "on encoder/LLM/data timers, never on "
             f"waits; held-out: fit on repeats {sorted({r['repeat'] for r in fit})}, measured "
             f"waiting of repeats {sorted({r['repeat'] for r in held})}; same-run: each run "
             "replayed with its own op seconds and latency",

@@ -83,6 +83,14 @@ def test_megatron_sends_wait_for_their_receive_to_be_posted() -> None:
     assert r.makespan == 20.0
 
 
+def test_a_stage_that_prepares_its_input_longer_starts_later() -> None:
+    """Stage 1 spends 2 s on its data before the schedule: stage 0's first send waits 1 s for
+    its receive, the rest shifts by 1 s; data is neither compute nor waiting."""
+    r = replay(table(), [UNIT, OpTimes(1.0, 2.0, data=2.0)])
+    assert [(s.data, s.llm, s.waiting) for s in r.stages] == [(0.0, 6.0, 4.0), (2.0, 6.0, 0.0)]
+    assert [s.finish for s in r.stages] == [10.0, 8.0]
+
+
 def test_encoder_outputs_and_gradients_are_waited_for() -> None:
     # stage 1 encodes both micro-batches first (0-2), so stage 0's F0 waits 1 s for E0; the
     # encoder backwards run after the schedule, E1' waits for stage 0's B1 (ends at 10)
@@ -129,16 +137,19 @@ def test_the_fit_recovers_solo_times_from_wall_seconds_on_shared_cores() -> None
     """Wall seconds of LLM and encoder ops on one core (stretched by the sharing) fit back to
     the solo durations that produced them; no waits go in, the waits come out the same."""
     t = table(encoders_on=1)
-    solo = [UNIT, OpTimes(0.5, 1.0, 2.0, 4.0)]
-    measured = [{"llm": s.llm, "encoder": s.encoder} for s in replay(t, solo, cores=1).stages]
+    solo = [UNIT, OpTimes(0.5, 1.0, 2.0, 4.0, data=1.0)]
+    measured = [
+        {"llm": s.llm, "encoder": s.encoder, "data": s.data}
+        for s in replay(t, solo, cores=1).stages
+    ]
     fit = fit_op_times([t], measured, cores=1)
     for got, want in zip(fit, [OpTimes(1.0, 2.0, 0.0, 0.0), solo[1]], strict=True):
         assert got.llm_forward == pytest.approx(want.llm_forward, rel=1e-6)
         assert got.llm_backward == pytest.approx(want.llm_backward, rel=1e-6)
         assert got.encoder_forward == pytest.approx(want.encoder_forward, rel=1e-6)
+        assert got.data == pytest.approx(want.data, rel=1e-6)
     again, want = replay(t, fit, cores=1), replay(t, solo, cores=1)
     assert [s.waiting for s in again.stages] == pytest.approx([s.waiting for s in want.stages])
-    assert [s.waiting for s in want.stages] == [3.5, 0.5]
 
 
 def test_bad_inputs_are_named() -> None:

@@ -30,6 +30,7 @@ from omni_trainer.multiplex.dataflow import POST, PRE, DataflowError, DataflowTa
 __all__ = ["OpTimes", "Replay", "StageReplay", "fit_op_times", "replay"]
 
 _EPS = 1e-12
+_KINDS = ("llm", "encoder", "data")  # the op kinds the fit scales, in OpTimes.scaled's order
 
 
 @dataclass(frozen=True)
@@ -44,18 +45,23 @@ class OpTimes:
     """Per unit of :attr:`EncoderMicroBatch.cost` (an encoder forward takes ``cost`` times it)."""
     encoder_backward: float = 0.0
     """Per unit of encoder cost, for the backward."""
+    data: float = 0.0
+    """The step's input preparation before the schedule (loading, collating, planning): CPU
+    work that delays the stage's start."""
     jitter: float = 0.0
     """Coefficient of variation of each op's duration around these (a loaded machine's time
     slicing); the replay draws durations only when given a random generator."""
 
-    def scaled(self, llm: float, encoder: float) -> OpTimes:
-        """The LLM durations times ``llm``, the encoder ones times ``encoder``."""
+    def scaled(self, llm: float, encoder: float, data: float = 1.0) -> OpTimes:
+        """The LLM durations times ``llm``, the encoder ones times ``encoder``, the data
+        preparation times ``data``."""
         return dataclasses.replace(
             self,
             llm_forward=self.llm_forward * llm,
             llm_backward=self.llm_backward * llm,
             encoder_forward=self.encoder_forward * encoder,
             encoder_backward=self.encoder_backward * encoder,
+            data=self.data * data,
         )
 
     def draw(self, rng: random.Random) -> float:
@@ -77,11 +83,13 @@ class StageReplay:
     """Wall seconds while an LLM op of the stage was running."""
     waiting: float
     """Seconds blocked on another stage: pipeline neighbours, encoder outputs or gradients."""
+    data: float = 0.0
+    """Wall seconds preparing the step's input, before the schedule."""
 
     @property
     def finish(self) -> float:
         """When the stage's last op ends."""
-        return self.encoder + self.llm + self.waiting
+        return self.data + self.encoder + self.llm + self.waiting
 
 
 @dataclass(frozen=True)
@@ -203,7 +211,10 @@ def _buffered(table: DataflowTable, t: OpTimes, s: int) -> list[_Op]:
 def _programs(table: DataflowTable, times: Sequence[OpTimes]) -> list[list[_Op]]:
     """Each stage's ops in execution order, with their solo durations and dependencies."""
     build = _one_f_one_b if table.vpp == 1 and table.pp > 1 else _buffered
-    return [build(table, times[s], s) for s in range(table.pp)]
+    return [
+        [_Op(("D", s), "data", times[s].data)] * (times[s].data > 0) + build(table, times[s], s)
+        for s in range(table.pp)
+    ]
 
 
 def replay(
@@ -244,7 +255,7 @@ def replay(
     left = [p[0].work if p else 0.0 for p in progs]
     done: dict[tuple, tuple[float, int]] = {}  # op key -> (end, stage)
     posted: dict[tuple, float] = {}  # rendezvous end -> when its stage reached it
-    spent = [{"encoder": 0.0, "llm": 0.0, "p2p": 0.0, "wait": 0.0} for _ in progs]
+    spent = [{"data": 0.0, "encoder": 0.0, "llm": 0.0, "p2p": 0.0, "wait": 0.0} for _ in progs]
     t = 0.0
 
     def arrive(s: int) -> None:
@@ -294,17 +305,20 @@ def replay(
             if left[s] <= _EPS * max(1.0, dt):
                 left[s] = 0.0
     return Replay(
-        tuple(StageReplay(s, sp["encoder"], sp["llm"], sp["wait"]) for s, sp in enumerate(spent))
+        tuple(
+            StageReplay(s, sp["encoder"], sp["llm"], sp["wait"], sp["data"])
+            for s, sp in enumerate(spent)
+        )
     )
 
 
 def _mean_seconds(
     tables: Sequence[DataflowTable], times: Sequence[OpTimes], cores: int | None, latency: float
 ) -> list[dict[str, float]]:
-    """Per stage, mean wall seconds per step in encoder and LLM ops over the tables."""
+    """Per stage, mean wall seconds per step in LLM, encoder and data ops over the tables."""
     runs = [replay(t, times, cores=cores, latency=latency).stages for t in tables]
     return [
-        {k: sum(getattr(r[s], k) for r in runs) / len(runs) for k in ("encoder", "llm")}
+        {k: sum(getattr(r[s], k) for r in runs) / len(runs) for k in _KINDS}
         for s in range(len(times))
     ]
 
@@ -322,10 +336,10 @@ def fit_op_times(
 
     The shape within a stage is the cost model's (an LLM backward ``backward_ratio`` times a
     forward; an encoder micro-batch ``cost`` units forward, ``backward_ratio x cost`` backward);
-    the scale per stage and kind (LLM, encoder) is fit so that the replayed wall seconds per step
-    in LLM and in encoder ops, on ``cores``, equal ``measured`` (per stage ``{"llm": s,
-    "encoder": s}``, mean per step over ``tables``' steps; ``cores`` and ``latency`` as in
-    :func:`replay`). Only op timers go in, never waits:
+    the scale per stage and kind (LLM, encoder, data preparation) is fit so that the replayed
+    wall seconds per step in those ops, on ``cores``, equal ``measured`` (per stage ``{"llm": s,
+    "encoder": s}`` and optionally ``"data"``, mean per step over ``tables``' steps; ``cores``
+    and ``latency`` as in :func:`replay`). Only op timers go in, never waits:
     on shared cores an op's wall time exceeds its solo time by the sharing the replay itself
     predicts, hence the fixed-point iteration.
     """
@@ -338,16 +352,13 @@ def fit_op_times(
         enc = sum(t.stage_cost(s) for t in tables) / len(tables)
         f = measured[s]["llm"] / (llm_ops * (1 + backward_ratio)) if llm_ops else 0.0
         u = measured[s]["encoder"] / (enc * (1 + backward_ratio)) if enc else 0.0
-        times.append(OpTimes(f, f * backward_ratio, u, u * backward_ratio))
+        data = measured[s].get("data", 0.0)
+        times.append(OpTimes(f, f * backward_ratio, u, u * backward_ratio, data))
     for _ in range(iterations):
         got = _mean_seconds(tables, times, cores, latency)
-        factors = [
-            (_ratio(measured[s]["llm"], got[s]["llm"]), _ratio(measured[s]["encoder"],
-             got[s]["encoder"]))
-            for s in range(pp)
-        ]  # fmt: skip
+        factors = [[_ratio(measured[s].get(k, 0.0), got[s][k]) for k in _KINDS] for s in range(pp)]
         times = [t.scaled(*f) for t, f in zip(times, factors, strict=True)]
-        if all(abs(a - 1) < 1e-9 and abs(b - 1) < 1e-9 for a, b in factors):
+        if all(abs(x - 1) < 1e-9 for f in factors for x in f):
             break
     return times
 
