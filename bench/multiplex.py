@@ -13,7 +13,7 @@ Two predictions of the per-stage rows: ``planner`` (``omni plan``'s time model: 
 the cost model, one device per stage, one seconds-per-unit fit on LLM seconds) and ``replayed``
 (:mod:`omni_trainer.multiplex.replay`: the executed tables with op seconds fit per stage and kind
 on the encoder and LLM timers, this machine's cores shared by the runnable stages, the p2p
-latency from a ping-pong and the op jitter from the op log). Waits never enter a fit; held-out
+latency from a ping-pong, op durations drawn from the op log's spread). Waits never enter a fit; held-out
 compares the odd repeats' waits with a fit on the even ones, same-run each run with its own.
 
     make bench-multiplex              # pp2 on 2 processes, then pp4 on 4
@@ -287,40 +287,70 @@ def _waits(runs: list[dict]) -> list[float]:
     return [statistics.median(run[s]["waiting"] for run in stages) for s in sorted(stages[0])]
 
 
-def jitter(summary: dict) -> dict[int, float]:
-    """Per stage, the coefficient of variation of its LLM forwards' durations (the op log):
-    how much the machine's load spreads ops of one cost; 0 without a log."""
+def spread(summary: dict) -> dict[int, tuple[float, ...]]:
+    """Per stage, its LLM forwards' durations over their rank's mean (the op log): how the
+    machine's load spreads ops of one cost, tails included; empty without a log."""
     out: dict[int, list[float]] = {}
     for row in summary["breakdown"]:
         d = [
             b - a for step in row.get("op_log", []) for name, a, b in step if name == "llm_forward"
         ]
-        cv = statistics.pstdev(d) / statistics.mean(d) if len(d) > 1 else 0.0
-        out.setdefault(row["stage"], []).append(cv)
-    return {s: statistics.mean(v) for s, v in out.items()}
+        mean = statistics.mean(d) if d else 0.0
+        out.setdefault(row["stage"], []).extend(x / mean for x in d if mean)
+    return {s: tuple(v) for s, v in out.items()}
+
+
+def op_ratios(summary: dict) -> dict[int, tuple[float, float]]:
+    """Per stage, backward over forward seconds of its LLM ops and of its encoder ops, from
+    the op log: LLM forwards are logged, the backwards are the rest of the LLM seconds; an
+    encoder backward is the encoder span right after its gradient's wait. The cost model's 2
+    where the log has nothing."""
+    out: dict[int, list[tuple[float, float]]] = {}
+    for row in summary["breakdown"]:
+        log = row.get("op_log", [])
+        fwd = sum(b - a for step in log for name, a, b in step if name == "llm_forward")
+        llm = (row["llm_s"] * len(log) - fwd) / fwd if fwd else 2.0
+        enc = {True: 0.0, False: 0.0}
+        for step in log:
+            for (before, _, _), (name, a, b) in itertools.pairwise([("", 0, 0), *step]):
+                if name == "encoder":
+                    enc[before == "encoder_wait"] += b - a
+        out.setdefault(row["stage"], []).append(
+            (llm, enc[True] / enc[False] if enc[True] and enc[False] else 2.0)
+        )
+    return {
+        s: tuple(statistics.mean(v) for v in zip(*rows, strict=True)) for s, rows in out.items()
+    }
 
 
 def _replay_mean(
     tables: list, runs: list[dict], *, cores: int, samples: int = 24
 ) -> list[dict[str, float]]:
     """Per stage, the replay's seconds per step (mean over the tables and ``samples`` draws of
-    jittered op durations), op durations fit on the runs' op timers, latency their median
-    ping-pong, jitter their median op-log spread."""
+    op durations), op durations fit on the runs' op timers, latency their median ping-pong,
+    the draws from their op logs' spread."""
     import random
 
     from omni_trainer.multiplex.replay import fit_op_times, replay
 
     latency = statistics.median(r.get("latency", 0.0) for r in runs)
-    spread = [jitter(r["summary"]) for r in runs]
+    spreads = [spread(r["summary"]) for r in runs]
+    shapes = [op_ratios(r["summary"]) for r in runs]
+    ratios = [
+        tuple(statistics.median(x[s][k] for x in shapes) for k in (0, 1)) for s in sorted(shapes[0])
+    ]
+    fit = fit_op_times(
+        tables, _op_seconds(runs), cores=cores, latency=latency, backward_ratio=ratios
+    )
     times = [
-        dataclasses.replace(t, jitter=statistics.median(j[s] for j in spread))
-        for s, t in enumerate(fit_op_times(tables, _op_seconds(runs), cores=cores, latency=latency))
+        dataclasses.replace(t, spread=tuple(x for one in spreads for x in one[s]))
+        for s, t in enumerate(fit)
     ]
     rng = random.Random(0)
     reps = [
         replay(t, times, cores=cores, latency=latency, rng=rng).stages
         for t in tables
-        for _ in range(samples if any(x.jitter for x in times) else 1)
+        for _ in range(samples if any(x.spread for x in times) else 1)
     ]
     return [
         {k: statistics.mean(getattr(r[s], k) for r in reps) for k in ("encoder", "llm", "waiting")}
@@ -404,7 +434,9 @@ def report(
         lines.insert(
             len(lines) - 1,
             f"replayed: the executed tables replayed on {rep['cores']} cores with the measured "
-            "p2p latency and op jitter (LLM forwards' spread), op seconds fit per stage and kind "
+            "p2p latency, op durations drawn from the LLM forwards' spread and backward/forward "
+            "ratios (op log), "
+            "op seconds fit per stage and kind "
             "on encoder/LLM/data timers, never on "
             f"waits; held-out: fit on repeats {sorted({r['repeat'] for r in fit})}, measured "
             f"waiting of repeats {sorted({r['repeat'] for r in held})}; same-run: each run "

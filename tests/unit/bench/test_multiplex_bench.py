@@ -133,10 +133,22 @@ def test_auto_plans_the_bench_job_within_budgets_front_loaded_exceeds(bench, pp)
     assert exceeded == (3 if pp == 2 else 1)
 
 
-def test_jitter_is_the_spread_of_each_stages_llm_forwards(bench) -> None:
+def test_spread_is_each_stages_llm_forwards_over_their_mean(bench) -> None:
     s = summary([1.0, 1.0])
     s["breakdown"][0]["op_log"] = [
         [("llm_forward", 0.0, 1.0), ("encoder", 1.0, 5.0)],
         [("llm_forward", 0.0, 3.0)],
-    ]  # durations 1 and 3: mean 2, population stdev 1
-    assert bench.jitter(s) == {0: 0.5, 1: 0.0}
+    ]  # durations 1 and 3, mean 2
+    assert bench.spread(s) == {0: (0.5, 1.5), 1: ()}
+
+
+def test_backward_over_forward_ratios_come_from_the_op_log(bench) -> None:
+    """Stage 0: 0.5 s of LLM per step, 0.2 s of it forwards: backwards 1.5x; an encoder span
+    after a gradient wait is a backward (0.3 s) against forwards of 0.2 s: 1.5x."""
+    s = summary([1.0, 1.0])
+    s["breakdown"][0]["op_log"] = [
+        [("encoder", 0.0, 0.2), ("llm_forward", 0.2, 0.4), ("encoder_wait", 0.4, 0.5),
+         ("encoder", 0.5, 0.8)],
+    ]  # fmt: skip
+    ratios = bench.op_ratios(s)
+    assert ratios[0] == pytest.approx((1.5, 1.5)) and ratios[1] == (2.0, 2.0)

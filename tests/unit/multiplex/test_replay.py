@@ -137,16 +137,17 @@ def test_the_fit_recovers_solo_times_from_wall_seconds_on_shared_cores() -> None
     """Wall seconds of LLM and encoder ops on one core (stretched by the sharing) fit back to
     the solo durations that produced them; no waits go in, the waits come out the same."""
     t = table(encoders_on=1)
-    solo = [UNIT, OpTimes(0.5, 1.0, 2.0, 4.0, data=1.0)]
+    solo = [UNIT, OpTimes(0.5, 0.5, 2.0, 3.0, data=1.0)]  # backward/forward 1 and 1.5
     measured = [
         {"llm": s.llm, "encoder": s.encoder, "data": s.data}
         for s in replay(t, solo, cores=1).stages
     ]
-    fit = fit_op_times([t], measured, cores=1)
+    fit = fit_op_times([t], measured, cores=1, backward_ratio=[(2.0, 2.0), (1.0, 1.5)])
     for got, want in zip(fit, [OpTimes(1.0, 2.0, 0.0, 0.0), solo[1]], strict=True):
         assert got.llm_forward == pytest.approx(want.llm_forward, rel=1e-6)
         assert got.llm_backward == pytest.approx(want.llm_backward, rel=1e-6)
         assert got.encoder_forward == pytest.approx(want.encoder_forward, rel=1e-6)
+        assert got.encoder_backward == pytest.approx(want.encoder_backward, rel=1e-6)
         assert got.data == pytest.approx(want.data, rel=1e-6)
     again, want = replay(t, fit, cores=1), replay(t, solo, cores=1)
     assert [s.waiting for s in again.stages] == pytest.approx([s.waiting for s in want.stages])
@@ -174,16 +175,17 @@ def test_jittered_ops_make_balanced_stages_wait() -> None:
     t = plan_dataflow("uniform", pp=2, vpp=1, num_microbatches=8, encoder_mbs=())
     calm = sum(s.waiting for s in replay(t, [UNIT, UNIT]).stages)
 
-    def mean_wait(jitter: float) -> float:
-        times = [replace(UNIT, jitter=jitter)] * 2
+    def mean_wait(spread: tuple[float, ...]) -> float:
+        times = [replace(UNIT, spread=spread)] * 2
         rng = random.Random(7)
         return sum(sum(s.waiting for s in replay(t, times, rng=rng).stages) for _ in range(200))
 
-    assert mean_wait(0.0) / 200 == calm
-    assert calm < mean_wait(0.3) / 200 < mean_wait(0.6) / 200
-    times = [replace(UNIT, jitter=0.5)] * 2
+    assert mean_wait(()) / 200 == mean_wait((1.0,)) / 200 == calm
+    assert calm < mean_wait((0.7, 1.3)) / 200 < mean_wait((0.4, 1.6)) / 200
+    times = [replace(UNIT, spread=(0.5, 1.5))] * 2
     one, two = (replay(t, times, rng=random.Random(3)) for _ in range(2))
     assert one == two
     busy = [sum(s.llm for s in replay(t, times, rng=random.Random(i)).stages) for i in range(400)]
     assert sum(busy) / len(busy) == pytest.approx(2 * 8 * 3, rel=0.05)
     assert OpTimes(1.0, 2.0).draw(random.Random(0)) == 1.0
+    assert OpTimes(1.0, 2.0, spread=(0.5, 1.5)).draw(random.Random(0)) in (0.5, 1.5)

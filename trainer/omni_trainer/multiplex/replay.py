@@ -48,9 +48,9 @@ class OpTimes:
     data: float = 0.0
     """The step's input preparation before the schedule (loading, collating, planning): CPU
     work that delays the stage's start."""
-    jitter: float = 0.0
-    """Coefficient of variation of each op's duration around these (a loaded machine's time
-    slicing); the replay draws durations only when given a random generator."""
+    spread: tuple[float, ...] = ()
+    """Observed op durations over their mean (a loaded machine's time slicing, tails
+    included): with a random generator the replay draws each op's factor from them."""
 
     def scaled(self, llm: float, encoder: float, data: float = 1.0) -> OpTimes:
         """The LLM durations times ``llm``, the encoder ones times ``encoder``, the data
@@ -65,11 +65,8 @@ class OpTimes:
         )
 
     def draw(self, rng: random.Random) -> float:
-        """A factor of mean 1 with this jitter (lognormal): one op's duration over its mean."""
-        if not self.jitter:
-            return 1.0
-        sigma = math.sqrt(math.log1p(self.jitter**2))
-        return rng.lognormvariate(-sigma * sigma / 2, sigma)
+        """One op's duration over its mean: resampled from :attr:`spread` (1 without)."""
+        return rng.choice(self.spread) if self.spread else 1.0
 
 
 @dataclass(frozen=True)
@@ -234,8 +231,8 @@ def replay(
             stage progresses at ``cores / runnable`` of its solo speed.
         latency: seconds from an op's end to its output being usable on another stage (p2p
             transfer and the receiver's wake-up); zero on the same stage.
-        rng: draws each op's duration around its mean with the stage's
-            :attr:`OpTimes.jitter` (one sample of a Monte Carlo estimate); None: the means.
+        rng: draws each op's duration around its mean from the stage's
+            :attr:`OpTimes.spread` (one sample of a Monte Carlo estimate); None: the means.
 
     Returns:
         Per stage: wall seconds in encoder ops, in LLM ops, and blocked (waiting).
@@ -329,13 +326,14 @@ def fit_op_times(
     *,
     cores: int | None = None,
     latency: float = 0.0,
-    backward_ratio: float = 2.0,
+    backward_ratio: float | Sequence[tuple[float, float]] = 2.0,
     iterations: int = 50,
 ) -> list[OpTimes]:
     """Solo op durations per stage whose replay reproduces the measured op seconds.
 
-    The shape within a stage is the cost model's (an LLM backward ``backward_ratio`` times a
-    forward; an encoder micro-batch ``cost`` units forward, ``backward_ratio x cost`` backward);
+    The shape within a stage: an LLM backward ``backward_ratio`` times a forward; an encoder
+    micro-batch ``cost`` units forward, ``backward_ratio x cost`` backward (one ratio, the cost
+    model's 2 by default, or per stage ``(llm, encoder)`` ratios measured from an op log);
     the scale per stage and kind (LLM, encoder, data preparation) is fit so that the replayed
     wall seconds per step in those ops, on ``cores``, equal ``measured`` (per stage ``{"llm": s,
     "encoder": s}`` and optionally ``"data"``, mean per step over ``tables``' steps; ``cores``
@@ -346,14 +344,18 @@ def fit_op_times(
     pp = tables[0].pp
     if len(measured) != pp:
         raise ValueError(f"measured has {len(measured)} stages, the tables {pp}")
+    ratios = (
+        [(backward_ratio, backward_ratio)] * pp
+        if isinstance(backward_ratio, int | float)
+        else list(backward_ratio)
+    )
     times = []
-    for s in range(pp):
+    for s, (rl, re) in enumerate(ratios):
         llm_ops = sum(len(t.ops(s)) for t in tables) / len(tables) / 2  # F and B pairs
         enc = sum(t.stage_cost(s) for t in tables) / len(tables)
-        f = measured[s]["llm"] / (llm_ops * (1 + backward_ratio)) if llm_ops else 0.0
-        u = measured[s]["encoder"] / (enc * (1 + backward_ratio)) if enc else 0.0
-        data = measured[s].get("data", 0.0)
-        times.append(OpTimes(f, f * backward_ratio, u, u * backward_ratio, data))
+        f = measured[s]["llm"] / (llm_ops * (1 + rl)) if llm_ops else 0.0
+        u = measured[s]["encoder"] / (enc * (1 + re)) if enc else 0.0
+        times.append(OpTimes(f, f * rl, u, u * re, measured[s].get("data", 0.0)))
     for _ in range(iterations):
         got = _mean_seconds(tables, times, cores, latency)
         factors = [[_ratio(measured[s].get(k, 0.0), got[s][k]) for k in _KINDS] for s in range(pp)]
