@@ -12,12 +12,10 @@ the same repeat (> 1: X faster). The loss curves of all runs must be equal.
 Two predictions of the per-stage rows: ``planner`` (``omni plan``'s time model: op costs from
 the cost model, one device per stage, one seconds-per-unit fit on LLM seconds) and ``replayed``
 (:mod:`omni_trainer.multiplex.replay`: the executed tables with op seconds fit per stage and kind
-on the encoder and LLM timers, this machine's cores shared by the runnable stages, the p2p
-latency from a ping-pong, op durations drawn from the op log's spread). Waits never enter a fit; held-out
-compares the odd repeats' waits with a fit on the even ones, same-run each run with its own.
-
-    make bench-multiplex              # pp2 on 2 processes, then pp4 on 4
-    python bench/multiplex.py --pipeline 4 --nproc 4 --repeats 5 --steps 4
+on the encoder, LLM and data timers; this machine's cores shared by the runnable stages and the
+others' runnable processes sampled from /proc/stat; the p2p latency from a ping-pong; op
+durations drawn from the op log's spread). Waits never enter a fit; held-out compares the odd
+repeats' waits with a fit on the even ones, same-run each run with its own.
 """
 
 from __future__ import annotations
@@ -32,6 +30,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,9 +111,16 @@ def worker(spec_path: Path) -> None:
                 groups = build_process_groups(
                     dims, device, reorder_group_size=cfg.data.reorder.group_size
                 )
+                start = time.time()
                 summary = asdict(Trainer(cfg, groups=groups, steps=spec["steps"]).train())
                 runs.append(
-                    {"repeat": repeat, "policy": policy, "summary": summary, "latency": latency}
+                    {
+                        "repeat": repeat,
+                        "policy": policy,
+                        "summary": summary,
+                        "latency": latency,
+                        "window": (start, time.time()),
+                    }
                 )
                 dist.barrier()
         if dist.get_rank() == 0:
@@ -126,8 +133,6 @@ def p2p_latency(*, numel: int, rounds: int = 20) -> float:
     """One-way seconds of an activation-sized message between pipeline neighbours (rank k and
     k+1: pipeline-only layouts), the median over ``rounds`` ping-pongs of every pair: transfer
     plus the blocked receiver's wake-up, under the machine's load of the moment."""
-    import time
-
     import torch
     import torch.distributed as dist
 
@@ -170,15 +175,35 @@ def launch(job: dict, *, nproc: int, steps: int, repeats: int, policies: tuple[s
             )
         )
         env = {**os.environ, "OMP_NUM_THREADS": "1", "OMNI_NUM_THREADS": "1", "OMNI_OP_LOG": "1"}
+        samples: list[tuple[float, int]] = []
+        done = threading.Event()
+        sampler = threading.Thread(target=_sample_runnable, args=(samples, done), daemon=True)
+        sampler.start()
         proc = subprocess.run(
             [*torchrun_argv(nproc), __file__, "--worker", str(spec)],
             capture_output=True,
             text=True,
             env=env,
         )
+        done.set()
+        sampler.join()
         if proc.returncode:
             sys.exit(f"bench launch failed\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-        return json.loads(out.read_text())
+        runs = json.loads(out.read_text())
+        for run in runs:
+            lo, hi = run["window"]
+            seen = [n for t, n in samples if lo <= t <= hi]
+            run["runnable"] = statistics.mean(seen) if seen else 0.0
+        return runs
+
+
+def _sample_runnable(samples: list[tuple[float, int]], done: threading.Event) -> None:
+    """Every 0.2 s, the machine's runnable tasks (``procs_running`` of /proc/stat, this
+    sampler's read included), with the time."""
+    while not done.wait(0.2):
+        for line in Path("/proc/stat").read_text().splitlines():
+            if line.startswith("procs_running"):
+                samples.append((time.time(), int(line.split()[1]) - 1))
 
 
 # ---------------------------------------------------------------------------- analysis (pure)
@@ -300,6 +325,17 @@ def spread(summary: dict) -> dict[int, tuple[float, ...]]:
     return {s: tuple(v) for s, v in out.items()}
 
 
+def others_runnable(run: dict) -> float:
+    """Others' runnable processes during a run: the machine's mean runnable tasks less this
+    run's ranks while not waiting (step time less pipeline, encoder and peer waits)."""
+    mine = sum(
+        max(0.0, 1 - (r["encoder_wait_s"] + r["pipeline_wait_s"] + r.get("peer_wait_s", 0.0)) / t)
+        for r in run["summary"]["breakdown"]
+        if (t := step_time(run["summary"])) > 0
+    )
+    return max(0.0, run.get("runnable", 0.0) - mine) if "runnable" in run else 0.0
+
+
 def op_ratios(summary: dict) -> dict[int, tuple[float, float]]:
     """Per stage, backward over forward seconds of its LLM ops and of its encoder ops, from
     the op log: LLM forwards are logged, the backwards are the rest of the LLM seconds; an
@@ -334,21 +370,21 @@ def _replay_mean(
     from omni_trainer.multiplex.replay import fit_op_times, replay
 
     latency = statistics.median(r.get("latency", 0.0) for r in runs)
+    background = statistics.median(others_runnable(r) for r in runs)
     spreads = [spread(r["summary"]) for r in runs]
     shapes = [op_ratios(r["summary"]) for r in runs]
     ratios = [
         tuple(statistics.median(x[s][k] for x in shapes) for k in (0, 1)) for s in sorted(shapes[0])
     ]
-    fit = fit_op_times(
-        tables, _op_seconds(runs), cores=cores, latency=latency, backward_ratio=ratios
-    )
+    machine = {"cores": cores, "latency": latency, "background": background}
+    fit = fit_op_times(tables, _op_seconds(runs), **machine, backward_ratio=ratios)
     times = [
         dataclasses.replace(t, spread=tuple(x for one in spreads for x in one[s]))
         for s, t in enumerate(fit)
     ]
     rng = random.Random(0)
     reps = [
-        replay(t, times, cores=cores, latency=latency, rng=rng).stages
+        replay(t, times, **machine, rng=rng).stages
         for t in tables
         for _ in range(samples if any(x.spread for x in times) else 1)
     ]
@@ -433,11 +469,10 @@ def report(
         fit, held = halves(runs)
         lines.insert(
             len(lines) - 1,
-            f"replayed: the executed tables replayed on {rep['cores']} cores with the measured "
-            "p2p latency, op durations drawn from the LLM forwards' spread and backward/forward "
-            "ratios (op log), "
-            "op seconds fit per stage and kind "
-            "on encoder/LLM/data timers, never on "
+            f"replayed: the executed tables replayed on {rep['cores']} cores shared with others' "
+            "runnable processes (/proc/stat), the measured p2p latency, op durations drawn from "
+            "the LLM forwards' spread, backward/forward ratios from the op log, op seconds fit "
+            "per stage and kind on encoder/LLM/data timers, never on "
             f"waits; held-out: fit on repeats {sorted({r['repeat'] for r in fit})}, measured "
             f"waiting of repeats {sorted({r['repeat'] for r in held})}; same-run: each run "
             "replayed with its own op seconds and latency",

@@ -152,3 +152,10 @@ def test_backward_over_forward_ratios_come_from_the_op_log(bench) -> None:
     ]  # fmt: skip
     ratios = bench.op_ratios(s)
     assert ratios[0] == pytest.approx((1.5, 1.5)) and ratios[1] == (2.0, 2.0)
+
+
+def test_others_runnable_is_the_machines_less_this_runs_busy_ranks(bench) -> None:
+    """5 runnable tasks on average; each of the 2 ranks waited 0.1 of its 1 s steps: 3.2."""
+    run = {"summary": summary([1.0, 1.0]), "runnable": 5.0}
+    assert bench.others_runnable(run) == pytest.approx(3.2)
+    assert bench.others_runnable({"summary": summary([1.0, 1.0])}) == 0.0

@@ -91,6 +91,14 @@ def test_a_stage_that_prepares_its_input_longer_starts_later() -> None:
     assert [s.finish for s in r.stages] == [10.0, 8.0]
 
 
+def test_others_runnable_processes_share_the_cores_too() -> None:
+    """2 cores, 2 processes of others always runnable: one stage alone runs at 2/3, two at 1/2
+    (stage 0: F0 [0,1.5], F1 with stage 1's F0 [1.5,3.5], waits for B0 (3 s alone) to 6.5...)."""
+    r = replay(table(), [UNIT, UNIT], cores=2, background=2.0)
+    assert seconds(r) == [(0.0, 10.5, 4.5), (0.0, 10.5, 1.5)]
+    assert r.makespan == 15.0
+
+
 def test_encoder_outputs_and_gradients_are_waited_for() -> None:
     # stage 1 encodes both micro-batches first (0-2), so stage 0's F0 waits 1 s for E0; the
     # encoder backwards run after the schedule, E1' waits for stage 0's B1 (ends at 10)

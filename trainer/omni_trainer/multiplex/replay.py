@@ -24,6 +24,7 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from omni_trainer.multiplex.dataflow import POST, PRE, DataflowError, DataflowTable
 
@@ -220,6 +221,7 @@ def replay(
     *,
     cores: int | None = None,
     latency: float = 0.0,
+    background: float = 0.0,
     rng: random.Random | None = None,
 ) -> Replay:
     """Run the table's step on ``cores`` cores (None: a device per stage) with these op times.
@@ -231,6 +233,8 @@ def replay(
             stage progresses at ``cores / runnable`` of its solo speed.
         latency: seconds from an op's end to its output being usable on another stage (p2p
             transfer and the receiver's wake-up); zero on the same stage.
+        background: runnable processes of others sharing the cores (mean): with them each
+            runnable stage progresses at ``cores / (runnable + background)`` (at most 1).
         rng: draws each op's duration around its mean from the stage's
             :attr:`OpTimes.spread` (one sample of a Monte Carlo estimate); None: the means.
 
@@ -292,7 +296,7 @@ def replay(
         if not run and not pending:
             stuck = ", ".join(str(progs[s][pos[s]].key) for s in live)
             raise DataflowError(f"replay deadlocked: every stage waits ({stuck})")
-        rate = 1.0 if cores is None else min(1.0, cores / max(len(run), 1))
+        rate = 1.0 if cores is None else min(1.0, cores / (max(len(run), 1) + background))
         dt = min([left[s] / rate for s in run] + pending)
         for s in live:
             spent[s][progs[s][pos[s]].kind if s in run else "wait"] += dt
@@ -310,10 +314,10 @@ def replay(
 
 
 def _mean_seconds(
-    tables: Sequence[DataflowTable], times: Sequence[OpTimes], cores: int | None, latency: float
+    tables: Sequence[DataflowTable], times: Sequence[OpTimes], machine: Mapping[str, Any]
 ) -> list[dict[str, float]]:
     """Per stage, mean wall seconds per step in LLM, encoder and data ops over the tables."""
-    runs = [replay(t, times, cores=cores, latency=latency).stages for t in tables]
+    runs = [replay(t, times, **machine).stages for t in tables]
     return [
         {k: sum(getattr(r[s], k) for r in runs) / len(runs) for k in _KINDS}
         for s in range(len(times))
@@ -326,6 +330,7 @@ def fit_op_times(
     *,
     cores: int | None = None,
     latency: float = 0.0,
+    background: float = 0.0,
     backward_ratio: float | Sequence[tuple[float, float]] = 2.0,
     iterations: int = 50,
 ) -> list[OpTimes]:
@@ -337,7 +342,7 @@ def fit_op_times(
     the scale per stage and kind (LLM, encoder, data preparation) is fit so that the replayed
     wall seconds per step in those ops, on ``cores``, equal ``measured`` (per stage ``{"llm": s,
     "encoder": s}`` and optionally ``"data"``, mean per step over ``tables``' steps; ``cores``
-    and ``latency`` as in :func:`replay`). Only op timers go in, never waits:
+    ``latency`` and ``background`` as in :func:`replay`). Only op timers go in, never waits:
     on shared cores an op's wall time exceeds its solo time by the sharing the replay itself
     predicts, hence the fixed-point iteration.
     """
@@ -357,7 +362,9 @@ def fit_op_times(
         u = measured[s]["encoder"] / (enc * (1 + re)) if enc else 0.0
         times.append(OpTimes(f, f * rl, u, u * re, measured[s].get("data", 0.0)))
     for _ in range(iterations):
-        got = _mean_seconds(tables, times, cores, latency)
+        got = _mean_seconds(
+            tables, times, {"cores": cores, "latency": latency, "background": background}
+        )
         factors = [[_ratio(measured[s].get(k, 0.0), got[s][k]) for k in _KINDS] for s in range(pp)]
         times = [t.scaled(*f) for t, f in zip(times, factors, strict=True)]
         if all(abs(x - 1) < 1e-9 for f in factors for x in f):
