@@ -9,20 +9,29 @@ peak bytes encoder forwards keep for backward, the step time's median (min, max)
 pair ``X vs Y median step-time ratio R (min A, max B, N runs)`` with R = Y's step time / X's in
 the same repeat (> 1: X faster). The loss curves of all runs must be equal.
 
-    make bench-multiplex              # pp2 on 2 processes, then pp4 on 4
-    python bench/multiplex.py --pipeline 4 --nproc 4 --repeats 5 --steps 4
+Two predictions of the per-stage rows: ``planner`` (``omni plan``'s time model: op costs from
+the cost model, one device per stage, one seconds-per-unit fit on LLM seconds) and ``replayed``
+(:mod:`omni_trainer.multiplex.replay`: the executed tables with op seconds fit per stage and kind
+on the encoder, LLM and data timers; this machine's cores shared by the runnable stages and the
+others' runnable processes sampled from /proc/stat; the p2p latency from a ping-pong; op
+durations drawn from the op log's spread). Waits never enter a fit; held-out compares the odd
+repeats' waits with a fit on the even ones, same-run each run with its own.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
+import math
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,9 +97,12 @@ def worker(spec_path: Path) -> None:
     spec = json.loads(spec_path.read_text())
     torch.set_num_threads(1)
     _, world, device = init_distributed()
+    data = spec["job"]["spec"]["trainer"]["data"]
+    hidden = parse_manifest(spec["job"]).spec.trainer.model.llm.hidden_size
     runs = []
     try:
         for repeat in range(spec["repeats"]):
+            latency = p2p_latency(numel=data["seqLength"] * data["microBatchSize"] * hidden)
             for policy in spec["policies"]:
                 doc = copy.deepcopy(spec["job"])
                 doc["spec"]["trainer"]["parallelism"]["encoder"]["policy"] = policy
@@ -99,13 +111,50 @@ def worker(spec_path: Path) -> None:
                 groups = build_process_groups(
                     dims, device, reorder_group_size=cfg.data.reorder.group_size
                 )
+                start = time.time()
                 summary = asdict(Trainer(cfg, groups=groups, steps=spec["steps"]).train())
-                runs.append({"repeat": repeat, "policy": policy, "summary": summary})
+                runs.append(
+                    {
+                        "repeat": repeat,
+                        "policy": policy,
+                        "summary": summary,
+                        "latency": latency,
+                        "window": (start, time.time()),
+                    }
+                )
                 dist.barrier()
         if dist.get_rank() == 0:
             Path(spec["out"]).write_text(json.dumps(runs))
     finally:
         destroy_distributed()
+
+
+def p2p_latency(*, numel: int, rounds: int = 20) -> float:
+    """One-way seconds of an activation-sized message between pipeline neighbours (rank k and
+    k+1: pipeline-only layouts), the median over ``rounds`` ping-pongs of every pair: transfer
+    plus the blocked receiver's wake-up, under the machine's load of the moment."""
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    buf = torch.zeros(numel)
+    mine = []
+    for a in range(world - 1):
+        if rank in (a, a + 1):
+            for _ in range(rounds):
+                start = time.perf_counter()
+                if rank == a:
+                    dist.send(buf, a + 1)
+                    dist.recv(buf, a + 1)
+                    mine.append((time.perf_counter() - start) / 2)
+                else:
+                    dist.recv(buf, a)
+                    dist.send(buf, a)
+        dist.barrier()
+    everyone = [None] * world
+    dist.all_gather_object(everyone, mine)
+    samples = [x for xs in everyone for x in xs]
+    return statistics.median(samples) if samples else 0.0
 
 
 def launch(job: dict, *, nproc: int, steps: int, repeats: int, policies: tuple[str, ...]) -> list:
@@ -125,16 +174,36 @@ def launch(job: dict, *, nproc: int, steps: int, repeats: int, policies: tuple[s
                 }
             )
         )
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "OMNI_NUM_THREADS": "1"}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "OMNI_NUM_THREADS": "1", "OMNI_OP_LOG": "1"}
+        samples: list[tuple[float, int]] = []
+        done = threading.Event()
+        sampler = threading.Thread(target=_sample_runnable, args=(samples, done), daemon=True)
+        sampler.start()
         proc = subprocess.run(
             [*torchrun_argv(nproc), __file__, "--worker", str(spec)],
             capture_output=True,
             text=True,
             env=env,
         )
+        done.set()
+        sampler.join()
         if proc.returncode:
             sys.exit(f"bench launch failed\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-        return json.loads(out.read_text())
+        runs = json.loads(out.read_text())
+        for run in runs:
+            lo, hi = run["window"]
+            seen = [n for t, n in samples if lo <= t <= hi]
+            run["runnable"] = statistics.mean(seen) if seen else 0.0
+        return runs
+
+
+def _sample_runnable(samples: list[tuple[float, int]], done: threading.Event) -> None:
+    """Every 0.2 s, the machine's runnable tasks (``procs_running`` of /proc/stat, this
+    sampler's read included), with the time."""
+    while not done.wait(0.2):
+        for line in Path("/proc/stat").read_text().splitlines():
+            if line.startswith("procs_running"):
+                samples.append((time.time(), int(line.split()[1]) - 1))
 
 
 # ---------------------------------------------------------------------------- analysis (pure)
@@ -172,6 +241,7 @@ def per_stage(summary: dict) -> dict[int, dict[str, float]]:
             "encoder": sum(r["encoder_s"] for r in rows) / n,
             "llm": sum(r["llm_s"] for r in rows) / n,
             "waiting": sum(r["encoder_wait_s"] + r["pipeline_wait_s"] for r in rows) / n,
+            "data": sum(r.get("data_s", 0.0) for r in rows) / n,
             "peak_mib": max(r["encoder_activation_peak_bytes"] for r in rows) / 2**20,
         }
     return out
@@ -183,19 +253,30 @@ def pair_ratios(times: dict[str, dict[int, float]], x: str, y: str) -> Spread:
     return Spread.of([times[y][r] / times[x][r] for r in common])
 
 
-def simulated(job: dict, *, world: int, steps: int, policies: tuple[str, ...]) -> dict:
-    """The time model's view of the same steps (after the first), per policy: mean makespan and
-    per stage encoder / LLM / idle, in LLM forward ops (``omni plan``'s tables and simulation)."""
+def step_tables(job: dict, *, world: int, steps: int, policies: tuple[str, ...]) -> dict:
+    """Per policy, ``omni plan``'s dataflow tables of the timed steps (after the first): the
+    tables the trainer executes (planned from the same data and manifest)."""
     from omni_trainer.config import parse_manifest
     from omni_trainer.plan import plan_step
 
     cfg = parse_manifest(job).spec.trainer
-    out = {}
-    for p in policies:
-        sims = [
-            plan_step(cfg, world_size=world, step=s, policy=p).simulation
+    return {
+        p: [
+            plan_step(cfg, world_size=world, step=s, policy=p).table
             for s in range(1, max(steps, 2))
         ]
+        for p in policies
+    }
+
+
+def simulated(tables: dict) -> dict:
+    """The planner's time model on those tables, per policy: mean makespan and per stage
+    encoder / LLM / idle, in LLM forward ops (``omni plan``'s simulation)."""
+    from omni_trainer.multiplex.dataflow import simulate
+
+    out = {}
+    for p, steps in tables.items():
+        sims = [simulate(t) for t in steps]
         out[p] = {
             "makespan": statistics.mean(sim["makespan"] for sim in sims),
             "stages": {
@@ -209,6 +290,142 @@ def simulated(job: dict, *, world: int, steps: int, policies: tuple[str, ...]) -
     return out
 
 
+def halves(runs: list[dict]) -> tuple[list[dict], list[dict]]:
+    """Fit and held-out runs: even repeats fit, odd ones are predicted (one repeat: the same)."""
+    fit = [r for r in runs if r["repeat"] % 2 == 0]
+    held = [r for r in runs if r["repeat"] % 2 == 1]
+    return fit, held or fit
+
+
+def _op_seconds(runs: list[dict]) -> list[dict[str, float]]:
+    """Per stage, the runs' median encoder, LLM and data seconds per step (the op timers)."""
+    stages = [per_stage(r["summary"]) for r in runs]
+    return [
+        {k: statistics.median(run[s][k] for run in stages) for k in ("encoder", "llm", "data")}
+        for s in sorted(stages[0])
+    ]
+
+
+def _waits(runs: list[dict]) -> list[float]:
+    """Per stage, the runs' median measured waiting per step."""
+    stages = [per_stage(r["summary"]) for r in runs]
+    return [statistics.median(run[s]["waiting"] for run in stages) for s in sorted(stages[0])]
+
+
+def spread(summary: dict) -> dict[int, tuple[float, ...]]:
+    """Per stage, its LLM forwards' durations over their rank's mean (the op log): how the
+    machine's load spreads ops of one cost, tails included; empty without a log."""
+    out: dict[int, list[float]] = {}
+    for row in summary["breakdown"]:
+        d = [
+            b - a for step in row.get("op_log", []) for name, a, b in step if name == "llm_forward"
+        ]
+        mean = statistics.mean(d) if d else 0.0
+        out.setdefault(row["stage"], []).extend(x / mean for x in d if mean)
+    return {s: tuple(v) for s, v in out.items()}
+
+
+def others_runnable(run: dict) -> float:
+    """Others' runnable processes during a run: the machine's mean runnable tasks less this
+    run's ranks while not waiting (step time less pipeline, encoder and peer waits)."""
+    mine = sum(
+        max(0.0, 1 - (r["encoder_wait_s"] + r["pipeline_wait_s"] + r.get("peer_wait_s", 0.0)) / t)
+        for r in run["summary"]["breakdown"]
+        if (t := step_time(run["summary"])) > 0
+    )
+    return max(0.0, run.get("runnable", 0.0) - mine) if "runnable" in run else 0.0
+
+
+def op_ratios(summary: dict) -> dict[int, tuple[float, float]]:
+    """Per stage, backward over forward seconds of its LLM ops and of its encoder ops, from
+    the op log: LLM forwards are logged, the backwards are the rest of the LLM seconds; an
+    encoder backward is the encoder span right after its gradient's wait. The cost model's 2
+    where the log has nothing."""
+    out: dict[int, list[tuple[float, float]]] = {}
+    for row in summary["breakdown"]:
+        log = row.get("op_log", [])
+        fwd = sum(b - a for step in log for name, a, b in step if name == "llm_forward")
+        llm = (row["llm_s"] * len(log) - fwd) / fwd if fwd else 2.0
+        enc = {True: 0.0, False: 0.0}
+        for step in log:
+            for (before, _, _), (name, a, b) in itertools.pairwise([("", 0, 0), *step]):
+                if name == "encoder":
+                    enc[before == "encoder_wait"] += b - a
+        out.setdefault(row["stage"], []).append(
+            (llm, enc[True] / enc[False] if enc[True] and enc[False] else 2.0)
+        )
+    return {
+        s: tuple(statistics.mean(v) for v in zip(*rows, strict=True)) for s, rows in out.items()
+    }
+
+
+def _replay_mean(
+    tables: list, runs: list[dict], *, cores: int, samples: int = 24
+) -> list[dict[str, float]]:
+    """Per stage, the replay's seconds per step (mean over the tables and ``samples`` draws of
+    op durations), op durations fit on the runs' op timers, latency their median ping-pong,
+    the draws from their op logs' spread."""
+    import random
+
+    from omni_trainer.multiplex.replay import fit_op_times, replay
+
+    latency = statistics.median(r.get("latency", 0.0) for r in runs)
+    background = statistics.median(others_runnable(r) for r in runs)
+    spreads = [spread(r["summary"]) for r in runs]
+    shapes = [op_ratios(r["summary"]) for r in runs]
+    ratios = [
+        tuple(statistics.median(x[s][k] for x in shapes) for k in (0, 1)) for s in sorted(shapes[0])
+    ]
+    machine = {"cores": cores, "latency": latency, "background": background}
+    fit = fit_op_times(tables, _op_seconds(runs), **machine, backward_ratio=ratios)
+    times = [
+        dataclasses.replace(t, spread=tuple(x for one in spreads for x in one[s]))
+        for s, t in enumerate(fit)
+    ]
+    rng = random.Random(0)
+    reps = [
+        replay(t, times, **machine, rng=rng).stages
+        for t in tables
+        for _ in range(samples if any(x.spread for x in times) else 1)
+    ]
+    return [
+        {k: statistics.mean(getattr(r[s], k) for r in reps) for k in ("encoder", "llm", "waiting")}
+        for s in range(len(times))
+    ]
+
+
+def replayed(runs: list[dict], tables: dict, *, cores: int) -> dict:
+    """Per policy and stage, the replay against measured waits, two ways (waits never fit):
+    ``held_out``: op seconds and latency from the even repeats, waits of the odd ones;
+    ``same_run``: each run replayed with its own op seconds and latency (the machine's load of
+    that run), the median over runs, against the median measured waiting."""
+    fit_runs, held_runs = halves(runs)
+    out = {}
+    for p, steps in tables.items():
+        mine = [r for r in runs if r["policy"] == p]
+        held = _replay_mean(steps, [r for r in fit_runs if r["policy"] == p], cores=cores)
+        held_waits = _waits([r for r in held_runs if r["policy"] == p])
+        each = [_replay_mean(steps, [r], cores=cores) for r in mine]
+        out[p] = {
+            s: {
+                **held[s],
+                "measured_waiting": held_waits[s],
+                "same_run_waiting": statistics.median(e[s]["waiting"] for e in each),
+                "same_run_measured": _waits(mine)[s],
+            }
+            for s in range(len(held))
+        }
+    return out
+
+
+def agreement(rows: list[tuple[float, float]], tolerance: float = 0.25) -> tuple[int, float]:
+    """(measured, replayed) waits: how many agree within ``tolerance`` of the measured, and the
+    ratio measured / replayed farthest from 1 (inf where the replay says no wait)."""
+    ok = sum(abs(r - m) <= tolerance * m for m, r in rows)
+    ratios = [m / r if r > 0 else (1.0 if m == 0 else math.inf) for m, r in rows]
+    return ok, max(ratios, key=lambda x: abs(math.log(x)) if 0 < x < math.inf else math.inf)
+
+
 def seconds_per_unit(runs: list[dict], sim: dict) -> float:
     """Calibration: measured LLM seconds per simulated LLM unit (the same for every policy)."""
     measured = statistics.median(
@@ -218,8 +435,19 @@ def seconds_per_unit(runs: list[dict], sim: dict) -> float:
     return measured / units
 
 
-def report(runs: list[dict], policies: tuple[str, ...], sim: dict | None = None) -> list[str]:
-    """The printed lines: per policy and stage, then each pair, then the loss check."""
+def _row(label: str, stage: int, v: dict[str, float], tail: str = "") -> str:
+    return f"{label:<13}{stage:>6}{v['encoder']:>9.3f}{v['llm']:>8.3f}{v['waiting']:>9.3f}{tail}"
+
+
+def _vs(measured: float, model: float, name: str) -> str:
+    return f"{'':>18}   waiting measured/{name} x{measured / model:.2f}" if model else ""
+
+
+def report(
+    runs: list[dict], policies: tuple[str, ...], sim: dict | None = None, rep: dict | None = None
+) -> list[str]:
+    """The printed lines: per policy and stage (with the planner's and the replay's rows when
+    given), then the replay's agreement, each pair, and the loss check."""
     times: dict[str, dict[int, float]] = {p: {} for p in policies}
     stages: dict[str, list[dict[int, dict[str, float]]]] = {p: [] for p in policies}
     for run in runs:
@@ -232,7 +460,24 @@ def report(runs: list[dict], policies: tuple[str, ...], sim: dict | None = None)
     peaks = {}
     unit = seconds_per_unit(runs, sim) if sim is not None else 0.0
     if sim is not None:
-        lines.insert(0, f"simulated: time model x {unit:.4f} s per LLM forward op (fit on LLM s)")
+        lines.insert(
+            0,
+            f"planner: omni plan's time model x {unit:.4f} s per LLM forward op (op costs from "
+            "the cost model, one unit fit on LLM s, a device per stage)",
+        )
+    if rep is not None:
+        fit, held = halves(runs)
+        lines.insert(
+            len(lines) - 1,
+            f"replayed: the executed tables replayed on {rep['cores']} cores shared with others' "
+            "runnable processes (/proc/stat), the measured p2p latency, op durations drawn from "
+            "the LLM forwards' spread, backward/forward ratios from the op log, op seconds fit "
+            "per stage and kind on encoder/LLM/data timers, never on "
+            f"waits; held-out: fit on repeats {sorted({r['repeat'] for r in fit})}, measured "
+            f"waiting of repeats {sorted({r['repeat'] for r in held})}; same-run: each run "
+            "replayed with its own op seconds and latency",
+        )
+    agree: dict[str, list[tuple[float, float]]] = {"held-out": [], "same-run": []}
     for p in policies:
         for stage in sorted(stages[p][0]):
             med = {
@@ -240,27 +485,35 @@ def report(runs: list[dict], policies: tuple[str, ...], sim: dict | None = None)
                 for k in ("encoder", "llm", "waiting")
             }
             peak = max(run[stage]["peak_mib"] for run in stages[p])
-            lines.append(
-                f"{p:<13}{stage:>6}{med['encoder']:>9.3f}{med['llm']:>8.3f}"
-                f"{med['waiting']:>9.3f}{peak:>18.2f}"
-            )
+            lines.append(_row(p, stage, med, f"{peak:>18.2f}"))
             if sim is not None:
                 m = {k: v * unit for k, v in sim[p]["stages"][stage].items()}
                 lines.append(
-                    f"{'  simulated':<13}{stage:>6}{m['encoder']:>9.3f}{m['llm']:>8.3f}"
-                    f"{m['waiting']:>9.3f}"
-                    f"{'':>18}   waiting measured/simulated x{med['waiting'] / m['waiting']:.2f}"
-                    if m["waiting"]
-                    else f"{'  simulated':<13}{stage:>6}{m['encoder']:>9.3f}{m['llm']:>8.3f}"
-                    f"{m['waiting']:>9.3f}"
+                    _row("  planner", stage, m, _vs(med["waiting"], m["waiting"], "planner"))
                 )
+            if rep is not None:
+                r = rep["policies"][p][stage]
+                agree["held-out"].append((r["measured_waiting"], r["waiting"]))
+                agree["same-run"].append((r["same_run_measured"], r["same_run_waiting"]))
+                tail = _vs(r["measured_waiting"], r["waiting"], "replayed")
+                if r["same_run_waiting"]:
+                    ratio = r["same_run_measured"] / r["same_run_waiting"]
+                    tail += f" held-out, x{ratio:.2f} same-run"
+                lines.append(_row("  replayed", stage, r, tail))
         peaks[p] = max(run[s]["peak_mib"] for run in stages[p] for s in run)
         t = Spread.of(list(times[p].values()))
         lines.append(
             f"{'':<13}{'step':>6}{t.median:>9.3f} s (min {t.low:.3f}, max {t.high:.3f}, "
             f"{t.n} runs); peak encoder activations {peaks[p]:.2f} MiB"
-            + (f"; simulated makespan {sim[p]['makespan'] * unit:.3f} s" if sim else "")
+            + (f"; planner makespan {sim[p]['makespan'] * unit:.3f} s" if sim else "")
         )
+    for how, rows in agree.items():
+        if rows:
+            ok, worst = agreement(rows)
+            lines.append(
+                f"simulated waits within 25% of measured: {ok} of {len(rows)} stage rows "
+                f"(worst x{worst:.2f})   ({how}: replayed vs measured)"
+            )
     for x, y in itertools.combinations(policies, 2):
         r = pair_ratios(times, x, y)
         lines.append(
@@ -289,6 +542,17 @@ def main() -> None:
         default="1",
         help="robustness: ViT layers x each (comma-separated); step-time growth per policy",
     )
+    ap.add_argument(
+        "--cores",
+        type=int,
+        default=len(os.sched_getaffinity(0)),
+        help="cores the stages share in the replay (default: this process's affinity mask)",
+    )
+    ap.add_argument(
+        "--runs",
+        type=Path,
+        help="keep the runs in PATH.x<scale>.json; when it exists, analyse it instead of training",
+    )
     ap.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -299,16 +563,24 @@ def main() -> None:
     growth: dict[int, tuple[dict[str, float], dict[str, float]]] = {}
     for scale in scales:
         job = bench_job(args.pipeline, args.eta, scale)
-        runs = launch(
-            job, nproc=args.nproc, steps=args.steps, repeats=args.repeats, policies=policies
-        )
-        sim = simulated(job, world=args.nproc, steps=args.steps, policies=policies)
+        saved = args.runs and args.runs.with_suffix(f".x{scale}.json")
+        if saved and saved.exists():  # the same job, steps and policies: analysed again
+            runs = json.loads(saved.read_text())
+        else:
+            runs = launch(
+                job, nproc=args.nproc, steps=args.steps, repeats=args.repeats, policies=policies
+            )
+            if saved:
+                saved.write_text(json.dumps(runs))
+        tables = step_tables(job, world=args.nproc, steps=args.steps, policies=policies)
+        sim = simulated(tables)
+        rep = {"cores": args.cores, "policies": replayed(runs, tables, cores=args.cores)}
         print(
             f"pp={args.pipeline} on {args.nproc} processes (1 thread each), encoder x{scale}, "
             f"policies interleaved {args.repeats} times, {args.steps} steps per run (the first "
             "excluded); ratio = Y's step time / X's in the same repeat (> 1: X faster)"
         )
-        print("\n".join(report(runs, policies, sim)))
+        print("\n".join(report(runs, policies, sim, rep)))
         measured = {
             p: statistics.median(step_time(r["summary"]) for r in runs if r["policy"] == p)
             for p in policies
@@ -316,7 +588,7 @@ def main() -> None:
         growth[scale] = (measured, {p: sim[p]["makespan"] for p in policies})
     if len(scales) > 1:
         base = scales[0]
-        print(f"step-time growth over encoder x{base}: measured (simulated)")
+        print(f"step-time growth over encoder x{base}: measured (planner)")
         for scale in scales[1:]:
             m, s = growth[scale]
             cells = [

@@ -191,6 +191,7 @@ class Trainer:
         seconds = time.perf_counter() - start
         encoder_peak = self.runner.anchor.memory.take_peak()
         phases = self.timer.take()
+        op_log = [(name, a - start, b - start) for name, a, b in self.timer.take_log()]
         # What no span covers is the LLM's own forward/backward compute (and Python overhead).
         phases["llm"] = max(seconds - sum(phases.values()), 0.0)
         return StepResult(
@@ -208,6 +209,7 @@ class Trainer:
             # the encoders' saved tensors are counted by their own meter (inner hooks win)
             activation_peak_bytes=self.runner.activations.take_peak() + encoder_peak,
             media_bytes_read=self.data.media.bytes_read - media_bytes,
+            op_log=op_log,
         )
 
     # -- results ----------------------------------------------------------------------------

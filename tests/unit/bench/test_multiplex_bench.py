@@ -20,10 +20,12 @@ def bench():
     return module
 
 
-def summary(steps: list[float], loss: float = 6.0, peak_mib: float = 1.0) -> dict:
+def summary(
+    steps: list[float], loss: float = 6.0, peak_mib: float = 1.0, llm: float = 0.5, wait=0.1
+) -> dict:
     rows = [
-        {"stage": s, "encoder_s": 0.1 * (s + 1), "llm_s": 0.5, "encoder_wait_s": 0.05,
-         "pipeline_wait_s": 0.05, "encoder_activation_peak_bytes": peak_mib * 2**20 * (s + 1)}
+        {"stage": s, "encoder_s": 0.1 * (s + 1), "llm_s": llm, "encoder_wait_s": wait / 2,
+         "pipeline_wait_s": wait / 2, "encoder_activation_peak_bytes": peak_mib * 2**20 * (s + 1)}
         for s in (0, 1)
     ]  # fmt: skip
     return {"step_time_curve": steps, "breakdown": rows, "loss_curve": [loss, loss - 1]}
@@ -64,10 +66,43 @@ def test_simulated_side_is_calibrated_on_llm_seconds(bench) -> None:
     sim = {"a": {"makespan": 20.0, "stages": {0: stage, 1: stage}}}
     assert bench.seconds_per_unit(runs, sim) == pytest.approx(0.05)
     lines = bench.report(runs, ("a",), sim)
-    assert lines[0] == "simulated: time model x 0.0500 s per LLM forward op (fit on LLM s)"
+    assert lines[0].startswith("planner: omni plan's time model x 0.0500 s per LLM forward op")
     # measured waiting 0.1 s per stage, simulated 4 units = 0.2 s
-    assert any(line.endswith("waiting measured/simulated x0.50") for line in lines)
-    assert any(line.endswith("simulated makespan 1.000 s") for line in lines)
+    assert any(line.endswith("waiting measured/planner x0.50") for line in lines)
+    assert any(line.endswith("planner makespan 1.000 s") for line in lines)
+
+
+def test_replayed_waits_are_predicted_for_held_out_repeats(bench) -> None:
+    """Held-out: op seconds fit on repeat 0 only (0.5 s of LLM per stage: F = 1/12 s, B = 1/6
+    s); the replay of 1F1B with 2 stages and 2 micro-batches then waits 3 F on stage 0 (0.25 s)
+    and 1 F on stage 1 (0.083 s); repeat 1's measured 0.1 s per stage: stage 1 within 25%,
+    stage 0 not. Repeat 1's 5 s of LLM and repeat 0's waits go in nowhere. Same-run: repeat 1
+    replayed with its own 5 s of LLM and 0.1 s of latency waits 10x as long, plus latencies."""
+    from omni_trainer.multiplex.dataflow import plan_dataflow
+
+    runs = [
+        {"repeat": 0, "policy": "a", "summary": summary([1.0, 1.0], wait=9.0), "latency": 0.0},
+        {"repeat": 1, "policy": "a", "summary": summary([1.0, 1.0], llm=5.0), "latency": 0.1},
+    ]
+    table = plan_dataflow("uniform", pp=2, vpp=1, num_microbatches=2, encoder_mbs=())
+    rep = bench.replayed(runs, {"a": [table]}, cores=2)
+    assert [rep["a"][s]["waiting"] for s in (0, 1)] == pytest.approx([0.25, 0.5 / 6])
+    assert [rep["a"][s]["measured_waiting"] for s in (0, 1)] == pytest.approx([0.1, 0.1])
+    # repeat 1: stage 0 waits 2.5 s + 3 p2p calls x 0.1 s, stage 1 5/6 s + 3 x 0.1 s
+    same = [(0.25 + 2.5 + 0.3) / 2, (0.5 / 6 + 5 / 6 + 0.3) / 2]
+    assert [rep["a"][s]["same_run_waiting"] for s in (0, 1)] == pytest.approx(same)
+    assert [rep["a"][s]["same_run_measured"] for s in (0, 1)] == pytest.approx([4.55, 4.55])
+    lines = bench.report(runs, ("a",), rep={"cores": 2, "policies": rep})
+    assert any("waiting measured/replayed x0.40 held-out, x2.98 same-run" in x for x in lines)
+    text = "\n".join(lines)
+    assert "within 25% of measured: 1 of 2 stage rows (worst x0.40)   (held-out" in text
+    assert "within 25% of measured: 0 of 2 stage rows (worst x7.48)   (same-run" in text
+    assert "held-out: fit on repeats [0], measured waiting of repeats [1]" in lines[0]
+
+
+def test_agreement_counts_rows_and_names_the_worst(bench) -> None:
+    assert bench.agreement([(1.0, 1.2), (1.0, 0.5), (2.0, 2.0)]) == (2, 2.0)
+    assert bench.agreement([(1.0, 0.0), (0.0, 0.0)]) == (1, float("inf"))
 
 
 @pytest.mark.parametrize("pp", [2, 4])
@@ -96,3 +131,31 @@ def test_auto_plans_the_bench_job_within_budgets_front_loaded_exceeds(bench, pp)
         exceeded += front[0] > budget
         assert run("auto", step, memoryBudget=budget)[0] <= budget
     assert exceeded == (3 if pp == 2 else 1)
+
+
+def test_spread_is_each_stages_llm_forwards_over_their_mean(bench) -> None:
+    s = summary([1.0, 1.0])
+    s["breakdown"][0]["op_log"] = [
+        [("llm_forward", 0.0, 1.0), ("encoder", 1.0, 5.0)],
+        [("llm_forward", 0.0, 3.0)],
+    ]  # durations 1 and 3, mean 2
+    assert bench.spread(s) == {0: (0.5, 1.5), 1: ()}
+
+
+def test_backward_over_forward_ratios_come_from_the_op_log(bench) -> None:
+    """Stage 0: 0.5 s of LLM per step, 0.2 s of it forwards: backwards 1.5x; an encoder span
+    after a gradient wait is a backward (0.3 s) against forwards of 0.2 s: 1.5x."""
+    s = summary([1.0, 1.0])
+    s["breakdown"][0]["op_log"] = [
+        [("encoder", 0.0, 0.2), ("llm_forward", 0.2, 0.4), ("encoder_wait", 0.4, 0.5),
+         ("encoder", 0.5, 0.8)],
+    ]  # fmt: skip
+    ratios = bench.op_ratios(s)
+    assert ratios[0] == pytest.approx((1.5, 1.5)) and ratios[1] == (2.0, 2.0)
+
+
+def test_others_runnable_is_the_machines_less_this_runs_busy_ranks(bench) -> None:
+    """5 runnable tasks on average; each of the 2 ranks waited 0.1 of its 1 s steps: 3.2."""
+    run = {"summary": summary([1.0, 1.0]), "runnable": 5.0}
+    assert bench.others_runnable(run) == pytest.approx(3.2)
+    assert bench.others_runnable({"summary": summary([1.0, 1.0])}) == 0.0

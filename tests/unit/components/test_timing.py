@@ -47,3 +47,28 @@ def test_wall_time_on_cpu() -> None:
     with timer.span("sync"):
         time.sleep(0.01)
     assert 0.01 <= timer.take()["sync"] < 1.0
+
+
+def test_the_op_log_is_off_unless_asked(monkeypatch) -> None:
+    monkeypatch.delenv("OMNI_OP_LOG", raising=False)
+    timer = PhaseTimer()
+    with timer.span("encoder"), timer.mark("llm_forward"):
+        pass
+    assert timer.take_log() == [] and set(timer.take()) == {"encoder"}
+
+
+def test_the_op_log_keeps_spans_and_marks_in_order(monkeypatch) -> None:
+    """Marks (LLM forwards) are logged but counted in no phase: ``llm`` stays what no span
+    covers."""
+    monkeypatch.setenv("OMNI_OP_LOG", "1")
+    timer = PhaseTimer()
+    with timer.span("encoder"):
+        time.sleep(0.002)
+    with timer.mark("llm_forward"):
+        time.sleep(0.002)
+    log = timer.take_log()
+    assert [name for name, _, _ in log] == ["encoder", "llm_forward"]
+    assert all(0.002 <= end - start < 1.0 for _, start, end in log)
+    assert log[0][2] <= log[1][1]
+    assert set(timer.take()) == {"encoder"} and timer.take_log() == []
+    assert PhaseTimer(events=True).take_log() == []  # GPUs: events, no wall-time log

@@ -65,6 +65,9 @@ class StepResult:
     encoder_activation_peak_bytes: int
     activation_peak_bytes: int  # LLM schedule + encoders: saved for the backward, at peak
     media_bytes_read: int  # media arrays this rank loaded during the step (the ones it encodes)
+    op_log: list[tuple[str, float, float]] = field(default_factory=list)
+    """With ``OMNI_OP_LOG=1`` (CPU): every span and LLM forward as (name, start, end) seconds
+    from the step's start, for the replay simulator; else empty."""
 
 
 @dataclass
@@ -168,6 +171,8 @@ def summarize(
         "media_bytes_read": sum(r.media_bytes_read for r in results),
         "memory": memory,
     }
+    if any(r.op_log for r in timed):
+        mine["op_log"] = [r.op_log for r in timed]
     llm_params = _llm_parameter_count(parts.model, groups)
     breakdown = comm.all_gather_object(mine)
     busiest = max(breakdown, key=lambda row: sum(row["memory"].values()))

@@ -174,19 +174,13 @@ class StepRunner:
         batch = self.batches[m]
         labels = batch.labels if model.post_process else None
         set_rope_positions(model, batch.position_ids)  # context parallel: positions in the row
+        inputs = {"input_ids": None}  # later stages: positions only (M-RoPE's angles)
         if model.pre_process:
             decoder_input = first_stage_input(model, batch, self.anchor.embeddings(m))
+            inputs = {"input_ids": batch.tokens, "decoder_input": decoder_input}
+        with self.timer.mark("llm_forward"):
             output = model(
-                input_ids=batch.tokens,
-                position_ids=batch.position_ids,
-                attention_mask=None,
-                packed_seq_params=batch.packed_seq_params,
-                decoder_input=decoder_input,
-                labels=labels,
-            )
-        else:  # positions: M-RoPE's angles come from them on every stage
-            output = model(
-                input_ids=None,
+                **inputs,
                 position_ids=batch.position_ids,
                 attention_mask=None,
                 packed_seq_params=batch.packed_seq_params,

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
+
+OP_LOG_ENV = "OMNI_OP_LOG"
+"""Set to 1 (benchmarks do) to log every span's ends on the CPU: per-op durations for the
+replay simulator (``multiplex/replay.py``); off, a step pays nothing for it."""
 
 
 class PhaseTimer:
@@ -17,12 +22,39 @@ class PhaseTimer:
     CUDA events recorded on the current stream at its ends, i.e. where the device's work of the
     phase starts and ends; nothing synchronises inside the step (megatron's 1F1B keeps its
     overlap), and :meth:`take` waits once, for the last event, when the step is over.
+
+    With ``log`` (CPU only) each span and :meth:`mark` is also kept as ``(name, start, end)``
+    for :meth:`take_log`.
     """
 
-    def __init__(self, *, events: bool = False) -> None:
+    def __init__(self, *, events: bool = False, log: bool | None = None) -> None:
         self.totals: dict[str, float] = defaultdict(float)
         self._events = events
         self._pending: list[tuple[str, object, object]] = []
+        self._log: list[tuple[str, float, float]] | None = (
+            [] if (os.environ.get(OP_LOG_ENV) == "1" if log is None else log) and not events
+            else None
+        )  # fmt: skip
+
+    @contextmanager
+    def mark(self, name: str) -> Iterator[None]:
+        """Log a stretch (an LLM op) without counting it in any phase; nothing when not
+        logging."""
+        if self._log is None:
+            yield
+            return
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._log.append((name, start, time.perf_counter()))
+
+    def take_log(self) -> list[tuple[str, float, float]]:
+        """The logged spans and marks since the last call, in order of their end."""
+        if self._log is None:
+            return []
+        out, self._log[:] = list(self._log), []
+        return out
 
     @contextmanager
     def span(self, phase: str) -> Iterator[None]:
@@ -40,7 +72,10 @@ class PhaseTimer:
         try:
             yield
         finally:
-            self.totals[phase] += time.perf_counter() - start
+            end = time.perf_counter()
+            self.totals[phase] += end - start
+            if self._log is not None:
+                self._log.append((phase, start, end))
 
     def take(self) -> dict[str, float]:
         """The totals since the last call, and start over."""
