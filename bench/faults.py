@@ -87,7 +87,7 @@ def _args() -> argparse.Namespace:
     p.add_argument(
         "--suite", action="store_true", help="the fault suite (--modes, --faults unused)"
     )
-    p.add_argument("--steps", type=int, default=700, help="the suite job's steps")
+    p.add_argument("--steps", type=int, default=1200, help="the suite job's steps")
     p.add_argument("--interval", type=int, default=5, help="checkpoint every this many steps")
     p.add_argument("--past", type=int, default=2, help="inject this many steps past a checkpoint")
     p.add_argument("--fast-interval", type=int, default=2, help="the fast tier's interval")

@@ -337,6 +337,13 @@ class _Step:
             p for p in self.pods() if p["metadata"].get("labels", {}).get(LABEL_ATTEMPT) == mine
         ]
 
+    def unrecorded(self) -> list[Obj]:
+        """Pods of an attempt newer than the status records: a start writes its status after
+        creating the pods, so when that conditional write met a newer job (409) the re-run
+        reads the old status beside the new pods. It decides again and adopts them (placement
+        is deterministic); deleting them as strays would fail the attempt it just started."""
+        return [p for p in self.pods() if _attempt_label(p) > self.st.attempt]
+
     def standby(self) -> list[Obj]:
         return [p for p in self.gang() if spares.is_standby(p)]
 
@@ -386,7 +393,7 @@ def reconcile(obs: Observed) -> Actions:
         s.set(restart_budget_left=s.spec.restart_policy.budget)
     s.condition("Valid", "True", "SpecValid", "the spec passed validation")
 
-    keep = s.attempt_pods() + s.standby()
+    keep = s.attempt_pods() + s.standby() + s.unrecorded()
     s.delete_pods([p for p in s.pods() if p not in keep])
 
     if s.spec.suspend:
@@ -424,8 +431,14 @@ def reconcile(obs: Observed) -> Actions:
     return _watch_attempt(s, pods)
 
 
+def _attempt_label(pod: Obj) -> int:
+    """The attempt a pod was created for (-1 without the label: not the operator's)."""
+    label = (pod["metadata"].get("labels") or {}).get(LABEL_ATTEMPT, "")
+    return int(label) if label.isdigit() else -1
+
+
 def _suspend(s: _Step) -> Actions:
-    s.delete_pods(s.attempt_pods() + s.standby())
+    s.delete_pods(s.attempt_pods() + s.standby() + s.unrecorded())
     s.set(spares=[])
     s.condition("Suspended", "True", "Suspended", "spec.suspend is true: pods deleted")
     s.condition("PodsRunning", "False", "Suspended", "")

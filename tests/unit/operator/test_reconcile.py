@@ -284,6 +284,25 @@ def test_suspend_then_resume_as_a_new_attempt() -> None:
     assert {e.reason for e in b.events} == {"Resumed", "PodsCreated"}
 
 
+def test_a_resume_whose_status_write_conflicted_adopts_the_pods_it_created() -> None:
+    """The resume creates attempt 1's pods, then its conditional status write meets a newer job
+    (409): the re-run reads the Suspended status of attempt 0 beside attempt 1's pods. It must
+    adopt them, not delete them as strays (which failed the resumed attempt at once)."""
+    job = _job()
+    status, owned = _start(job)
+    status = {**status, **reconcile(_obs(_job(suspend=True), status, owned)).status}
+    shared = [o for o in owned if o["kind"] != "Pod"]
+    resumed = reconcile(_obs(job, status, shared))
+    new_pods = _live([o for o in resumed.create if o["kind"] == "Pod"])
+    rerun = reconcile(_obs(job, status, shared + new_pods))  # the write did not land
+    assert not rerun.delete, [d.obj["metadata"]["name"] for d in rerun.delete]
+    assert rerun.status["attempt"] == 1 and not [o for o in rerun.create if o["kind"] == "Pod"]
+    again = reconcile(_obs(_job(suspend=True), status, shared + new_pods))  # suspended again
+    assert {d.obj["metadata"]["name"] for d in again.delete} == {
+        p["metadata"]["name"] for p in new_pods
+    }
+
+
 def test_progress_updates_status_and_refills_the_budget() -> None:
     job = _job(restartPolicy={"budget": 3})
     status, owned = _start(job)
