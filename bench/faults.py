@@ -73,8 +73,9 @@ SUITE = (
     *("crash", "kill", "sigterm", "node-lost", "suspend") * 3,
     "hang", "straggler", "crash", "kill", "hang", "image-missing",
 )  # fmt: skip
-"""The suite's faults in order: the straggler's node stays quarantined (one of the sandbox's four
-nodes), and a missing image is a fault only at a restart that pulls, so it comes last."""
+"""The suite's faults in order: a lost node and the straggler's stay quarantined (four of the
+sandbox's eight nodes), and a missing image is a fault only at a restart that pulls, so it comes
+last."""
 JOB = "tiny-cpu"
 NS = "default"
 MISSING_IMAGE = "ghcr.io/megascale-omni/trainer:0.0.0-missing"
@@ -110,9 +111,9 @@ class Cost:
 class Sandbox:
     """``omni sandbox up`` in a directory of its own, driven over its HTTP API."""
 
-    def __init__(self, cwd: Path) -> None:
+    def __init__(self, cwd: Path, *, nodes: int = 4) -> None:
         self.cwd = cwd
-        argv = [sys.executable, "-m", "omni_trainer.cli", "sandbox", "up", "--nodes", "4",
+        argv = [sys.executable, "-m", "omni_trainer.cli", "sandbox", "up", "--nodes", str(nodes),
                 "--gpus-per-node", "0", "--resync", "1", "--dir", ".sandbox"]  # fmt: skip
         self.log = (cwd / "sandbox.log").open("w")
         self.proc = subprocess.Popen(argv, cwd=cwd, stdout=self.log, stderr=subprocess.STDOUT)
@@ -183,7 +184,7 @@ def _job(
     spec["restartPolicy"] = {"mode": restart_mode, "nodeLostGraceSeconds": 5,
                              "hangTimeoutSeconds": 60, "backoffSeconds": {"base": 0, "max": 0},
                              "budget": 40, "stopGraceSeconds": 20,
-                             "stragglers": {"action": "replace", "persistSteps": 10}}  # fmt: skip
+                             "stragglers": {"action": "replace", "persistSteps": 20}}  # fmt: skip
     trainer = spec["trainer"]
     trainer["train"].update(steps=steps, stepLog=step_log)
     trainer["checkpoint"] = {"path": f"runs/{mode}/ckpt", "intervalSteps": interval}
@@ -427,7 +428,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="omni-faults-") as tmp:
         cwd = args.dir.resolve() if args.dir else Path(tmp)
         cwd.mkdir(parents=True, exist_ok=True)
-        sb = Sandbox(cwd)
+        sb = Sandbox(cwd, nodes=8 if args.suite else 4)  # the suite quarantines 4 nodes
         costs: list[Cost] = []
         try:
             if args.suite:

@@ -15,7 +15,7 @@ def _worker(rank: int, store: str, out: dict) -> None:
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     try:
-        tracker = BusyTracker(node_rank=rank, every=2, window=4)
+        tracker = BusyTracker(node_rank=rank, every=2, window=2, warmup=0)
         first = tracker.observe(1, 0.1 + rank)
         out[rank] = (first, tracker.observe(2, 0.3 + rank))
     finally:

@@ -29,6 +29,9 @@ GATHER_EVERY = 5
 """Steps between two gathers: one small object all-gather per this many steps."""
 WINDOW = 20
 """Steps in a rank's busy-time window (the median of a window, not one step, is reported)."""
+WARMUP = 5
+"""First steps of an attempt left out: their one-time costs (allocator growth, lazy
+communicators, the resumed checkpoint's reads) differ per node and are no slowness."""
 
 
 def busy_seconds(step_seconds: float, phases: Mapping[str, float]) -> float:
@@ -60,7 +63,10 @@ class BusyTracker:
         group: the group the gather runs over (every rank of the job; None: the default group).
         every: steps between gathers (each one is a collective: every rank calls :meth:`observe`
             for every step).
-        window: steps in the window.
+        window: steps in the window; nothing is gathered before it is full, so a median
+            always covers ``window`` steps of this attempt (a restart's first poll had
+            reported one step and quarantined healthy nodes).
+        warmup: the attempt's first steps, left out of the window.
     """
 
     def __init__(
@@ -70,17 +76,25 @@ class BusyTracker:
         group: dist.ProcessGroup | None = None,
         every: int = GATHER_EVERY,
         window: int = WINDOW,
+        warmup: int = WARMUP,
     ) -> None:
-        if every < 1 or window < 1:
-            raise ValueError(f"every and window must be >= 1, got {every} and {window}")
+        if every < 1 or window < 1 or warmup < 0:
+            raise ValueError(
+                f"every and window must be >= 1 and warmup >= 0, got {every}, {window}, {warmup}"
+            )
         self.node_rank, self.group, self.every = node_rank, group, every
+        self.warmup_left = warmup
         self.busy: deque[float] = deque(maxlen=window)
 
     def observe(self, step: int, busy: float) -> dict[int, float] | None:
         """Record step ``step``'s (1-based) busy time; on gather steps, every node's median
-        (on every rank; only rank 0 exports it), else None."""
+        (on every rank; only rank 0 exports it), else None. Every rank observes the same
+        steps, so every rank's window fills at the same step and the gathers pair up."""
+        if self.warmup_left > 0:
+            self.warmup_left -= 1
+            return None
         self.busy.append(busy)
-        if step % self.every:
+        if step % self.every or len(self.busy) < (self.busy.maxlen or 0):
             return None
         mine = (self.node_rank, statistics.median(self.busy))
         return node_medians(comm.all_gather_object(mine, group=self.group))
