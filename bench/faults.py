@@ -290,8 +290,9 @@ def _measure(sb: Sandbox, cost: Cost, step_log: Path, args: argparse.Namespace) 
     cost.detection_s = time.time() - t0
     new = sb.status()["attempt"]
 
-    def first() -> dict[str, Any] | None:
-        recs = [r for r in _records(step_log) if r["attempt"] == new]
+    def first() -> dict[str, Any] | None:  # of this attempt or a later one (a peer's failure
+        # found while the first restart began restarts again at once)
+        recs = [r for r in _records(step_log) if r["attempt"] >= new]
         if not recs and sb.status().get("phase") == "Failed":
             return {"failed": True}
         return min(recs, key=lambda r: r["time"]) if recs else None
