@@ -332,10 +332,7 @@ class _Step:
 
     def gang(self) -> list[Obj]:
         """Pods of the gang the trainers run in: its rank pods and its standby spares."""
-        mine = str(self.st.pods_of)
-        return [
-            p for p in self.pods() if p["metadata"].get("labels", {}).get(LABEL_ATTEMPT) == mine
-        ]
+        return [p for p in self.pods() if _attempt_label(p) == self.st.pods_of]
 
     def unrecorded(self) -> list[Obj]:
         """Pods of an attempt newer than the status records: a start writes its status after
@@ -346,6 +343,11 @@ class _Step:
 
     def standby(self) -> list[Obj]:
         return [p for p in self.gang() if spares.is_standby(p)]
+
+    def drop_spares(self) -> None:
+        """The job ends or is suspended: its standby pods go, and ``status.spares`` with them."""
+        self.delete_pods(self.standby())
+        self.set(spares=[])
 
     def stopping_pods(self) -> list[str]:
         """Pods of earlier attempts still running their grace period on a live node."""
@@ -438,8 +440,8 @@ def _attempt_label(pod: Obj) -> int:
 
 
 def _suspend(s: _Step) -> Actions:
-    s.delete_pods(s.attempt_pods() + s.standby() + s.unrecorded())
-    s.set(spares=[])
+    s.delete_pods(s.attempt_pods() + s.unrecorded())
+    s.drop_spares()
     s.condition("Suspended", "True", "Suspended", "spec.suspend is true: pods deleted")
     s.condition("PodsRunning", "False", "Suspended", "")
     s.phase(
@@ -560,8 +562,8 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
                 s.set(restart_history=_restart_cost(s, ago_s=final.since_first_step_s))
             _apply_progress(s, final)
         _record_preflight(s, (final_report(pods) or {}).get("preflight"))
-        s.delete_pods(s.standby())
-        s.set(completion_time=s.now_s, spares=[])
+        s.drop_spares()
+        s.set(completion_time=s.now_s)
         s.condition("PodsRunning", "False", "Completed", "all pods succeeded")
         s.condition("Complete", "True", "Succeeded", f"all {spec.nodes} pods succeeded")
         s.phase(
@@ -633,8 +635,8 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
     _record_preflight(s, failure.preflight)
     if decision.action == "fail":
         s.delete_pods([p for p, ph in zip(pods, phases, strict=True) if ph not in TERMINAL])
-        s.delete_pods(s.standby())
-        s.set(completion_time=s.now_s, spares=[])
+        s.drop_spares()
+        s.set(completion_time=s.now_s)
         s.condition("PodsRunning", "False", failure.reason, failure.message)
         s.condition("Failed", "True", decision.reason, decision.message)
         s.phase(
