@@ -212,7 +212,7 @@ class Cluster:
 @pytest_asyncio.fixture
 async def cluster() -> AsyncIterator[Cluster]:
     logging.getLogger("kopf").setLevel(logging.WARNING)
-    async with Emulator() as emu, kmock.Server(emu) as server:
+    async with Emulator(keep_requests=True) as emu, kmock.Server(emu) as server:
         emu.declare(JOBS, kind="OmniTrainingJob", namespaced=True, status=True)
         url = str(server.url).rstrip("/")
         async with aiohttp.ClientSession() as session:

@@ -134,3 +134,20 @@ async def test_stored_objects_survive_an_api_server_restart(tmp_path: Path) -> N
         assert emu.stored("v1/configmaps", "default", "keep") == before
         assert emu.stored("v1/configmaps", "default", "gone") is None
         assert int(emu._next_rv()) > int(before["metadata"]["resourceVersion"])
+
+
+async def test_served_requests_leave_the_request_log(api: Api) -> None:
+    """kmock scans its whole request log for every request it matches: a log of every request
+    served made each read slower than the last (a sandbox's API server spent most of a core
+    there). Served requests leave it; a watch in flight stays, and a job is still served."""
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session:
+        watch = await session.get(f"{api.url}/api/v1/namespaces/default/pods?watch=true")
+        for _ in range(50):
+            async with session.get(f"{api.url}/api/v1/namespaces/default/pods") as r:
+                assert r.status == 200
+        assert len(api.emu._requests) == 1  # the watch, still streaming
+        watch.close()
+    code, _, err = await api.kubectl("get", "pods", "-A")
+    assert code == 0, err

@@ -57,7 +57,16 @@ def uninterrupted_run(cwd: Path) -> dict[int, float]:
     return read_step_log(cwd / "runs/ref/steps.jsonl")
 
 
-def _wait(what: str, check: Callable[[], Any], *, timeout: float, logs: Path) -> Any:
+def _wait(
+    what: str,
+    check: Callable[[], Any],
+    *,
+    timeout: float,
+    logs: Path,
+    detail: Callable[[], Any] | None = None,
+) -> Any:
+    """Poll ``check`` until it is truthy; on timeout fail with ``detail()`` (e.g. the job's
+    status) and the sandbox log's tail, so a CI failure says where the run stopped."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = check()
@@ -65,7 +74,8 @@ def _wait(what: str, check: Callable[[], Any], *, timeout: float, logs: Path) ->
             return value
         time.sleep(1)
     tail = logs.read_text(errors="replace")[-4000:] if logs.exists() else ""
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}; sandbox log tail:\n{tail}")
+    state = f"; {detail()}" if detail else ""
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}{state}; sandbox log:\n{tail}")
 
 
 class Sandbox:
@@ -109,8 +119,15 @@ class Sandbox:
     def job(self, name: str) -> dict[str, Any]:
         return json.loads(self.kubectl("get", "otj", name, "-o", "json"))
 
-    def wait(self, what: str, check: Callable[[], Any], *, timeout: float) -> Any:
-        return _wait(what, check, timeout=timeout, logs=self.log)
+    def wait(
+        self,
+        what: str,
+        check: Callable[[], Any],
+        *,
+        timeout: float,
+        detail: Callable[[], Any] | None = None,
+    ) -> Any:
+        return _wait(what, check, timeout=timeout, logs=self.log, detail=detail)
 
 
 def test_a_missing_image_fails_the_job_naming_it_within_the_start_timeout(

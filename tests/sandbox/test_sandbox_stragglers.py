@@ -97,8 +97,14 @@ def test_a_replaced_straggler_leaves_and_the_loss_curve_equals_an_uninterrupted_
             return bool(status.get("restartHistory"))
 
         sb.wait("the straggler replaced", replaced, timeout=400)
-        sb.kubectl("wait", "--for=jsonpath={.status.phase}=Succeeded", "otj/tiny-cpu",
-                   "--timeout=400s", timeout=420)  # fmt: skip
+
+        def succeeded() -> bool:
+            status = sb.job("tiny-cpu").get("status") or {}
+            assert status.get("phase") != "Failed", status
+            return status.get("phase") == "Succeeded"
+
+        sb.wait("Succeeded", succeeded, timeout=400,
+                detail=lambda: sb.job("tiny-cpu").get("status"))  # fmt: skip
         status = sb.job("tiny-cpu")["status"]
         (record,) = status["restartHistory"]
         assert record["reason"] == "Straggler" and record["nodes"] == [node], record

@@ -170,6 +170,7 @@ class Trainer:
     def train_step(self, step: int) -> StepResult:
         start = time.perf_counter()
         media_bytes = self.data.media.bytes_read
+        self.runner.arrive()  # after the previous step's checkpoint and loop work
         with self.timer.span("data"):
             local = self.data.next_local_batch()
             flops = step_flops(self.cfg.model, local)
@@ -185,6 +186,8 @@ class Trainer:
             grad_norm = self.parts.clip(self.cfg.optimizer.clip_grad)
             check_finite(step + 1, loss, grad_norm)  # before the update, on every rank
             self.optimizer.step()
+        self.runner.arrive()  # after the optimizer, before the parameters' all-gather
+        with self.timer.span("sync"):
             self.parts.sync_parameters()
         if self.checkpoints.due(step + 1):
             self.checkpoints.save(step + 1)

@@ -241,6 +241,12 @@ class Emulator(kmock.KubernetesEmulator):
     it (``deletionTimestamp``, ``deletionGracePeriodSeconds``: the DeleteOptions', else the
     pod's ``terminationGracePeriodSeconds``); the kubelet removes it once its containers stopped.
     A grace of 0 removes it at once (a forced deletion). Off where no kubelet runs."""
+    keep_requests: bool = False
+    """Keep every served request in kmock's request log (tests that assert on it); else the log
+    holds the requests in flight only. kmock finds whether a reaction sees a request by scanning
+    the whole log, so a log of every request makes each read cost more than the one before: a
+    sandbox job of a few minutes had the API server busy on one core of two, 87 % of it in that
+    scan."""
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -330,7 +336,12 @@ class Emulator(kmock.KubernetesEmulator):
             status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 415,
                       "reason": "UnsupportedMediaType", "message": message}  # fmt: skip
             return aiohttp.web.json_response(status, status=415)
-        return await super().__call__(raw_request)
+        try:
+            return await super().__call__(raw_request)
+        finally:
+            if not self.keep_requests:  # served: out of the logs (see keep_requests)
+                for log in (self._requests, *(p._requests for p in self._payloads)):
+                    log[:] = [r for r in log if r._raw_request is not raw_request]
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         if request.url.path.startswith("/openapi/v3"):

@@ -37,7 +37,7 @@ TRAINER_PHASES = (
     "checkpoint_blocking",
 )
 """Where a trainer step's time goes (``PhaseTimer`` spans; ``llm`` is what no span covers;
-``peer_wait``: waiting for the slowest rank before the gradient reduction)."""
+``peer_wait``: waiting for the slowest rank at the step's arrival barriers)."""
 PHASES = (*TRAINER_PHASES, "loader_snapshot")
 """Step-time phases: the trainer's via :meth:`record_step` (all but the checkpoint blocking),
 the checkpoint blocking and loader snapshot via :meth:`TrainerMetrics.record_checkpoint`. A fixed

@@ -195,15 +195,20 @@ class StepRunner:
         reported = (per_token.detach().double() * batch.loss_mask.double()).sum()
         return loss_sum / self._global_tokens, num_tokens, {"loss_sum": reported}
 
-    def _finalize_grads(self, *_args, **_kwargs) -> None:
-        """Called by megatron after the last backward: the anchor's POST slot, then grad sync.
-
-        A one-element all-reduce over the world first: the time a rank waits there for the
-        slowest one is its ``peer_wait`` (not busy time, see ``components/stragglers.py``); the
-        gradient reduction that follows then starts together on every rank.
-        """
-        self.anchor.end_step()
+    def arrive(self) -> None:
+        """An arrival barrier: a one-element all-reduce over the world. The time a rank waits
+        there for the slowest one is its ``peer_wait``, not busy time (see
+        ``components/stragglers.py``). A step has one at each end of a rank's own work: its
+        start, before the gradient reduction, after the optimizer; otherwise the ranks would
+        wait out a slow one inside the next collective (the data plane's exchange, the
+        parameters' all-gather) and count it as their own busy time."""
         with self.timer.span("peer_wait"):
             comm.all_reduce(self._arrival, group=self.groups.world)
+
+    def _finalize_grads(self, *_args, **_kwargs) -> None:
+        """Called by megatron after the last backward: the anchor's POST slot, the arrival
+        barrier, then the gradient reduction (which so starts together on every rank)."""
+        self.anchor.end_step()
+        self.arrive()
         with self.timer.span("sync"):
             self.parts.reduce_gradients()

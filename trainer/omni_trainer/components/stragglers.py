@@ -2,9 +2,12 @@
 
 In a synchronous job every rank's wall step time is the same: a slow node makes the others
 wait for it in collectives. What differs is the *busy* time: the step minus the time a rank
-waited on its peers (``peer_wait``: the step's arrival barrier before the gradient reduction;
-``pipeline_wait`` and ``encoder_wait``: point-to-point waits). A slow node waits least, so its
-busy time is the longest.
+waited on its peers (``peer_wait``: a step's arrival barriers, at its start, before the gradient
+reduction and after the optimizer; ``pipeline_wait`` and ``encoder_wait``: point-to-point
+waits). A slow node waits least, so its busy time is the longest. With one barrier only (before
+the gradient reduction) the ranks sat out a slow rank's optimizer and loop work inside the
+parameters' all-gather and the data plane's exchange, counted as their own busy time: a sandbox
+node stopped half the time showed 1.1x the others' figure.
 
 Each rank keeps a window of its busy times; every ``every`` steps one small object all-gather
 (gloo) brings every rank's window median to global rank 0, which keeps the slowest rank of
