@@ -599,11 +599,7 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
         current=recovery.Current(st.attempt, recovery.parse_time(st.attempt_start_time)),
     )
     if failure is None:
-        failure = stragglers.replacement(
-            st.stragglers,
-            checkpoint_step=st.last_checkpoint.step if st.last_checkpoint else None,
-            cfg=spec.restart_policy.stragglers,
-        )
+        failure = _straggler_replacement(s)
     if failure is None:
         _keep_spares(s)
         s.actions.requeue_after = recovery.next_deadline(
@@ -825,6 +821,31 @@ def _record_progress(s: _Step, pods: list[Obj], phases: list[str]) -> None:
         _apply_progress(s, p, all_running=all_running)
         if all_running:
             _watch_stragglers(s, p)
+
+
+def _straggler_replacement(s: _Step) -> recovery.Failure | None:
+    """``action: replace`` once due, unless no node could take the straggler's place: then the
+    job keeps training on it (slow beats stuck in Placing), and the condition Straggler says
+    why (reason NotReplaced, a Warning Event when it becomes so)."""
+    st = s.st
+    failure = stragglers.replacement(
+        st.stragglers,
+        checkpoint_step=st.last_checkpoint.step if st.last_checkpoint else None,
+        cfg=s.spec.restart_policy.stragglers,
+    )
+    if failure is None:
+        return None
+    try:
+        place(s.obs.nodes, s.spec, quarantined=[*st.quarantined_nodes, *failure.nodes])
+    except PlacementError as err:
+        slow = "; ".join(stragglers.describe(x) for x in st.stragglers if x.node in failure.nodes)
+        why = f"{slow}; not replaced (no node to take its place): {str(err).splitlines()[0]}"
+        before = next((c for c in s.old.conditions if c.type == "Straggler"), None)
+        if before is None or before.reason != "NotReplaced":
+            s.event("Warning", "StragglerNotReplaced", why)
+        s.condition("Straggler", "True", "NotReplaced", why)
+        return None
+    return failure
 
 
 def _watch_stragglers(s: _Step, p: Progress) -> None:

@@ -184,7 +184,8 @@ class StragglersConfig(Spec):
         description="report: condition Straggler, a Warning Event and the operator metric "
         "omni_operator_straggler_nodes. replace: also quarantine the node and restart the job "
         "without it once the trainer reports a checkpoint newer than the detection (no step "
-        "lost); needs a free node to place the job on",
+        "lost); without a free node to place the job on, the node is kept and the condition "
+        "says so (reason NotReplaced)",
     )
 
 

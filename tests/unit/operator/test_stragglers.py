@@ -87,10 +87,10 @@ NODES = [node(f"n{i}") for i in range(4)]
 class Running:
     """A two-node job whose attempt 0 runs; :meth:`poll` reconciles one progress report."""
 
-    def __init__(self, job) -> None:
-        self.job = job
-        first = reconcile(Observed(job=job, status=parse_status(None), owned=[], nodes=NODES,
-                                   now=NOW))  # fmt: skip
+    def __init__(self, job, nodes: list | None = None) -> None:
+        self.job, self.nodes = job, NODES if nodes is None else nodes
+        first = reconcile(Observed(job=job, status=parse_status(None), owned=[],
+                                   nodes=self.nodes, now=NOW))  # fmt: skip
         self.status = first.status
         self.owned = []
         for o in first.create:
@@ -102,7 +102,8 @@ class Running:
     def poll(self, step: int, busy: dict[int, float], checkpoint: int | None = None) -> Actions:
         progress = Progress(step=step, node_busy=busy, checkpoint_step=checkpoint)
         obs = Observed(job=self.job, status=parse_status(self.status), owned=self.owned,
-                       nodes=NODES, now=NOW, progress=progress, tracks_progress=True)  # fmt: skip
+                       nodes=self.nodes, now=NOW, progress=progress,
+                       tracks_progress=True)  # fmt: skip
         a = reconcile(obs)
         self.status = {**self.status, **a.status}
         return a
@@ -161,3 +162,20 @@ def test_bad_settings_name_the_field() -> None:
                        (dict(persistSteps=0), "persistSteps")):  # fmt: skip
         with pytest.raises(ManifestError, match=rf"spec.restartPolicy.stragglers.{field}"):
             _job(**bad)
+
+
+def test_replace_keeps_a_straggler_no_node_could_replace_and_says_so_once() -> None:
+    """Only the job's own two nodes: quarantining the slow one would leave the job stuck in
+    Placing, so it trains on, condition Straggler NotReplaced, one Warning Event."""
+    job = Running(_job(action="replace"), nodes=NODES[:2])
+    slow = job.status["placement"][1]
+    events = []
+    for step in (10, 20, 30, 45, 55):
+        a = job.poll(step, {0: 0.1, 1: 0.3}, checkpoint=40 if step > 40 else None)
+        assert not a.delete and job.status["phase"] == "Running"
+        events += [e for e in a.events if e.reason == "StragglerNotReplaced"]
+    assert not job.status.get("restartHistory") and not job.status.get("quarantinedNodes")
+    cond = next(c for c in job.status["conditions"] if c["type"] == "Straggler")
+    assert cond["status"] == "True" and cond["reason"] == "NotReplaced", cond
+    assert f"node {slow} (rank 1)" in cond["message"] and "not replaced" in cond["message"]
+    assert [e.type for e in events] == ["Warning"] and events[0].message == cond["message"]
