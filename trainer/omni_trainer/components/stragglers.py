@@ -6,8 +6,8 @@ waited on its peers (``peer_wait``: a step's arrival barriers, at its start, bef
 reduction and after the optimizer; ``pipeline_wait`` and ``encoder_wait``: point-to-point
 waits). A slow node waits least, so its busy time is the longest. With one barrier only (before
 the gradient reduction) the ranks sat out a slow rank's optimizer and loop work inside the
-parameters' all-gather and the data plane's exchange, counted as their own busy time: a sandbox
-node stopped half the time showed 1.1x the others' figure.
+parameters' all-gather and the data plane's exchange, counted as their own busy time, and
+every rank reported the slow one's figure (``tests/dist/test_busy_time.py``).
 
 Each rank keeps a window of its busy times; every ``every`` steps one small object all-gather
 (gloo) brings every rank's window median to global rank 0, which keeps the slowest rank of
