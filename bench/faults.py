@@ -314,7 +314,15 @@ def _measure(sb: Sandbox, cost: Cost, step_log: Path, args: argparse.Namespace) 
     if rec.get("failed"):
         cost.note = f"job Failed: {sb.status().get('message', '')[:100]}"
         return cost
-    history = (sb.status().get("restartHistory") or [{}])[-1]
+
+    def costed() -> dict[str, Any] | None:  # the operator's own figure, one poll after the step
+        last = (sb.status().get("restartHistory") or [{}])[-1]
+        return last if last.get("lostSeconds") is not None else None
+
+    try:
+        history = sb.wait("the operator's lostSeconds", costed, timeout=20)
+    except TimeoutError:
+        history = (sb.status().get("restartHistory") or [{}])[-1]
     cost.first_step_s = rec["time"] - t0
     cost.recomputed = max(reached - (rec["step"] - 1), 0)
     median = statistics.median(_step_times(_records(step_log)))
