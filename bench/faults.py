@@ -328,7 +328,11 @@ def _measure(sb: Sandbox, cost: Cost, step_log: Path, args: argparse.Namespace) 
     median = statistics.median(_step_times(_records(step_log)))
     cost.lost_s = cost.first_step_s + cost.recomputed * median
     mean = statistics.mean(_step_times(_records(step_log)))
-    how = f"{history.get('mode')} ({history.get('reason')})"
+    restarts = sb.status().get("restarts", 0) - before
+    how = (f"{history.get('mode')} ({history.get('reason')})" if restarts
+           else "no restart (a resumed suspend is a new attempt)")  # fmt: skip
+    if restarts > 1:
+        how += f", {restarts} restarts"
     cost.note = (f"{how}, step time median {median:.2f} s "
                  f"mean {mean:.3f} s, resumed at {rec['step'] - 1} (reached {reached}), "
                  f"operator lostSeconds {history.get('lostSeconds')}")  # fmt: skip
