@@ -315,14 +315,15 @@ def _measure(sb: Sandbox, cost: Cost, step_log: Path, args: argparse.Namespace) 
         cost.note = f"job Failed: {sb.status().get('message', '')[:100]}"
         return cost
 
-    def costed() -> dict[str, Any] | None:  # the operator's own figure, one poll after the step
-        last = (sb.status().get("restartHistory") or [{}])[-1]
-        return last if last.get("lostSeconds") is not None else None
+    def last_record() -> dict[str, Any]:
+        return (sb.status().get("restartHistory") or [{}])[-1]
 
-    try:
-        history = sb.wait("the operator's lostSeconds", costed, timeout=20)
+    try:  # the operator's own figure, one poll after the first step
+        history = sb.wait("the operator's lostSeconds",
+                          lambda: (r := last_record()).get("lostSeconds") is not None and r,
+                          timeout=20)  # fmt: skip
     except TimeoutError:
-        history = (sb.status().get("restartHistory") or [{}])[-1]
+        history = last_record()
     cost.first_step_s = rec["time"] - t0
     cost.recomputed = max(reached - (rec["step"] - 1), 0)
     median = statistics.median(_step_times(_records(step_log)))

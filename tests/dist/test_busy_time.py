@@ -7,13 +7,17 @@ reported the same figure (a sandbox node stopped half the time was rarely found 
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import time
 from pathlib import Path
 
+import pytest
 import torch.multiprocessing as mp
 import yaml
+
+from .harness import free_port
+
+pytestmark = pytest.mark.dist
 
 ROOT = Path(__file__).resolve().parents[2]
 SLOW_S = 0.15
@@ -60,15 +64,9 @@ def _worker(rank: int, port: int, out: dict) -> None:
         destroy_distributed()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_the_rank_slow_after_the_gradient_reduction_is_the_busy_one() -> None:
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(_worker, args=(_free_port(), out), nprocs=2, join=True)
+        mp.spawn(_worker, args=(free_port(), out), nprocs=2, join=True)
         busy = {rank: statistics.median(out[rank][1:]) for rank in (0, 1)}  # step 1: warm-up
     assert busy[1] - busy[0] > 0.7 * SLOW_S, busy

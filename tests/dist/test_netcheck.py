@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,20 +15,16 @@ import pytest
 
 from omni_trainer.distributed.netcheck_rules import EXIT_PREFLIGHT, parse_failure
 
+from .harness import free_port
+
 pytestmark = pytest.mark.dist
 
 WORKER = Path(__file__).with_name("_netcheck_worker.py")
 WORLD = 3
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(scenario: str, tmp_path: Path) -> tuple[list[int], list[dict | None], list[str], float]:
-    port, start = _free_port(), time.monotonic()
+    port, start = free_port(), time.monotonic()
     procs = []
     for rank in range(WORLD):
         env = os.environ | {
