@@ -596,7 +596,10 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
         started_steps=started,
         placement=st.placement,
         starting_since=starting_since,
-        current=recovery.Current(st.attempt, recovery.parse_time(st.attempt_start_time)),
+        current=recovery.Current(
+            st.attempt,
+            None if st.pod_attempt is None else recovery.parse_time(st.attempt_start_time),
+        ),
     )
     if failure is None:
         failure = _straggler_replacement(s)

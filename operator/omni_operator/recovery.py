@@ -195,8 +195,22 @@ class Current:
     pods whose containers ended in earlier attempts)."""
 
     attempt: int = 0
-    since: dt.datetime | None = None
-    """When the attempt started: an untagged earlier termination (``lastState``) is older."""
+    kept_since: dt.datetime | None = None
+    """When the attempt started in pods kept from an earlier attempt (an in-place restart);
+    None: the pods are the attempt's own, so every termination in them is the attempt's."""
+
+
+def _older(term: Obj, current: Current) -> bool:
+    """An untagged termination (the whole container was killed, its supervisor with it) in a
+    kept pod that ended no later than the attempt's start. Timestamps have whole seconds, so
+    one in the start's own second counts as older: the operator saw it before it started the
+    attempt (counting it again restarted the job once more for the same kill). A new failure
+    that early only delays detection: the kubelet restarts the container into the attempt, and
+    its peers' trainers fail tagged with the attempt."""
+    if current.kept_since is None:
+        return False
+    finished = parse_time(term.get("finishedAt"))
+    return finished is not None and finished <= current.kept_since
 
 
 def _termination(cs: Obj, current: Current) -> Obj | None:
@@ -208,13 +222,8 @@ def _termination(cs: Obj, current: Current) -> Obj | None:
         if not term or term.get("exitCode", 0) == 0:
             continue
         tagged, _ = untag(term.get("message") or "")
-        if tagged is not None:
-            if tagged < current.attempt:
-                continue
-        elif key == "lastState":
-            finished = parse_time(term.get("finishedAt"))
-            if current.since is None or finished is None or finished < current.since:
-                continue
+        if (tagged < current.attempt) if tagged is not None else _older(term, current):
+            continue
         return term
     return None
 

@@ -403,21 +403,29 @@ def test_in_place_falls_back_to_recreate_when_pods_are_gone_or_policy_says_so() 
 
 
 def test_a_container_death_before_the_attempt_is_not_its_failure() -> None:
-    """An untagged lastState (the whole container was killed) older than the attempt's start
-    belongs to an earlier attempt; one at or after it is this attempt's."""
+    """An untagged termination (the whole container was killed) in a kept pod that ended no
+    later than the attempt's start belongs to an earlier attempt, also in the start's own
+    second (timestamps have whole seconds; counting it restarted the job again for the same
+    kill), both while the kubelet has not restarted the container yet (``state``) and after
+    (``lastState``). One a second later is this attempt's."""
     job = _job()
     status, owned = _start(job)
     status = {**status, "attempt": 1, "podAttempt": 0, "attemptStartTime": T}
-    before = "2026-12-01T11:59:58Z"
-    for finished, restarts in ((before, False), (T, True)):
-        pods = [_crashed(o, attempt=0, finished=finished) if o["kind"] == "Pod" else o
-                for o in owned]  # fmt: skip
-        for p in pods:
-            if p["kind"] == "Pod":
-                last = p["status"]["containerStatuses"][0]["lastState"]["terminated"]
-                last["message"], last["exitCode"] = "", 137
-        a = reconcile(_obs(job, status, pods, progress=Progress(step=3)))
-        assert (a.status.get("phase") == "Restarting") is restarts, (finished, a.status)
+    before, after = "2026-12-01T11:59:58Z", "2026-12-01T12:00:01Z"
+    assert T == "2026-12-01T12:00:00Z"
+    for key in ("lastState", "state"):
+        for finished, restarts in ((before, False), (T, False), (after, True)):
+            pods = [_crashed(o, attempt=0, finished=finished) if o["kind"] == "Pod" else o
+                    for o in owned]  # fmt: skip
+            for p in pods:
+                if p["kind"] == "Pod":
+                    cs = p["status"]["containerStatuses"][0]
+                    last = cs["lastState"]["terminated"]
+                    last["message"], last["exitCode"] = "", 137
+                    if key == "state":
+                        cs["state"], cs["lastState"] = cs["lastState"], {}
+            a = reconcile(_obs(job, status, pods, progress=Progress(step=3)))
+            assert (a.status.get("phase") == "Restarting") is restarts, (key, finished, a.status)
 
 
 def test_a_slow_start_is_the_start_timeout_s_business_not_a_hang() -> None:
