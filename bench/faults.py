@@ -26,7 +26,10 @@ step the lost node's peer still holds) and the mean step time shows what it cost
 
 A mode ending in ``+spare`` keeps one hot spare (``spec.spareNodes: 1``; each fault waits for it
 to be ready): with ``--modes in-place+spare in-place --faults node-lost`` the table puts a node
-loss continued on the spare beside the same loss recreating the pods.
+loss continued on the spare beside the same loss recreating the pods. The sandbox pulls images
+instantly unless ``--pull-seconds S`` says how long a node takes to pull an image it lacks (an
+assumption, printed with the table): a pod recreated on a fresh node pays it, a spare pulled
+while the job trained does not.
 
 Per fault: detection (injection to the operator's restart decision, polled every 0.2 s), first
 step (injection to the first step the new attempt logged), steps recomputed (the last step
@@ -43,6 +46,7 @@ trained twice), recomputed steps included.
     python bench/faults.py --modes in-place --faults crash kill
     python bench/faults.py --modes recreate recreate+fast --faults node-lost --interval 20 --past 12
     python bench/faults.py --modes in-place+spare in-place --faults node-lost
+    python bench/faults.py --modes in-place+spare in-place --faults node-lost --pull-seconds 60
 """
 
 from __future__ import annotations
@@ -93,6 +97,14 @@ def _args() -> argparse.Namespace:
     p.add_argument("--past", type=int, default=2, help="inject this many steps past a checkpoint")
     p.add_argument("--fast-interval", type=int, default=2, help="the fast tier's interval")
     p.add_argument("--timeout", type=float, default=400, help="seconds per wait")
+    p.add_argument(
+        "--pull-seconds",
+        type=float,
+        default=0.0,
+        help="an assumed image pull time of a node that lacks the image (sandbox up "
+        "--pull-seconds): recreating on a fresh node pays it, an in-place restart or a spare "
+        "(pulled while the job trains) does not; 0: pulls are not modelled",
+    )
     p.add_argument("--dir", type=Path, help="keep the sandbox, logs and checkpoints here")
     return p.parse_args()
 
@@ -111,10 +123,11 @@ class Cost:
 class Sandbox:
     """``omni sandbox up`` in a directory of its own, driven over its HTTP API."""
 
-    def __init__(self, cwd: Path, *, nodes: int = 4) -> None:
+    def __init__(self, cwd: Path, *, nodes: int = 4, pull_s: float = 0.0) -> None:
         self.cwd = cwd
         argv = [sys.executable, "-m", "omni_trainer.cli", "sandbox", "up", "--nodes", str(nodes),
-                "--gpus-per-node", "0", "--resync", "1", "--dir", ".sandbox"]  # fmt: skip
+                "--gpus-per-node", "0", "--resync", "1", "--dir", ".sandbox",
+                "--pull-seconds", str(pull_s)]  # fmt: skip
         self.log = (cwd / "sandbox.log").open("w")
         self.proc = subprocess.Popen(argv, cwd=cwd, stdout=self.log, stderr=subprocess.STDOUT)
         state = cwd / ".sandbox" / "sandbox.json"
@@ -451,7 +464,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="omni-faults-") as tmp:
         cwd = args.dir.resolve() if args.dir else Path(tmp)
         cwd.mkdir(parents=True, exist_ok=True)
-        sb = Sandbox(cwd, nodes=8 if args.suite else 4)  # the suite quarantines 4 nodes
+        # the suite quarantines 4 nodes
+        sb = Sandbox(cwd, nodes=8 if args.suite else 4, pull_s=args.pull_seconds)
+        pulls = (
+            f"{args.pull_seconds:g} s per node and image (assumed)"
+            if args.pull_seconds
+            else ("not modelled (--pull-seconds 0)")
+        )
+        print(f"image pulls: {pulls}", flush=True)
         costs: list[Cost] = []
         try:
             if args.suite:

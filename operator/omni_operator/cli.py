@@ -54,6 +54,15 @@ def sandbox_up(
             "and the chart. Pods naming others fail with ErrImagePull, then ImagePullBackOff"
         ),
     ] = None,
+    pull_seconds: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="how long a node takes to pull an image it does not hold yet (each node "
+            "keeps what it pulled: a pod recreated on a fresh node pays it, one restarted in "
+            "place does not); 0: instant",
+        ),
+    ] = 0.0,
 ) -> None:
     """Run the sandbox until Ctrl-C: pods run as local processes in this directory."""
     import asyncio
@@ -72,6 +81,7 @@ def sandbox_up(
         workdir=workdir,
         resync_seconds=resync,
         images=tuple(image or DEFAULT_IMAGES),
+        pull_seconds=pull_seconds,
     )
 
     async def main() -> None:
@@ -79,7 +89,8 @@ def sandbox_up(
             typer.echo(
                 f"sandbox up: API server {sb.url}, nodes "
                 f"{', '.join(n.name for n in sb.kubelet.nodes)}\n"
-                f"  registry: {', '.join(config.images)}\n"
+                f"  registry: {', '.join(config.images)} (a node pulls one in "
+                f"{config.pull_seconds:g} s)\n"
                 f"  export KUBECONFIG={sb.kubeconfig_path}\n"
                 "  kubectl apply -f examples/tiny-cpu.yaml\n"
                 "  kubectl get otj -w     # pod logs: kubectl logs POD, or "

@@ -304,6 +304,51 @@ async def test_images_outside_the_registry_fail_to_pull_like_a_kubelet(env: Env)
     await env.wait("pull forgotten", lambda: not env.kubelet._pulls)
 
 
+async def test_a_node_pulls_an_image_once_and_keeps_it(env: Env) -> None:
+    """With a pull time, a node's first pod waits in ContainerCreating for it (a second pod of
+    that node shares the pull), the node keeps the image: a later pod there and a restarted
+    container start at once, a pod on another node pulls again."""
+    from omni_operator.sandbox.kubelet import Registry
+
+    pull_s = 1.5
+    env.kubelet.registry = Registry.of(["busybox"], pull_s=pull_s)
+    loop = asyncio.get_running_loop()
+
+    async def started(name: str, node: str) -> float:
+        """Seconds from creating the pod (restarted on failure) to its Running phase."""
+        t0 = loop.time()
+        pod = _pod(name, node, SLEEPER)
+        pod["spec"]["restartPolicy"] = "OnFailure"
+        pod["spec"]["containers"][0]["image"] = "busybox"
+        await env.post(f"/api/v1/namespaces/{NS}/pods", pod)
+        await env.wait(f"{name} Running", lambda: _phase(env, name) == "Running")
+        return loop.time() - t0
+
+    def waiting(name: str) -> dict[str, Any]:
+        pod = env.emu.stored("v1/pods", NS, name) or {}
+        (cs,) = pod.get("status", {}).get("containerStatuses") or [{}]
+        return (cs.get("state") or {}).get("waiting") or {}
+
+    first = asyncio.ensure_future(started("first", "node-0"))
+    await env.wait("pulling", lambda: waiting("first").get("reason") == "ContainerCreating")
+    assert 'Pulling image "busybox"' in waiting("first")["message"]
+    assert _phase(env, "first") == "Pending" and not env.kubelet.containers
+    await asyncio.sleep(pull_s / 2)
+    second = await started("second", "node-0")  # created while node-0 pulls: it waits the rest
+    assert await first >= pull_s and second < pull_s, (second, pull_s)
+    assert await started("third", "node-0") < pull_s  # node-0 keeps the image
+    assert await started("other", "node-1") >= pull_s  # node-1 pulls it for itself
+
+    def restarted() -> dict[str, Any] | None:
+        (cs,) = env.pod("other")["status"].get("containerStatuses") or [{}]
+        return cs if cs.get("restartCount") == 1 and "running" in cs.get("state", {}) else None
+
+    t0 = loop.time()
+    await inject_fault(env.url, "kill-pod", "other", namespace=NS)  # restarted in its pod
+    await env.wait("other restarted", restarted)
+    assert loop.time() - t0 < pull_s  # nothing to pull
+
+
 # SIGTERM: finish the "step", write a file, exit 143 (what the trainer's graceful stop does).
 GRACEFUL = (
     "import pathlib, signal, sys, time; "

@@ -59,10 +59,15 @@ class SandboxConfig:
     """The operator's longest pause between reconciles (progress polling)."""
     images: tuple[str, ...] = DEFAULT_IMAGES
     """The images its nodes can pull; pods naming any other fail with ErrImagePull."""
+    pull_seconds: float = 0.0
+    """How long a node takes to pull an image it does not hold yet (0: instant)."""
 
     def __post_init__(self) -> None:
-        if self.nodes < 1 or self.spines < 1 or self.gpus_per_node < 0:
-            raise ValueError("the sandbox needs nodes >= 1, spines >= 1 and gpus-per-node >= 0")
+        if self.nodes < 1 or self.spines < 1 or self.gpus_per_node < 0 or self.pull_seconds < 0:
+            raise ValueError(
+                "the sandbox needs nodes >= 1, spines >= 1, gpus-per-node >= 0 and "
+                "pull-seconds >= 0"
+            )
 
 
 def node_object(
@@ -141,9 +146,8 @@ class Sandbox:
                         schema=served["schema"]["openAPIV3Schema"])  # fmt: skip
             url = str(server.url).rstrip("/")
             nodes = [SimNode(f"node-{i}", i, config.gpus_per_node) for i in range(config.nodes)]
-            kubelet = Kubelet(
-                api=url, nodes=nodes, workdir=workdir, registry=Registry.of(config.images)
-            )
+            registry = Registry.of(config.images, pull_s=config.pull_seconds)
+            kubelet = Kubelet(api=url, nodes=nodes, workdir=workdir, registry=registry)
             emu.pod_logs = kubelet.pod_log
             sb = cls(config=config, url=url, emulator=emu, kubelet=kubelet)
             async with aiohttp.ClientSession() as http:

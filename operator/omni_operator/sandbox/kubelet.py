@@ -19,7 +19,10 @@ like the real components do and:
   deletion), as a real one does;
 * pulls: a pod's images must be in the sandbox's :class:`Registry`; any other image fails as a
   real kubelet reports it: the container waits in ``ErrImagePull`` at each pull attempt and in
-  ``ImagePullBackOff`` between them (the delay doubles up to a cap), the pod stays Pending.
+  ``ImagePullBackOff`` between them (the delay doubles up to a cap), the pod stays Pending. A
+  node pulls an image it does not hold yet in ``Registry.pull_s`` seconds (the container waits
+  in ``ContainerCreating``; pods of one node share the pull) and keeps it, as a node's image
+  cache does: a pod recreated on a fresh node pays the pull, one restarted in place does not.
 
 Networking is emulated on the loopback: every pod gets its own address ``127.<s>.<node>.<n>``
 (``s`` drawn per sandbox, so that two sandboxes on one machine never share a pod address)
@@ -228,10 +231,12 @@ class Registry:
     """The images the sandbox's nodes can pull (``omni sandbox up --image``)."""
 
     images: frozenset[str]
+    pull_s: float = 0.0
+    """How long a node takes to pull one of them that it does not hold yet."""
 
     @classmethod
-    def of(cls, images: Iterable[str]) -> Registry:
-        return cls(frozenset(image_ref(i) for i in images))
+    def of(cls, images: Iterable[str], *, pull_s: float = 0.0) -> Registry:
+        return cls(frozenset(image_ref(i) for i in images), pull_s)
 
     def has(self, image: str) -> bool:
         return image_ref(image) in self.images
@@ -291,6 +296,8 @@ class SimNode:
     lost: bool = False
     degraded: asyncio.Task | None = None
     """The ``degraded-network`` fault's duty cycle on its pods (``sandbox.degrade``)."""
+    pulled: dict[str, float] = field(default_factory=dict)
+    """Its image cache: image reference -> the loop time its pull ends (started on first use)."""
 
 
 @dataclass
@@ -469,11 +476,12 @@ class Kubelet:
         sim = self._sim(node_name)
         if sim is None or sim.lost or status.get("phase") not in (None, "", "Pending"):
             return
-        if await self._pulled(pod):
+        if await self._pulled(pod, sim):
             await self._start(pod, sim)
 
-    async def _pulled(self, pod: Obj) -> bool:
-        """Whether the pod's images are there; else report the failed pull or its back-off."""
+    async def _pulled(self, pod: Obj, sim: SimNode) -> bool:
+        """Whether the pod's images are on its node; else report the pull under way, or the
+        failed pull or its back-off."""
         key = _key(pod)
         containers = pod["spec"].get("containers") or []
         missing = [
@@ -481,7 +489,7 @@ class Kubelet:
         ]
         if not missing:
             self._pulls.pop(key, None)
-            return True
+            return await self._cached(pod, sim, containers)
         assert self.registry is not None
         (c, *_) = missing
         pull = self._pulls.setdefault(key, _Pull())
@@ -496,17 +504,42 @@ class Kubelet:
             reason, message = "ImagePullBackOff", f'Back-off pulling image "{c["image"]}": {error}'
         if pull.reported != f"{reason}/{pull.failures}":
             pull.reported = f"{reason}/{pull.failures}"
-            waiting = {"waiting": {"reason": reason, "message": message}}
-            await self._patch(
-                _pod_path(pod, "status"),
-                {"status": {"phase": "Pending",
-                            "containerStatuses": [{"name": c["name"], "image": c["image"],
-                                                   "ready": False, "restartCount": 0,
-                                                   "state": waiting}]}},
-            )  # fmt: skip
+            await self._report_waiting(pod, c, reason, message)
             if pull.failures == 1 and reason == "ErrImagePull":
                 log.warning(f"sandbox: {key}: image {c['image']} is not in the registry")
         return False
+
+    async def _cached(self, pod: Obj, sim: SimNode, containers: list[Obj]) -> bool:
+        """Whether the node holds the pod's images; the first pod that needs one starts its
+        pull (``Registry.pull_s``), every pod of the node waits in ``ContainerCreating``."""
+        if self.registry is None or self.registry.pull_s <= 0:
+            return True
+        now = asyncio.get_running_loop().time()
+        pulling = []
+        for c in containers:
+            ref = image_ref(c.get("image", ""))
+            if now < sim.pulled.setdefault(ref, now + self.registry.pull_s):
+                pulling.append(c)
+        if not pulling:
+            return True
+        key, (c, *_) = _key(pod), pulling
+        pull = self._pulls.setdefault(key, _Pull())
+        if pull.reported != "Pulling":
+            pull.reported = "Pulling"
+            message = f'Pulling image "{c["image"]}" on {sim.name}'
+            await self._report_waiting(pod, c, "ContainerCreating", message)
+        return False
+
+    async def _report_waiting(self, pod: Obj, container: Obj, reason: str, message: str) -> None:
+        """A Pending pod's container waiting before its first start (pulls)."""
+        waiting = {"waiting": {"reason": reason, "message": message}}
+        await self._patch(
+            _pod_path(pod, "status"),
+            {"status": {"phase": "Pending",
+                        "containerStatuses": [{"name": container["name"],
+                                               "image": container.get("image", ""), "ready": False,
+                                               "restartCount": 0, "state": waiting}]}},
+        )  # fmt: skip
 
     async def _schedule(self, pod: Obj, nodes: Mapping[str, Obj]) -> None:
         key = _key(pod)
