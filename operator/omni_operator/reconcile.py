@@ -34,13 +34,16 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from omni_operator import recovery, spares, stragglers
-from omni_operator.placement import PlacedNode, Placement, PlacementError, place
+from omni_operator.placement import PlacedNode, PlacementError, place
 from omni_operator.render import (
     LABEL_ATTEMPT,
     LABEL_RANK,
     attempt_order,
     config_map_name,
     render_all,
+    render_config_map,
+    render_rendezvous_service,
+    render_service,
 )
 from omni_operator.spec import OmniTrainingJob
 from omni_operator.status import (
@@ -56,7 +59,8 @@ from omni_trainer.supervisor import ATTEMPT_KEY
 Obj = dict[str, Any]
 TERMINAL: frozenset[str] = frozenset({"Succeeded", "Failed"})
 PRUNED_KINDS = ("Pod", "PodGroup")
-"""Kinds that belong to one attempt: objects of these kinds that are not desired are deleted."""
+"""Kinds that belong to one attempt: objects of these kinds that are not desired are deleted
+(as are objects labelled with an attempt: its rendezvous Service)."""
 HISTORY_LIMIT = 50
 """Restart records kept in status (quarantine counts what is kept)."""
 
@@ -146,9 +150,10 @@ def diff(
     desired: Sequence[Obj], existing: Sequence[Obj], *, prune_kinds: Sequence[str] = PRUNED_KINDS
 ) -> Diff:
     """Creates, deletes and adoptions that turn ``existing`` into ``desired`` (matched by kind
-    and name). Existing objects of ``prune_kinds`` that are not desired are deleted; others
-    (ConfigMap, Service) are never deleted here. An existing desired object without the job's
-    ownerReference is adopted (the reference and labels patched in), never recreated."""
+    and name). Existing objects of ``prune_kinds`` or labelled with an attempt (its rendezvous
+    Service) that are not desired are deleted; others (ConfigMap, the job's Service) are never
+    deleted here. An existing desired object without the job's ownerReference is adopted (the
+    reference and labels patched in), never recreated."""
     have = {object_key(o): o for o in existing}
     want = {object_key(o): o for o in desired}
     create, adopt, waiting = [], [], []
@@ -175,7 +180,7 @@ def diff(
         o
         for key, o in have.items()
         if key not in want
-        and o["kind"] in prune_kinds
+        and (o["kind"] in prune_kinds or LABEL_ATTEMPT in (o["metadata"].get("labels") or {}))
         and not o["metadata"].get("deletionTimestamp")
     ]
     return Diff(tuple(create), tuple(delete), tuple(adopt), tuple(waiting))
@@ -789,10 +794,16 @@ def throughput_status(p: Progress) -> dict[str, Any]:
 
 
 def _ensure_shared_objects(s: _Step) -> None:
-    """The ConfigMap and Service outlive attempts; recreate them if someone deleted them."""
+    """The ConfigMap and the Services outlive attempts (the rendezvous Service lives as long
+    as the pods it serves); recreate them if someone deleted them."""
     have = {object_key(o) for o in s.obs.owned}
-    for obj in render_all(s.job, Placement(nodes=(), domain_labels=()), attempt=s.st.attempt):
-        if obj["kind"] in ("ConfigMap", "Service") and object_key(obj) not in have:
+    st = s.st
+    for obj in (
+        render_config_map(s.job, attempt=st.attempt, pods=st.pods_of),
+        render_service(s.job),
+        render_rendezvous_service(s.job, attempt=st.pods_of),
+    ):
+        if object_key(obj) not in have:
             s.actions.create.append(obj)
 
 

@@ -1,11 +1,14 @@
 """Rendering: the Kubernetes objects of one attempt of a job (pure functions, plain dicts).
 
-One Pod per placed node runs ``torchrun`` with a static rendezvous on node rank 0, reached through
-the job's headless Service (``<pod hostname>.<job>.<namespace>.svc``), so node ranks are exactly
-the ones placement chose. Pods are pinned with required node affinity on ``metadata.name`` rather
-than ``nodeName``: the scheduler still accounts resources and gang schedulers (Volcano, Kueue's
-scheduling gates) still admit the pods as a group. Pod names carry the restart attempt, so a
-restart never waits for an old pod stuck Terminating on a lost node.
+One Pod per placed node runs ``torchrun`` with a static rendezvous on node rank 0, so node ranks
+are exactly the ones placement chose. The rendezvous address is the attempt's own headless
+Service (``<job>-a<attempt>-rdzv.<namespace>.svc``), which selects the attempt's pod labelled
+node rank 0: when a hot spare takes node rank 0 over, its new label moves the address with it
+(pods' hostnames stay under the job's Service, ``<pod hostname>.<job>.<namespace>.svc``). Pods
+are pinned with required node affinity on ``metadata.name`` rather than ``nodeName``: the
+scheduler still accounts resources and gang schedulers (Volcano, Kueue's scheduling gates)
+still admit the pods as a group. Pod names carry the restart attempt, so a restart never waits
+for an old pod stuck Terminating on a lost node.
 
 The contract with the trainer is the ``OMNI_*`` environment (see :func:`rank_env`) and the
 manifest mounted at :data:`CONFIG_PATH`.
@@ -136,6 +139,30 @@ def render_service(job: OmniTrainingJob) -> Obj:
     }
 
 
+def rendezvous_service_name(job_name: str, *, attempt: int) -> str:
+    """``<job>-a<attempt>-rdzv``: the rendezvous Service of the pods created by ``attempt``."""
+    return f"{job_name}-a{attempt}-rdzv"
+
+
+def render_rendezvous_service(job: OmniTrainingJob, *, attempt: int) -> Obj:
+    """Headless, selecting the pod of node rank 0 among the pods ``attempt`` created (a spare
+    relabelled to rank 0 included), publishing it before it is Ready: the other ranks resolve
+    it while it starts. Labelled with the attempt: a later attempt's start prunes it."""
+    name = job.metadata.name
+    labels = {LABEL_ATTEMPT: str(attempt)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(job, rendezvous_service_name(name, attempt=attempt), labels),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {LABEL_JOB: name, LABEL_ATTEMPT: str(attempt), LABEL_RANK: "0"},
+            "ports": [{"name": "rendezvous", "port": RDZV_PORT, "protocol": "TCP"}],
+        },
+    }
+
+
 def render_pod_group(job: OmniTrainingJob, *, attempt: int) -> Obj:
     """Volcano gang: all node pods are admitted together or not at all."""
     spec: Obj = {"minMember": job.spec.nodes}
@@ -195,8 +222,9 @@ def nccl_env(job: OmniTrainingJob) -> dict[str, str]:
 
 
 def _master_addr(job: OmniTrainingJob, attempt: int) -> str:
-    host = pod_name(job.metadata.name, attempt=attempt, rank=0)
-    return f"{host}.{job.metadata.name}.{_namespace(job)}.svc"
+    """The rendezvous host of the pods ``attempt`` created: its Service, not rank 0's pod
+    (a spare may take that rank over)."""
+    return f"{rendezvous_service_name(job.metadata.name, attempt=attempt)}.{_namespace(job)}.svc"
 
 
 def attempt_order(
@@ -473,8 +501,12 @@ def _container_security(job: OmniTrainingJob) -> Obj:
 
 
 def render_all(job: OmniTrainingJob, placement: Placement, *, attempt: int = 0) -> list[Obj]:
-    """Every object of one attempt, in creation order: ConfigMap, Service, [PodGroup], Pods."""
-    objs = [render_config_map(job, attempt=attempt), render_service(job)]
+    """Every object of one attempt, in creation order: ConfigMap, Services, [PodGroup], Pods."""
+    objs = [
+        render_config_map(job, attempt=attempt),
+        render_service(job),
+        render_rendezvous_service(job, attempt=attempt),
+    ]
     if job.spec.scheduling.volcano_gang:
         objs.append(render_pod_group(job, attempt=attempt))
     objs += [render_pod(job, node, attempt=attempt) for node in placement.nodes]

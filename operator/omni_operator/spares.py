@@ -14,9 +14,10 @@ while the job trains.
 Why the ConfigMap order and not, say, a per-pod annotation read through the downward API: the
 supervisors already watch that one file for in-place restarts, so the new rank and the restart
 reach every pod in one write, atomically, and the same order keeps telling the spare its rank
-at every later in-place restart. Node rank 0 is not taken over: it hosts the static rendezvous
-(``MASTER_ADDR`` is its pod's name, resolved when the survivors' torchrun starts); losing it
-recreates the gang as before.
+at every later in-place restart. Node rank 0 is taken over too: it hosts the static
+rendezvous, whose address (``MASTER_ADDR``) is the attempt's rendezvous Service, selecting the
+pod labelled node rank 0; the relabelled spare is that pod once the lost one is deleted, and the
+survivors' torchrun resolves it when it starts.
 """
 
 from __future__ import annotations
@@ -167,14 +168,15 @@ def plan_swap(
     now: dt.datetime,
 ) -> Swap | None:
     """The spares that take the lost nodes' ranks over, or None (recreate the gang): when the
-    failure is not a lost node, node rank 0 is lost (the rendezvous host), a surviving pod is
-    not running, or a lost rank has no ready standby in its network domain."""
+    failure is not a lost node, a surviving pod is not running, or a lost rank has no ready
+    standby in its network domain. Node rank 0 moves like any other: the rendezvous Service
+    selects whichever pod carries its label."""
     spec = job.spec
     if failure.kind != "node_lost" or not standby or len(pods) != spec.nodes:
         return None
     lost = [p for p in pods if pod_node(p) in failure.nodes]
     ranks = [pod_rank(p) for p in lost]
-    if not lost or None in ranks or 0 in ranks:
+    if not lost or None in ranks:
         return None
     for pod in pods:
         status, meta = pod.get("status") or {}, pod.get("metadata") or {}

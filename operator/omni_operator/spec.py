@@ -248,8 +248,8 @@ class OmniTrainingJobSpec(Spec):
         description="hot spares: standby pods kept running (scheduled, image pulled, trainer "
         "imported) on other nodes of the job's network domains; a lost node's rank moves to "
         "one of them without a scheduling round trip (the other pods restart in place), and "
-        "the operator schedules a new spare in the background. Needs restartPolicy.mode "
-        "in-place; a lost node rank 0 (the rendezvous host) still recreates the pods",
+        "the operator schedules a new spare in the background (node rank 0 too: the "
+        "rendezvous address follows its label). Needs restartPolicy.mode in-place",
     )
     gpus_per_node: int = Field(
         8, ge=0, description="GPUs (= trainer processes) per node; 0: one CPU process per pod"

@@ -115,6 +115,20 @@ async def test_get_events_in_all_forms(api: Api) -> None:
         assert "<invalid>" not in out and "<unknown>" not in out
 
 
+async def test_short_names_resolve_as_on_a_cluster(api: Api) -> None:
+    """``kubectl get svc`` (and every short name a real API server lists for these kinds)."""
+    svc = {"apiVersion": "v1", "kind": "Service",
+           "metadata": {"name": "job-a0-rdzv", "namespace": "default"},
+           "spec": {"clusterIP": "None", "ports": [{"port": 29500}]}}  # fmt: skip
+    code, _, err = await api.kubectl("create", "-f", "-", stdin=yaml.safe_dump(svc))
+    assert code == 0, err
+    code, out, err = await api.kubectl("get", "svc")
+    assert code == 0 and "job-a0-rdzv" in out, (out, err)
+    for short in ("ns", "no", "po", "cm", "pvc", "ev", "crd", "pg"):
+        code, _, err = await api.kubectl("get", short, "-A")
+        assert code == 0, (short, err)
+
+
 async def test_stored_objects_survive_an_api_server_restart(tmp_path: Path) -> None:
     store = tmp_path / "api-objects.json"
     async with Emulator(store=store) as emu, kmock.Server(emu) as server:

@@ -62,11 +62,13 @@ async def test_apply_creates_ranked_pods_in_one_spine(cluster: Cluster) -> None:
         assert env["OMNI_NODE_RANK"] == str(rank)
         assert env["OMNI_NNODES"] == "2" and env["OMNI_NPROC_PER_NODE"] == "2"
         assert env["OMNI_RESTART_ATTEMPT"] == "0" and env["OMNI_RESUME"] == "auto"
-        assert env["MASTER_ADDR"] == f"train-a0-n0.train.{NS}.svc"
+        assert env["MASTER_ADDR"] == f"train-a0-rdzv.{NS}.svc"
         (owner,) = pod["metadata"]["ownerReferences"]
         assert owner["uid"] == created["metadata"]["uid"] and owner["controller"] is True
     assert cluster.emu.stored("v1/configmaps", NS, "train-config") is not None
     assert cluster.emu.stored("v1/services", NS, "train")["spec"]["clusterIP"] == "None"
+    rdzv = cluster.emu.stored("v1/services", NS, "train-a0-rdzv")
+    assert rdzv["spec"]["selector"]["omni.megascale.io/node-rank"] == "0"
     status = cluster.status("train")
     assert status["placement"] == ["n0", "n1"] and status["attempt"] == 0
     assert status["restartBudgetLeft"] == 10

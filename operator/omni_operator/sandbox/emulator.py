@@ -52,21 +52,23 @@ def _parse_path_with_namespaces(path: str) -> parsing.ParsedPath:
 
 parsing.parse_path = _parse_path_with_namespaces
 
-# The resources the operator and the tests use: (group/version/plural, kind, namespaced, status).
+# The resources the operator and the tests use: (group/version/plural, kind, namespaced, status,
+# short names as a real API server lists them: `kubectl get svc` works).
 # ``status``: /status is a subresource (writes to the main resource leave status alone and back).
-RESOURCES: list[tuple[str, str, bool, bool]] = [
-    ("v1/namespaces", "Namespace", False, False),
-    ("v1/nodes", "Node", False, False),
-    ("v1/pods", "Pod", True, True),
-    ("v1/services", "Service", True, False),
-    ("v1/configmaps", "ConfigMap", True, False),
-    ("v1/secrets", "Secret", True, False),
-    ("v1/persistentvolumeclaims", "PersistentVolumeClaim", True, True),
-    ("v1/events", "Event", True, False),
-    ("events.k8s.io/v1/events", "Event", True, False),
-    ("apiextensions.k8s.io/v1/customresourcedefinitions", "CustomResourceDefinition", False, True),
-    ("scheduling.volcano.sh/v1beta1/podgroups", "PodGroup", True, True),
-]
+RESOURCES: list[tuple[str, str, bool, bool, tuple[str, ...]]] = [
+    ("v1/namespaces", "Namespace", False, False, ("ns",)),
+    ("v1/nodes", "Node", False, False, ("no",)),
+    ("v1/pods", "Pod", True, True, ("po",)),
+    ("v1/services", "Service", True, False, ("svc",)),
+    ("v1/configmaps", "ConfigMap", True, False, ("cm",)),
+    ("v1/secrets", "Secret", True, False, ()),
+    ("v1/persistentvolumeclaims", "PersistentVolumeClaim", True, True, ("pvc",)),
+    ("v1/events", "Event", True, False, ("ev",)),
+    ("events.k8s.io/v1/events", "Event", True, False, ("ev",)),
+    ("apiextensions.k8s.io/v1/customresourcedefinitions", "CustomResourceDefinition", False, True,
+     ("crd", "crds")),
+    ("scheduling.volcano.sh/v1beta1/podgroups", "PodGroup", True, True, ("pg",)),
+]  # fmt: skip
 VERBS = {"create", "delete", "get", "list", "patch", "update", "watch"}
 
 
@@ -250,8 +252,8 @@ class Emulator(kmock.KubernetesEmulator):
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
-        for key, kind, namespaced, status in RESOURCES:
-            self.declare(key, kind=kind, namespaced=namespaced, status=status)
+        for key, kind, namespaced, status, short in RESOURCES:
+            self.declare(key, kind=kind, namespaced=namespaced, status=status, short_names=short)
         for ns in ("default", "kube-system"):
             self._objects["v1/namespaces", None, ns] = self._stamp(
                 {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}

@@ -123,7 +123,7 @@ def test_status_patch_has_only_changes_and_full_first_write() -> None:
 def test_first_reconcile_creates_everything_and_starts() -> None:
     a = reconcile(_obs(_job()))
     kinds = [o["kind"] for o in a.create]
-    assert kinds == ["ConfigMap", "Service", "Pod", "Pod"]
+    assert kinds == ["ConfigMap", "Service", "Service", "Pod", "Pod"]
     assert a.status["phase"] == "Starting" and a.status["placement"] == ["n0", "n1"]
     assert a.status["attemptStartTime"] == T
     assert a.status["restartBudgetLeft"] == 10 and a.status["startTime"] == T
@@ -146,7 +146,7 @@ def test_reconcile_is_idempotent_once_running() -> None:
 def test_partial_creation_is_completed_not_restarted() -> None:
     job = _job()
     first = reconcile(_obs(job))
-    owned = _live(first.create[:3], phase="Pending")  # stopped before the 2nd pod and status
+    owned = _live(first.create[:4], phase="Pending")  # stopped before the 2nd pod and status
     a = reconcile(_obs(job, None, owned))
     assert [o["metadata"]["name"] for o in a.create] == ["tiny-cpu-a0-n1"]
     assert a.status["phase"] == "Starting" and not a.delete
@@ -197,7 +197,7 @@ def test_non_retryable_failure_fails_and_stops_the_rest() -> None:
     job = _job(restartPolicy={"nonRetryableExitCodes": [2]})
     status, owned = _start(job)
     term = {"terminated": {"exitCode": 2, "finishedAt": T}}
-    owned[2] = {**owned[2], "status": {"phase": "Failed", "containerStatuses": [{"state": term}]}}
+    owned[3] = {**owned[3], "status": {"phase": "Failed", "containerStatuses": [{"state": term}]}}
     a = reconcile(_obs(job, status, owned))
     assert a.status["phase"] == "Failed" and a.status["completionTime"] == T
     assert [d.obj["metadata"]["name"] for d in a.delete] == ["tiny-cpu-a0-n1"]
@@ -293,6 +293,9 @@ def test_a_resume_whose_status_write_conflicted_adopts_the_pods_it_created() -> 
     status = {**status, **reconcile(_obs(_job(suspend=True), status, owned)).status}
     shared = [o for o in owned if o["kind"] != "Pod"]
     resumed = reconcile(_obs(job, status, shared))
+    assert [d.obj["metadata"]["name"] for d in resumed.delete] == ["tiny-cpu-a0-rdzv"]
+    shared = [o for o in shared if o["metadata"]["name"] != "tiny-cpu-a0-rdzv"]
+    shared += [o for o in resumed.create if o["kind"] != "Pod"]  # attempt 1's rendezvous
     new_pods = _live([o for o in resumed.create if o["kind"] == "Pod"])
     rerun = reconcile(_obs(job, status, shared + new_pods))  # the write did not land
     assert not rerun.delete, [d.obj["metadata"]["name"] for d in rerun.delete]

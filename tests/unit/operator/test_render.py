@@ -99,8 +99,17 @@ def test_objects_pass_kubernetes_validate_strict(case: str, version: str) -> Non
 
 def test_pods_are_wired_for_torchrun() -> None:
     job = _job()
-    pods = [o for o in _objects(job, attempt=2) if o["kind"] == "Pod"]
-    master = "paper-a-a2-n0.paper-a.ml.svc"
+    objs = _objects(job, attempt=2)
+    pods = [o for o in objs if o["kind"] == "Pod"]
+    master = "paper-a-a2-rdzv.ml.svc"
+    # The rendezvous address is a Service selecting the attempt's pod of node rank 0 (a spare
+    # relabelled to that rank included); it publishes the pod before it is Ready.
+    (rdzv,) = [o for o in objs if o["metadata"]["name"] == "paper-a-a2-rdzv"]
+    assert rdzv["spec"]["clusterIP"] == "None" and rdzv["spec"]["publishNotReadyAddresses"]
+    selector = rdzv["spec"]["selector"]
+    selected = [p["metadata"]["name"] for p in pods
+                if selector.items() <= p["metadata"]["labels"].items()]  # fmt: skip
+    assert selected == ["paper-a-a2-n0"]
     for rank, pod in enumerate(pods):
         spec = pod["spec"]
         (container,) = spec["containers"]
@@ -233,7 +242,8 @@ def test_cli_render_prints_objects_and_explanation() -> None:
     assert "# reorder group 0 (node ranks 0-1, pipeline stage 0)" in head
     assert "n5 quarantined" in head and "n2 NotReady" in head
     objs = [yaml.safe_load(d) for d in docs]
-    assert [o["kind"] for o in objs] == ["ConfigMap", "Service", "PodGroup"] + ["Pod"] * 8
+    kinds = ["ConfigMap", "Service", "Service", "PodGroup"] + ["Pod"] * 8
+    assert [o["kind"] for o in objs] == kinds
     assert "n5" not in {
         o["metadata"].get("annotations", {}).get("omni.megascale.io/placed-node") for o in objs
     }

@@ -11,7 +11,7 @@ from omni_operator.placement import place_spares
 from omni_operator.reconcile import Progress, reconcile
 from omni_operator.recovery import Failure
 from omni_operator.render import LABEL_ATTEMPT, LABEL_RANK, LABEL_SPARE
-from omni_operator.spares import plan_swap
+from omni_operator.spares import plan_swap, relabel
 from omni_trainer.config import ManifestError
 
 from .nodes import node
@@ -108,15 +108,25 @@ def test_a_lost_node_moves_its_rank_to_the_spare_and_the_rest_restart_in_place()
     assert order["attempt"] == 2 and "fresh" not in order and "tiny-cpu-s0" in order["spares"]
 
 
-def test_no_swap_for_rank_0_or_without_a_ready_spare_in_the_domain() -> None:
+def test_rank_0_moves_too_and_no_swap_without_a_ready_spare_in_the_domain() -> None:
     job, _, owned = _with_spare()
     pods = [o for o in owned if o["kind"] == "Pod" and LABEL_RANK in o["metadata"]["labels"]]
     standby = [o for o in owned if o["metadata"]["name"] == "tiny-cpu-s0"]
     nodes = {n["metadata"]["name"]: n for n in [node(f"n{i}") for i in range(4)]}
     lost1 = Failure("node_lost", "n1 lost", nodes=("n1",))
     assert plan_swap(lost1, pods, standby, nodes, job=job, now=NOW).ranks == {1: standby[0]}
+    # Node rank 0 (the rendezvous host): the relabelled spare is what the rendezvous Service
+    # selects once the lost pod is gone, and the spare's torchrun names that Service.
     lost0 = Failure("node_lost", "n0 lost", nodes=("n0",))
-    assert plan_swap(lost0, pods, standby, nodes, job=job, now=NOW) is None  # the rendezvous
+    swap = plan_swap(lost0, pods, standby, nodes, job=job, now=NOW)
+    assert swap is not None and swap.ranks == {0: standby[0]}
+    assert [p["metadata"]["name"] for p in swap.lost] == ["tiny-cpu-a0-n0"]
+    (rdzv,) = [o for o in owned if o["metadata"]["name"] == "tiny-cpu-a0-rdzv"]
+    labels = {**standby[0]["metadata"]["labels"], **relabel(standby[0], 0)["metadata"]["labels"]}
+    assert rdzv["spec"]["selector"].items() <= labels.items()
+    assert not rdzv["spec"]["selector"].items() <= standby[0]["metadata"]["labels"].items()
+    command = standby[0]["spec"]["containers"][0]["command"]
+    assert "--master-addr=tiny-cpu-a0-rdzv.ml.svc" in command
     crash = Failure("pod_failed", "boom", pods=("tiny-cpu-a0-n1",))
     assert plan_swap(crash, pods, standby, nodes, job=job, now=NOW) is None
     other = {**nodes, "n2": node("n2", zone="z2")}  # the spare's node in another domain
