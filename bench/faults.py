@@ -1,8 +1,8 @@
 """What each fault costs the tiny job in the sandbox, restarted in place vs recreated.
 
-One ``omni sandbox up`` (4 CPU nodes: the real kopf operator, the kubelet simulator running the
-pods as processes, real torchrun trainers) runs the tiny job (2 nodes x 1 process, a checkpoint
-every ``--interval`` steps) once per ``restartPolicy.mode`` (``in-place``, then ``recreate``).
+A fresh ``omni sandbox up`` per ``restartPolicy.mode`` (4 CPU nodes: the real kopf operator, the
+kubelet simulator running the pods as processes, real torchrun trainers) runs the tiny job (2
+nodes x 1 process, a checkpoint every ``--interval`` steps) (``in-place``, then ``recreate``).
 Each fault is injected once the job trains again after the previous one, a few steps past a
 checkpoint, so every fault has steps to recompute:
 
@@ -461,28 +461,33 @@ def print_suite(costs: list[Cost]) -> None:
 def main() -> None:
     args = _args()
     os.environ.setdefault("PYTHONPATH", f"{REPO / 'trainer'}:{REPO / 'operator'}")
+    pulls = (
+        f"{args.pull_seconds:g} s per node and image (assumed)"
+        if args.pull_seconds
+        else ("not modelled (--pull-seconds 0)")
+    )
+    print(f"image pulls: {pulls}", flush=True)
     with tempfile.TemporaryDirectory(prefix="omni-faults-") as tmp:
-        cwd = args.dir.resolve() if args.dir else Path(tmp)
-        cwd.mkdir(parents=True, exist_ok=True)
-        # the suite quarantines 4 nodes
-        sb = Sandbox(cwd, nodes=8 if args.suite else 4, pull_s=args.pull_seconds)
-        pulls = (
-            f"{args.pull_seconds:g} s per node and image (assumed)"
-            if args.pull_seconds
-            else ("not modelled (--pull-seconds 0)")
-        )
-        print(f"image pulls: {pulls}", flush=True)
-        costs: list[Cost] = []
-        try:
-            if args.suite:
+        root = args.dir.resolve() if args.dir else Path(tmp)
+        if args.suite:
+            root.mkdir(parents=True, exist_ok=True)
+            sb = Sandbox(root, nodes=8, pull_s=args.pull_seconds)  # it quarantines 4 nodes
+            try:
                 costs, ok = run_suite(sb, args)
-                print_suite(costs)
-                sys.exit(0 if ok else 1)
-            for mode in args.modes:
+            finally:
+                sb.close()
+            print_suite(costs)
+            sys.exit(0 if ok else 1)
+        costs: list[Cost] = []
+        for mode in args.modes:
+            # A sandbox of its own: no mode inherits the images another one's pods pulled.
+            (root / mode).mkdir(parents=True, exist_ok=True)
+            sb = Sandbox(root / mode, nodes=4, pull_s=args.pull_seconds)
+            try:
                 costs += run_mode(sb, mode, list(args.faults), args)
-                print(f"{mode}: done ({len(costs)} faults so far)", flush=True)
-        finally:
-            sb.close()
+            finally:
+                sb.close()
+            print(f"{mode}: done ({len(costs)} faults so far)", flush=True)
     print_table(costs, args.modes)
 
 
