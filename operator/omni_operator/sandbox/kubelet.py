@@ -488,8 +488,10 @@ class Kubelet:
             c for c in containers if self.registry and not self.registry.has(c.get("image", ""))
         ]
         if not missing:
-            self._pulls.pop(key, None)
-            return await self._cached(pod, sim, containers)
+            cached = await self._cached(pod, sim, containers)
+            if cached:
+                self._pulls.pop(key, None)
+            return cached
         assert self.registry is not None
         (c, *_) = missing
         pull = self._pulls.setdefault(key, _Pull())
