@@ -162,8 +162,8 @@ gpu-check: setup
 # Each fault kind injected into the tiny job in the sandbox (crash, container killed, hang,
 # SIGTERM, node lost, image missing on restart; --faults adds suspend, straggler): detection,
 # first step, steps recomputed and training time lost, restartPolicy.mode in-place side by side
-# with recreate. A node lost with a hot spare beside without:
-# make bench-faults BENCH_ARGS='--modes in-place+spare in-place --faults node-lost'
+# with recreate. A node lost with a hot spare beside recreating, with an assumed image pull time:
+# make bench-faults BENCH_ARGS='--modes in-place+spare recreate --faults crash node-lost --pull-seconds 30'
 bench-faults: setup
 	$(BIN)/python bench/faults.py $(BENCH_ARGS)
 
