@@ -2,7 +2,7 @@
 
 kubectl asks the API server for a Table and prints its cells; without one it shows only names
 and ages. The columns are the CRD's ``additionalPrinterColumns`` for custom resources and
-kubectl's familiar ones for pods and nodes. Dates print as ages, like the API server does.
+kubectl's familiar ones for pods, services and nodes. Dates print as ages, like the API server does.
 """
 
 from __future__ import annotations
@@ -47,14 +47,49 @@ def json_path(obj: Obj, path: str) -> Any:
 
 
 def _pod_status(pod: Obj) -> str:
-    if (pod.get("metadata") or {}).get("deletionTimestamp"):
-        return "Terminating"
+    """kubectl's STATUS: a container's waiting reason (ContainerCreating, ErrImagePull,
+    CrashLoopBackOff) or termination reason wins over the pod's phase."""
     status = pod.get("status") or {}
-    for cs in status.get("containerStatuses") or []:
+    meta = pod.get("metadata") or {}
+    reason = str(status.get("reason") or status.get("phase") or "Pending")
+    running = False
+    for cs in reversed(status.get("containerStatuses") or []):
         state = cs.get("state") or {}
-        if "terminated" in state and state["terminated"].get("reason"):
-            return str(state["terminated"]["reason"])
-    return str(status.get("phase") or "Pending")
+        waiting, terminated = state.get("waiting") or {}, state.get("terminated")
+        if waiting.get("reason"):
+            reason = str(waiting["reason"])
+        elif terminated is not None:
+            code = terminated.get("exitCode", 0)
+            reason = str(terminated.get("reason") or f"ExitCode:{code}")
+        elif cs.get("ready") and "running" in state:
+            running = True
+    if reason == "Completed" and running:
+        reason = "Running"
+    if meta.get("deletionTimestamp"):
+        return "Unknown" if status.get("reason") == "NodeLost" else "Terminating"
+    return reason
+
+
+def _pod_restarts(pod: Obj) -> str:
+    """kubectl's RESTARTS: the containers' restarts, and how long ago the last one ended."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    count = sum(int(cs.get("restartCount") or 0) for cs in statuses)
+    ends = [
+        str(((cs.get("lastState") or {}).get("terminated") or {}).get("finishedAt") or "")
+        for cs in statuses
+    ]
+    last = max((e for e in ends if e), default=None)
+    return f"{count} ({age(last)} ago)" if count and last else str(count)
+
+
+def _service_ports(svc: Obj) -> str:
+    ports = (svc.get("spec") or {}).get("ports") or []
+    return ",".join(f"{p.get('port')}/{p.get('protocol', 'TCP')}" for p in ports) or "<none>"
+
+
+def _selector(svc: Obj) -> str:
+    selector = (svc.get("spec") or {}).get("selector") or {}
+    return ",".join(f"{k}={v}" for k, v in selector.items()) or "<none>"
 
 
 def _pod_ready(pod: Obj) -> str:
@@ -93,7 +128,7 @@ BUILTIN: dict[str, list[Column]] = {
     "Pod": [
         _cell(_pod_ready, "Ready"),
         _cell(_pod_status, "Status"),
-        _cell(lambda p: 0, "Restarts"),
+        _cell(_pod_restarts, "Restarts"),
         _cell(_created, "Age"),
         _cell(lambda p: json_path(p, ".status.podIP") or "<none>", "IP", priority=1),
         _cell(lambda p: json_path(p, ".spec.nodeName") or "<none>", "Node", priority=1),
@@ -104,6 +139,14 @@ BUILTIN: dict[str, list[Column]] = {
         _cell(lambda e: e.get("reason") or "", "Reason"),
         _cell(_involved, "Object"),
         _cell(lambda e: e.get("message") or "", "Message"),
+    ],
+    "Service": [
+        _cell(lambda v: json_path(v, ".spec.type") or "ClusterIP", "Type"),
+        _cell(lambda v: json_path(v, ".spec.clusterIP") or "<none>", "Cluster-IP"),
+        _cell(lambda v: "<none>", "External-IP"),
+        _cell(_service_ports, "Port(s)"),
+        _cell(_created, "Age"),
+        _cell(_selector, "Selector", priority=1),
     ],
     "Node": [
         _cell(_node_status, "Status"),

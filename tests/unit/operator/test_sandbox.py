@@ -105,6 +105,49 @@ def test_crd_printer_columns_become_a_table() -> None:
     assert row["object"]["metadata"]["name"] == "train"
 
 
+def _cells(obj: dict, kind: str) -> dict:
+    from omni_operator.sandbox.tables import BUILTIN
+
+    table = as_table([obj], BUILTIN[kind], resource_version="1")
+    names = [c["name"] for c in table["columnDefinitions"]]
+    return dict(zip(names, table["rows"][0]["cells"], strict=True))
+
+
+def test_pods_and_services_print_as_kubectl_prints_them() -> None:
+    """STATUS is a container's waiting or termination reason before the phase (a user sees
+    ContainerCreating, ErrImagePull, CrashLoopBackOff), RESTARTS counts the containers'
+    restarts (an in-place restart shows there); Services show type, ports and selector."""
+    meta = {"name": "p", "creationTimestamp": "2026-12-02T12:00:00Z"}
+    spec = {"containers": [{"name": "trainer"}]}
+
+    def pod(phase: str, cs: dict, **extra: object) -> dict:
+        status = {"phase": phase, "containerStatuses": [{"name": "trainer", **cs}]}
+        return {"metadata": {**meta, **extra}, "spec": spec, "status": status}
+
+    pulling = {"state": {"waiting": {"reason": "ContainerCreating"}}, "restartCount": 0}
+    pull_failed = {"state": {"waiting": {"reason": "ImagePullBackOff"}}, "restartCount": 0}
+    ended = {"finishedAt": "2026-12-02T12:00:00Z", "exitCode": 137, "reason": "Error"}
+    restarted = {"state": {"running": {}}, "ready": True, "restartCount": 2,
+                 "lastState": {"terminated": ended}}  # fmt: skip
+    exited = {"state": {"terminated": {"exitCode": 3}}, "restartCount": 0}
+    assert _cells(pod("Pending", pulling), "Pod")["Status"] == "ContainerCreating"
+    assert _cells(pod("Pending", pull_failed), "Pod")["Status"] == "ImagePullBackOff"
+    assert _cells(pod("Failed", exited), "Pod")["Status"] == "ExitCode:3"
+    cells = _cells(pod("Running", restarted), "Pod")
+    assert cells["Status"] == "Running" and cells["Ready"] == "1/1"
+    assert cells["Restarts"].startswith("2 (") and cells["Restarts"].endswith(" ago)")
+    going = pod("Running", restarted, deletionTimestamp="2026-12-02T12:00:00Z")
+    assert _cells(going, "Pod")["Status"] == "Terminating"
+
+    svc = {"metadata": {**meta, "name": "job-a0-rdzv"},
+           "spec": {"clusterIP": "None", "selector": {"job": "j", "rank": "0"},
+                    "ports": [{"port": 29500, "protocol": "TCP"}]}}  # fmt: skip
+    cells = _cells(svc, "Service")
+    assert (cells["Type"], cells["Cluster-IP"], cells["Port(s)"]) == ("ClusterIP", "None",
+                                                                      "29500/TCP")  # fmt: skip
+    assert cells["Selector"] == "job=j,rank=0"
+
+
 def test_the_registry_holds_the_images_of_the_examples_and_the_chart() -> None:
     from omni_operator.sandbox.cluster import DEFAULT_IMAGES
     from omni_operator.sandbox.kubelet import Registry, image_ref
