@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import os
 import sys
 from collections.abc import AsyncIterator
@@ -127,6 +128,36 @@ async def test_short_names_resolve_as_on_a_cluster(api: Api) -> None:
     for short in ("ns", "no", "po", "cm", "pvc", "ev", "crd", "pg"):
         code, _, err = await api.kubectl("get", short, "-A")
         assert code == 0, (short, err)
+
+
+async def test_watches_stream_json_for_get_w_and_delete(api: Api) -> None:
+    """``kubectl get -w`` (the README's ``kubectl get otj -w``) prints a row per change with the
+    printer columns, and ``kubectl delete`` waits through a watch-list (initial events, then a
+    bookmark) without client-go errors; both failed on kmock's untyped watch stream."""
+    code, _, err = await api.kubectl("apply", "-f", "-", stdin=_job())
+    assert code == 0, err
+    proc = await asyncio.create_subprocess_exec(
+        KUBECTL, "get", "otj", "-w", env=api.env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        header = await asyncio.wait_for(proc.stdout.readline(), 30)
+        assert b"PHASE" in header and b"RESTARTS" in header, header
+        await asyncio.wait_for(proc.stdout.readline(), 30)  # the job as it is
+        status = json.dumps({"status": {"phase": "Running", "step": 42, "restarts": 0}})
+        code, _, err = await api.kubectl("patch", "otj", "tiny-cpu", "--subresource=status",
+                                         "--type=merge", "-p", status)  # fmt: skip
+        assert code == 0, err
+        row = await asyncio.wait_for(proc.stdout.readline(), 30)  # the change, as a row
+        assert b"tiny-cpu" in row and b"Running" in row and b"42" in row, row
+    finally:
+        proc.kill()
+        _, err_bytes = await proc.communicate()
+    assert b"serializer" not in err_bytes, err_bytes
+    code, out, err = await api.kubectl("delete", "otj", "tiny-cpu")
+    assert code == 0 and "deleted" in out and "Failed to watch" not in err, (out, err)
+    assert "serializer" not in err and "bookmark" not in err, err
 
 
 async def test_stored_objects_survive_an_api_server_restart(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ the next start, as etcd would keep it.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import json
@@ -350,6 +351,8 @@ class Emulator(kmock.KubernetesEmulator):
             return self._openapi(request.url.path.removeprefix("/openapi/v3").strip("/"))
         if request.subresource == "log" and request.resource == kmock.resource("v1/pods"):
             return await self._log(request)
+        if request.action == kmock.action.WATCH and request.resource is not None:
+            return await self._watch(request)
         if request.resource is None or request.subresource not in (None, "status"):
             return await super()._handle(request)
         if request.action == kmock.action.CREATE and request.name is None:
@@ -542,6 +545,44 @@ class Emulator(kmock.KubernetesEmulator):
             text = "".join(text.splitlines(keepends=True)[-int(tail) :])
         return aiohttp.web.Response(text=text, content_type="text/plain")
 
+    async def _watch(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        """Watch events as JSON lines under ``Content-Type: application/json``, as an API
+        server streams them: kmock's stream has no content type (aiohttp sends
+        application/octet-stream), which client-go refuses ("no stream serializers registered"):
+        ``kubectl get -w`` failed at once and ``kubectl delete`` warned while it waited."""
+        assert request._raw_request is not None
+        tables = "as=Table" in request.headers.get("Accept", "")  # `kubectl get -w`
+        response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request._raw_request)
+
+        async def send(event: Obj) -> None:
+            if tables and event["type"] != "BOOKMARK":  # a one-row Table, as the server does
+                event = {**event, "object": self._as_table(request, [event["object"]])}
+            await response.write(json.dumps(event).encode() + b"\n")
+
+        with contextlib.suppress(ConnectionError):
+            since = None
+            if request.params.get("sendInitialEvents") == "true":  # a watch-list (client-go's
+                # informers, `kubectl delete` waiting): the objects, then a bookmark that ends them
+                listed = await self._serve_list(request)
+                for obj in listed["items"]:
+                    await send({"type": "ADDED", "object": obj})
+                since = int(listed["metadata"]["resourceVersion"])
+                end = {"resourceVersion": str(since),
+                       "annotations": {"k8s.io/initial-events-end": "true"}}  # fmt: skip
+                kind, version = self.resources[request.resource].kind, listed["apiVersion"]
+                await send(
+                    {
+                        "type": "BOOKMARK",
+                        "object": {"kind": kind, "apiVersion": version, "metadata": end},
+                    }
+                )
+            async for event in self._serve_watch(request, since=since):
+                if isinstance(event, dict):
+                    await send(event)
+            await response.write_eof()
+        return response
+
     # -- reads -------------------------------------------------------------------------------
 
     async def _serve_version(self, request: rendering.Request) -> rendering.Payload:
@@ -565,6 +606,9 @@ class Emulator(kmock.KubernetesEmulator):
         accept = request.headers.get("Accept", "")
         if "as=Table" not in accept or request.params.get("watch"):
             return None
+        return self._as_table(request, objs)
+
+    def _as_table(self, request: rendering.Request, objs: list[Obj]) -> Obj:
         return as_table(
             objs,
             self._columns.get(request.resource, []),
@@ -592,8 +636,12 @@ class Emulator(kmock.KubernetesEmulator):
             "items": items,
         }
 
-    async def _serve_watch(self, request: rendering.Request) -> AsyncIterator[rendering.Payload]:
-        since = int(request.params.get("resourceVersion") or 0)
+    async def _serve_watch(
+        self, request: rendering.Request, *, since: int | None = None
+    ) -> AsyncIterator[rendering.Payload]:
+        """Events after resourceVersion ``since`` (default: the request's)."""
+        if since is None:
+            since = int(request.params.get("resourceVersion") or 0)
         async for event in super()._serve_watch(request):
             if not isinstance(event, dict):
                 yield event  # the initial empty chunk that starts the stream
