@@ -63,6 +63,15 @@ def sandbox_up(
             "place does not); 0: instant",
         ),
     ] = 0.0,
+    sync_seconds: Annotated[
+        float,
+        typer.Option(
+            min=0.1,
+            help="the kubelets' syncFrequency: a running pod's ConfigMap volumes follow a "
+            "ConfigMap update this late at worst, unless the pod itself is updated (a real "
+            "kubelet's default: 60)",
+        ),
+    ] = 60.0,
 ) -> None:
     """Run the sandbox until Ctrl-C: pods run as local processes in this directory."""
     import asyncio
@@ -82,6 +91,7 @@ def sandbox_up(
         resync_seconds=resync,
         images=tuple(image or DEFAULT_IMAGES),
         pull_seconds=pull_seconds,
+        sync_seconds=sync_seconds,
     )
 
     async def main() -> None:

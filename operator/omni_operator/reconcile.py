@@ -19,10 +19,11 @@ Phases::
 ``PodsRunning`` names what the scheduler or the kubelet says (Unschedulable, ErrImagePull...),
 and ``restartPolicy.startTimeoutSeconds`` bounds the time to the trainer's first step.
 ``Running``: every trainer container runs. An in-place restart keeps the pods (``podAttempt``
-names the attempt that created them) and, after the backoff, writes the new attempt into the
-job's ConfigMap for their supervisors. Pods are named per attempt
-(``<job>-a<attempt>-n<rank>``), so a restart never waits for a pod stuck Terminating on a lost
-node: those are force-deleted (grace 0) instead.
+names the attempt that created them) and, after the backoff, writes the new attempt into each
+pod's order annotation for its supervisor (updating the pod makes its kubelet refresh the file
+at once; a ConfigMap alone reaches a running pod at the kubelet's next periodic sync). Pods are
+named per attempt (``<job>-a<attempt>-n<rank>``), so a restart never waits for a pod stuck
+Terminating on a lost node: those are force-deleted (grace 0) instead.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from omni_operator.render import (
     LABEL_RANK,
     attempt_order,
     config_map_name,
+    order_patch,
     render_all,
     render_config_map,
     render_rendezvous_service,
@@ -495,20 +497,21 @@ def _start_attempt(s: _Step) -> Actions:
 
 
 def _restart_in_place(s: _Step, pods: list[Obj]) -> Actions:
-    """The backoff ended: tell the pods' supervisors (the ConfigMap's attempt key) to restart
+    """The backoff ended: tell the pods' supervisors (each pod's order annotation) to restart
     their trainers as the new attempt, which resumes from the latest checkpoint."""
     st = s.st
     last = st.restart_history[-1] if st.restart_history else None
     fresh = last is not None and last.attempt == st.attempt and last.mode == "spare"
     assigned = spares.assignments(s.job, pods)
-    s.actions.adopt.append(
+    doc = attempt_order(st.attempt, pods=st.pods_of, spares=assigned, fresh=fresh)
+    s.actions.adopt += [order_patch(p, doc) for p in pods]
+    s.actions.adopt.append(  # read by pods an earlier operator version rendered
         {
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": {"name": config_map_name(s.job.metadata.name),
                          "namespace": s.job.metadata.namespace or "default"},
-            "data": {ATTEMPT_KEY: attempt_order(st.attempt, pods=st.pods_of, spares=assigned,
-                                                fresh=fresh)},
+            "data": {ATTEMPT_KEY: doc},
         }
     )  # fmt: skip
     s.set(last_progress_time=None, attempt_start_time=s.now_s, first_step_time=None)

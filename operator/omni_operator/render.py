@@ -24,7 +24,7 @@ import yaml
 from omni_operator.placement import PlacedNode, Placement
 from omni_operator.pod_access import render_access
 from omni_operator.spec import GROUP, VERSION, OmniTrainingJob
-from omni_trainer.supervisor import ATTEMPT_KEY, STATE_DIR, order
+from omni_trainer.supervisor import ATTEMPT_KEY, STATE_DIR, order, rdzv_id
 
 Obj = dict[str, Any]
 RDZV_PORT = 29500
@@ -32,8 +32,12 @@ METRICS_PORT = 9464  # the trainer's Prometheus port (omni_trainer.components.me
 CONFIG_DIR = "/etc/omni"
 CONFIG_FILE = "job.yaml"
 CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_FILE}"
-ATTEMPT_PATH = f"{CONFIG_DIR}/{ATTEMPT_KEY}"
-"""Where in-place pods read the restart attempt to run (a key of the job's ConfigMap)."""
+ORDER_DIR = "/etc/omni-order"
+ATTEMPT_PATH = f"{ORDER_DIR}/{ATTEMPT_KEY}"
+"""Where in-place pods read the restart attempt to run: their own :data:`ANNOTATION_ORDER`,
+projected by a downwardAPI volume. A kubelet refreshes it as soon as the pod is updated; a
+ConfigMap key (pods rendered before it, :func:`render_config_map`) only at its next periodic
+sync, up to a minute later."""
 LABEL_JOB = f"{GROUP}/job"
 LABEL_RANK = f"{GROUP}/node-rank"
 LABEL_ATTEMPT = f"{GROUP}/attempt"
@@ -43,6 +47,8 @@ LABEL_SPARE = f"{GROUP}/spare"
 SPARE_RANK = -1
 """A standby's node rank until its supervisor is given one (it starts nothing before)."""
 ANNOTATION_NODE = f"{GROUP}/placed-node"
+ANNOTATION_ORDER = f"{GROUP}/order"
+"""On an in-place pod: the operator's order to its supervisor (:func:`attempt_order`)."""
 TRAINER_UID = 1000
 STOP_MARGIN_SECONDS = 10
 """Pod grace beyond the trainer's stop grace: torchrun's shutdown and the container's exit."""
@@ -97,7 +103,9 @@ def render_config_map(job: OmniTrainingJob, *, attempt: int = 0, pods: int | Non
     other cluster settings are not their business),
     with the data reorder groups of the topology's network-local node groups, and the restart
     attempt the pods' supervisors run: in the pods that attempt ``pods`` (default: ``attempt``)
-    created (in-place restarts change only that key)."""
+    created (in-place restarts change only that key). Pods read their order from their own
+    annotation (:data:`ATTEMPT_PATH`); the key stays for pods an earlier operator version
+    rendered, which mount it."""
     trainer = job.spec.trainer.model_dump(mode="json", by_alias=True, exclude_unset=True)
     group = job.spec.trainer_reorder_group()
     if group is not None:
@@ -247,6 +255,22 @@ def spare_env(job: OmniTrainingJob, node: PlacedNode) -> dict[str, str]:
     return {k: env[k] for k in SPARE_ENV}
 
 
+def _order_volume() -> Obj:
+    """The pod's order annotation as the file its supervisor watches."""
+    path = f"metadata.annotations['{ANNOTATION_ORDER}']"
+    item = {"path": ATTEMPT_KEY, "fieldRef": {"fieldPath": path}}
+    return {"name": "order", "downwardAPI": {"items": [item]}}
+
+
+def order_patch(pod: Obj, order_doc: str) -> Obj:
+    """A merge patch giving ``pod`` the order ``order_doc``: the update makes its kubelet sync
+    the pod, which rewrites the order file at once."""
+    meta = pod["metadata"]
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": meta["name"], "namespace": meta.get("namespace") or "default",
+                         "annotations": {ANNOTATION_ORDER: order_doc}}}  # fmt: skip
+
+
 def in_place(job: OmniTrainingJob) -> bool:
     return job.spec.restart_policy.mode == "in-place"
 
@@ -275,6 +299,7 @@ def torchrun_command(job: OmniTrainingJob, node: PlacedNode, *, attempt: int) ->
         f"--nproc-per-node={spec.procs_per_node}",
         f"--master-addr={_master_addr(job, attempt)}",
         f"--master-port={RDZV_PORT}",
+        f"--rdzv-id={rdzv_id(attempt)}",  # in place, the supervisor sets each attempt's
         "--max-restarts=0",
         "-m",
         "omni_trainer.cli",
@@ -308,6 +333,8 @@ def render_pod(
         annotations["kueue.x-k8s.io/pod-group-total-count"] = str(spec.nodes)
     if gang and sched.volcano_gang:
         annotations["scheduling.k8s.io/group-name"] = _gang_name(job, attempt)
+    if in_place(job) and spare is None:
+        annotations[ANNOTATION_ORDER] = attempt_order(attempt)
     meta = _meta(job, name, labels)
     meta["annotations"] = annotations
 
@@ -391,6 +418,9 @@ def render_pod(
     if in_place(job):
         container["volumeMounts"].append({"name": "supervisor", "mountPath": STATE_DIR})
         pod_spec["volumes"].append({"name": "supervisor", "emptyDir": {"sizeLimit": "1Mi"}})
+        container["volumeMounts"].append({"name": "order", "mountPath": ORDER_DIR,
+                                          "readOnly": True})  # fmt: skip
+        pod_spec["volumes"].append(_order_volume())
     access, pod_access = render_access(spec.env_from, spec.volumes, spec.image_pull_secrets)
     container["volumeMounts"] += access.pop("volumeMounts", [])
     container.update(access)

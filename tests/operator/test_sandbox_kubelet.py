@@ -32,6 +32,11 @@ class Env:
         async with self.http.post(self.url + path, json=body) as resp:
             assert resp.status < 400, await resp.text()
 
+    async def patch(self, path: str, body: dict[str, Any]) -> None:
+        headers = {"Content-Type": "application/merge-patch+json"}
+        async with self.http.patch(self.url + path, json=body, headers=headers) as resp:
+            assert resp.status == 200, await resp.text()
+
     async def delete(self, path: str) -> None:
         async with self.http.delete(self.url + path) as resp:
             assert resp.status < 400, await resp.text()
@@ -388,7 +393,7 @@ async def test_a_container_restarts_in_its_pod_under_its_restart_policy(env: Env
     """``OnFailure``: a container that dies (``kill-pod``: every process) or whose first
     process exits non-zero after a ``crash`` (its other processes killed) is restarted in the
     same pod, UID and address, with ``restartCount`` up and its end in ``lastState``; success
-    ends it. A running pod's ConfigMap volume follows its ConfigMap."""
+    ends it."""
     await env.post(f"/api/v1/namespaces/{NS}/configmaps",
                    {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"},
                     "data": {"order": "1"}})  # fmt: skip
@@ -427,14 +432,48 @@ async def test_a_container_restarts_in_its_pod_under_its_restart_policy(env: Env
     assert (now["metadata"]["uid"], now["status"]["podIP"], _phase(env, "r")) == (
         uid, ip, "Running")  # fmt: skip
 
-    async with env.http.patch(
-        env.url + f"/api/v1/namespaces/{NS}/configmaps/cfg",
-        json={"data": {"order": "done"}},
-        headers={"Content-Type": "application/merge-patch+json"},
-    ) as resp:
-        assert resp.status == 200  # fmt: skip
-    await env.wait("Succeeded", lambda: _phase(env, "r") == "Succeeded")
+    await env.patch(f"/api/v1/namespaces/{NS}/configmaps/cfg", {"data": {"order": "done"}})
+    await env.patch(f"/api/v1/namespaces/{NS}/pods/r", {"metadata": {"annotations": {"a": "b"}}})
+    await env.wait("Succeeded", lambda: _phase(env, "r") == "Succeeded")  # the pod synced
     assert env.pod("r")["status"]["containerStatuses"][0]["restartCount"] == 2
+
+
+async def test_projected_volumes_follow_their_sources_when_the_kubelet_syncs_the_pod(
+    env: Env,
+) -> None:
+    """A kubelet rewrites a running pod's ConfigMap and downwardAPI volumes when it syncs the
+    pod: a ConfigMap update alone waits for the periodic sync (``syncFrequency``), an update of
+    the pod (an annotation) is a sync at once, for both volumes."""
+    env.kubelet.sync_s = 3600.0  # no periodic sync during the first part
+    await env.post(f"/api/v1/namespaces/{NS}/configmaps",
+                   {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"},
+                    "data": {"k": "1"}})  # fmt: skip
+    pod = _pod("p", "node-0", SLEEPER)
+    pod["metadata"]["annotations"] = {"x/order": "1"}
+    path = "metadata.annotations['x/order']"
+    pod["spec"]["volumes"] = [
+        {"name": "c", "configMap": {"name": "c"}},
+        {"name": "d", "downwardAPI": {"items": [
+            {"path": "order", "fieldRef": {"fieldPath": path}},
+            {"path": "name", "fieldRef": {"fieldPath": "metadata.name"}}]}},
+    ]  # fmt: skip
+    await env.post(f"/api/v1/namespaces/{NS}/pods", pod)
+    await env.wait("Running", lambda: _phase(env, "p") == "Running")
+    volumes = env.kubelet.workdir / "pods" / NS / "p" / "volumes"
+
+    def files() -> tuple[str, str, str]:
+        return tuple((volumes / f).read_text() for f in ("c/k", "d/order", "d/name"))
+
+    assert files() == ("1", "1", "p")
+    await env.patch(f"/api/v1/namespaces/{NS}/configmaps/c", {"data": {"k": "2"}})
+    await asyncio.sleep(0.5)  # ten ticks: a kubelet does not sync a pod for its ConfigMap
+    assert files() == ("1", "1", "p")
+    await env.patch(f"/api/v1/namespaces/{NS}/pods/p",
+                    {"metadata": {"annotations": {"x/order": "2"}}})  # fmt: skip
+    await env.wait("the pod synced", lambda: files() == ("2", "2", "p"))
+    await env.patch(f"/api/v1/namespaces/{NS}/configmaps/c", {"data": {"k": "3"}})
+    env.kubelet.sync_s = 0.5
+    await env.wait("the periodic sync", lambda: files() == ("3", "2", "p"))
 
 
 async def test_a_new_pod_of_an_old_name_starts_with_empty_empty_dirs(env: Env) -> None:

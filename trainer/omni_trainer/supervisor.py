@@ -1,8 +1,9 @@
 """The in-pod supervisor (``omni supervise``): restarts the trainer inside its pod.
 
 With ``restartPolicy.mode: in-place`` every trainer pod runs ``omni supervise -- torchrun ...``
-as its container's first process. The operator says which restart attempt should run in the
-job's ConfigMap (key :data:`ATTEMPT_KEY`, mounted as a file); each pod's supervisor watches that
+as its container's first process. The operator says which restart attempt should run in each
+pod's order annotation (a downwardAPI volume projects it as the file :data:`ATTEMPT_KEY`; the
+kubelet rewrites it when the operator updates the pod); each pod's supervisor watches that
 file and, when it names a newer attempt than the one it started, kills its trainer (hung or
 still running beside a crashed peer) and starts the new attempt, which resumes from the latest
 checkpoint. Every pod thus restarts together without a pod being deleted, scheduled, pulled or
@@ -45,7 +46,8 @@ from typing import Literal
 from omni_trainer import termination
 
 ATTEMPT_KEY = "attempt"
-"""The ConfigMap key (and file name under the config mount) naming the attempt to run, as
+"""The file (in the pod's order volume; a key of the job's ConfigMap for pods of older operator
+versions) naming the attempt to run, as
 :func:`order`: ``{"attempt": N, "pods": M}``, for the pods created by attempt M only (pods of an
 older attempt, still running on a partitioned node, must not start it)."""
 STATE_DIR = "/var/run/omni"
@@ -108,7 +110,7 @@ def order(
     spares: Mapping[str, Mapping[str, str]] | None = None,
     fresh: bool = False,
 ) -> str:
-    """The ConfigMap value: run ``attempt`` in the pods that attempt ``pods`` created, plus the
+    """An order: run ``attempt`` in the pods that attempt ``pods`` created, plus the
     spare pods that took ranks over (``spares``: pod -> that rank's environment); ``fresh``: a
     spare joined at this attempt."""
     doc: dict[str, object] = {"attempt": attempt, "pods": pods}
@@ -147,17 +149,31 @@ def read_target(path: Path, *, pods: int, pod: str | None = None,
         return None
 
 
-def with_rank(command: Sequence[str], env: Mapping[str, str]) -> list[str]:
-    """``command`` with torchrun's ``--node-rank`` set to the rank ``env`` assigns (a spare's;
-    unchanged without one)."""
-    rank = env.get(RANK_ENV)
-    if rank is None:
-        return list(command)
-    return [f"--node-rank={rank}" if w.startswith("--node-rank=") else w for w in command]
+def rdzv_id(attempt: int) -> str:
+    """torchrun's ``--rdzv-id`` for ``attempt``: the prefix of its rendezvous keys."""
+    return f"attempt-{attempt}"
+
+
+def for_target(command: Sequence[str], target: Target) -> list[str]:
+    """``command`` for the ordered attempt: torchrun's ``--node-rank`` set to the rank a spare
+    is given (unchanged without one) and its ``--rdzv-id`` to the attempt. A survivor's new
+    torchrun can reach the rank-0 store of the attempt before (that pod's supervisor has not
+    killed its torchrun yet); with the attempt's own key prefix it waits there for this
+    attempt's peers, and fails when that store goes, instead of completing its rendezvous on
+    the old attempt's keys and hanging in a worker group rank 0 never joins."""
+    rank = target.env.get(RANK_ENV)
+    out = []
+    for w in command:
+        if rank is not None and w.startswith("--node-rank="):
+            w = f"--node-rank={rank}"
+        elif w.startswith("--rdzv-id="):
+            w = f"--rdzv-id={rdzv_id(target.attempt)}"
+        out.append(w)
+    return out
 
 
 def read_int(path: Path) -> int | None:
-    """An integer file (a ConfigMap key, the state file); None when missing or partial."""
+    """An integer file (the state file); None when missing or partial."""
     try:
         return int(path.read_text().strip())
     except (OSError, ValueError):
@@ -277,7 +293,7 @@ class Supervisor:
             SAME_NODES_ENV: "1" if attempt != self.pods and not target.fresh else "0",
             termination.ENV: str(self._message_file),
         }
-        command = with_rank(self.command, target.env)
+        command = for_target(self.command, target)
         self._ran_file.write_text(f"{attempt}\n")
         print(f"omni supervise: starting attempt {attempt}: {' '.join(command)}", flush=True)
         self._proc = subprocess.Popen(command, env=env)

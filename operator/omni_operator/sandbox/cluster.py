@@ -26,7 +26,15 @@ import kopf
 import yaml
 
 from omni_operator.sandbox.emulator import Emulator
-from omni_operator.sandbox.kubelet import FAULT, GPU, Kubelet, Registry, SimNode, ready_condition
+from omni_operator.sandbox.kubelet import (
+    FAULT,
+    GPU,
+    SYNC_S,
+    Kubelet,
+    Registry,
+    SimNode,
+    ready_condition,
+)
 from omni_operator.sandbox.tables import printer_columns
 from omni_operator.spec import DEFAULT_IMAGE, GROUP, PLURAL, VERSION
 
@@ -61,12 +69,16 @@ class SandboxConfig:
     """The images its nodes can pull; pods naming any other fail with ErrImagePull."""
     pull_seconds: float = 0.0
     """How long a node takes to pull an image it does not hold yet (0: instant)."""
+    sync_seconds: float = SYNC_S
+    """The kubelets' ``syncFrequency``: a running pod sees a ConfigMap update this late at
+    worst, unless the pod itself is updated (a kubelet syncs it then)."""
 
     def __post_init__(self) -> None:
-        if self.nodes < 1 or self.spines < 1 or self.gpus_per_node < 0 or self.pull_seconds < 0:
+        if (self.nodes < 1 or self.spines < 1 or self.gpus_per_node < 0 or self.pull_seconds < 0
+                or self.sync_seconds <= 0):  # fmt: skip
             raise ValueError(
-                "the sandbox needs nodes >= 1, spines >= 1, gpus-per-node >= 0 and "
-                "pull-seconds >= 0"
+                "the sandbox needs nodes >= 1, spines >= 1, gpus-per-node >= 0, "
+                "pull-seconds >= 0 and sync-seconds > 0"
             )
 
 
@@ -147,7 +159,8 @@ class Sandbox:
             url = str(server.url).rstrip("/")
             nodes = [SimNode(f"node-{i}", i, config.gpus_per_node) for i in range(config.nodes)]
             registry = Registry.of(config.images, pull_s=config.pull_seconds)
-            kubelet = Kubelet(api=url, nodes=nodes, workdir=workdir, registry=registry)
+            kubelet = Kubelet(api=url, nodes=nodes, workdir=workdir, registry=registry,
+                              sync_s=config.sync_seconds)  # fmt: skip
             emu.pod_logs = kubelet.pod_log
             sb = cls(config=config, url=url, emulator=emu, kubelet=kubelet)
             async with aiohttp.ClientSession() as http:

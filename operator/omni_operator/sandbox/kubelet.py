@@ -12,8 +12,10 @@ like the real components do and:
 * restarts: a container that ends is restarted in its pod under the pod's ``restartPolicy``
   (``Always``; ``OnFailure`` when it failed) as a kubelet does: same pod, UID and address,
   ``restartCount`` up, the end in ``lastState``, ``CrashLoopBackOff`` while a restart backs off
-  (immediate when it ran longer than the back-off, which doubles per restart); ConfigMap
-  volumes follow their ConfigMap while the pod runs (a kubelet's sync refreshes them);
+  (immediate when it ran longer than the back-off, which doubles per restart); ConfigMap and
+  downwardAPI volumes follow their sources when the kubelet syncs the pod (a container starts,
+  the pod's labels or annotations change, or ``sync_s`` passes: a kubelet's ``syncFrequency``,
+  1 min), so a ConfigMap update alone reaches a running pod as late as on a cluster;
 * stops: a deleted pod's processes get SIGTERM, then SIGKILL after its grace period
   (``deletionGracePeriodSeconds``); once they are gone the kubelet removes the pod (a forced
   deletion), as a real one does;
@@ -69,7 +71,7 @@ import aiohttp
 import psutil
 
 from omni_operator.recovery import node_not_ready_since
-from omni_operator.sandbox import degrade
+from omni_operator.sandbox import degrade, downward
 from omni_trainer.termination import ENV as TERMINATION_LOG_ENV
 
 Obj = dict[str, Any]
@@ -250,6 +252,8 @@ class Registry:
         )
 
 
+SYNC_S = 60.0
+"""A kubelet's default ``syncFrequency`` (1 min)."""
 CRASH_BACKOFF_S = 1.0
 """The first back-off between restarts of a crashing container (a kubelet's is 10 s)."""
 CRASH_BACKOFF_MAX_S = 8.0
@@ -327,6 +331,10 @@ class Container:
     restarts: int = 0
     """``restartCount`` of the container this process group runs."""
     mounts: dict[str, Path] = field(default_factory=dict)
+    synced_at: float = 0.0
+    """When the kubelet last synced its pod's projected volumes (loop time)."""
+    synced_meta: str = ""
+    """The pod's labels and annotations then (:func:`downward.metadata_version`)."""
 
 
 @dataclass
@@ -342,6 +350,9 @@ class Kubelet:
     containers: dict[str, Container] = field(default_factory=dict)
     registry: Registry | None = None
     """Images the nodes can pull; None: every image."""
+    sync_s: float = SYNC_S
+    """A kubelet's ``syncFrequency``: how often a running pod's ConfigMap and downwardAPI
+    volumes are refreshed when nothing else makes the kubelet sync it."""
     _http: aiohttp.ClientSession | None = None
     _unschedulable: set[str] = field(default_factory=set)
     _pulls: dict[str, _Pull] = field(default_factory=dict)
@@ -450,7 +461,7 @@ class Kubelet:
                 _signal(running, signal.SIGSTOP, spare_first=True)
             else:
                 _throttle(running, on=fault == "throttle")
-                await self._refresh_config(pod, running)
+                await self._sync_volumes(pod, running)
             return
         if status.get("phase") in ("Succeeded", "Failed"):
             return
@@ -616,6 +627,8 @@ class Kubelet:
             gpus=requested_gpus(pod), termination_log=termination_log,
             message_policy=container.get("terminationMessagePolicy", "File"),
             restart_policy=spec.get("restartPolicy", "Always"), restarts=count, mounts=mounts,
+            synced_at=asyncio.get_running_loop().time(),
+            synced_meta=downward.metadata_version(meta),
         )  # fmt: skip
         self._restarts.pop(key, None)
         self._backoffs.setdefault(key, _Backoff()).started = asyncio.get_running_loop().time()
@@ -668,7 +681,7 @@ class Kubelet:
         )  # fmt: skip
 
     async def _volumes(self, pod: Obj, root: Path) -> dict[str, Path]:
-        """ConfigMap and Secret volumes as files, emptyDirs as directories, a
+        """ConfigMap, Secret and downwardAPI volumes as files, emptyDirs as directories, a
         PersistentVolumeClaim as one directory every pod shares (the sandbox's storage), a
         hostPath as a directory of the pod's node (:meth:`node_disk`); ``/dev/shm`` stays the
         host's."""
@@ -683,6 +696,9 @@ class Kubelet:
                 host = vol["hostPath"]["path"].lstrip("/")
                 path = self.node_disk(spec["nodeName"]) / host
             path.mkdir(parents=True, exist_ok=True)
+            if "downwardAPI" in vol:
+                for file, content in downward.downward_files(vol["downwardAPI"], meta).items():
+                    (path / file).write_bytes(content)
             for kind in ("configMap", "secret"):
                 if kind in vol:
                     name = vol[kind].get("name") or vol[kind].get("secretName")
@@ -802,20 +818,31 @@ class Kubelet:
         await self._patch(_pod_path(pod, "status"), {"status": {"containerStatuses": [cs]}})
         log.info(f"sandbox: {c.pod} exited with code {code}; restarting it in {wait:.1f} s")
 
-    async def _refresh_config(self, pod: Obj, c: Container) -> None:
-        """A running pod's ConfigMap volumes follow their ConfigMap (a kubelet's sync)."""
+    async def _sync_volumes(self, pod: Obj, c: Container) -> None:
+        """A running pod's ConfigMap and downwardAPI volumes follow their sources when the
+        kubelet syncs the pod: its labels or annotations changed (a pod update), or
+        :attr:`sync_s` passed since the last sync (a container's start is one too,
+        :meth:`_volumes`). A ConfigMap written alone can take a sync period to show."""
+        now = asyncio.get_running_loop().time()
+        version = downward.metadata_version(pod["metadata"])
+        if version == c.synced_meta and now - c.synced_at < self.sync_s:
+            return
+        c.synced_at, c.synced_meta = now, version
         root = self.workdir / "pods" / c.pod
         for vol in pod["spec"].get("volumes") or []:
-            if "configMap" not in vol:
+            if "downwardAPI" in vol:
+                data = downward.downward_files(vol["downwardAPI"], pod["metadata"])
+            elif "configMap" in vol:
+                try:
+                    data = await self._config_data(c.pod.split("/")[0], "configmap",
+                                                   vol["configMap"]["name"])  # fmt: skip
+                except _ConfigMissing:
+                    continue
+                data = {f: localize_paths(v.decode(), c.mounts).encode() for f, v in data.items()}
+            else:
                 continue
-            try:
-                data = await self._config_data(c.pod.split("/")[0], "configmap",
-                                               vol["configMap"]["name"])  # fmt: skip
-            except _ConfigMissing:
-                continue
-            for file, content in data.items():
+            for file, text in data.items():
                 path = root / "volumes" / vol["name"] / file
-                text = localize_paths(content.decode(), c.mounts).encode()
                 if not path.exists() or path.read_bytes() != text:
                     tmp = path.with_name(f".{file}.tmp")
                     tmp.write_bytes(text)

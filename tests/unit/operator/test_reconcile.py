@@ -17,7 +17,7 @@ from omni_operator.reconcile import (
     set_condition,
     status_patch,
 )
-from omni_operator.render import LABEL_ATTEMPT
+from omni_operator.render import ANNOTATION_ORDER, LABEL_ATTEMPT
 from omni_operator.spec import OmniTrainingJob, parse_job
 from omni_operator.status import Condition, OmniTrainingJobStatus, RestartRecord
 
@@ -341,7 +341,8 @@ def _crashed(pod: dict, *, attempt: int, finished: str = T) -> dict:
 
 def test_a_crashed_trainer_restarts_in_place_in_the_same_pods() -> None:
     """A container that ended in the current attempt (the kubelet already restarted it): no pod
-    is deleted; after the backoff the ConfigMap names the new attempt for the same pods, and
+    is deleted; after the backoff each pod's order annotation names the new attempt for the
+    same pods (the ConfigMap too, for pods rendered before the annotation), and
     the old failure, still in lastState, does not count against the new attempt."""
     job = _job(restartPolicy={"backoffSeconds": {"base": 0, "max": 0}})
     status, owned = _start(job)
@@ -363,9 +364,15 @@ def test_a_crashed_trainer_restarts_in_place_in_the_same_pods() -> None:
 
     later = NOW + dt.timedelta(seconds=2)
     b = reconcile(_obs(job, status, owned, now=later))
-    (patch,) = b.adopt
-    assert patch["kind"] == "ConfigMap" and json.loads(patch["data"]["attempt"]) == {
-        "attempt": 1, "pods": 0}  # fmt: skip
+    orders = {p["metadata"]["name"]: p for p in b.adopt if p["kind"] == "Pod"}
+    assert sorted(orders) == ["tiny-cpu-a0-n0", "tiny-cpu-a0-n1"]  # each pod's own order
+    for patch in orders.values():
+        order = patch["metadata"]["annotations"][ANNOTATION_ORDER]
+        assert json.loads(order) == {"attempt": 1, "pods": 0}
+        assert set(patch["metadata"]) == {"name", "namespace", "annotations"}  # nothing else
+    (config,) = [p for p in b.adopt if p["kind"] == "ConfigMap"]  # pods of older versions
+    assert json.loads(config["data"]["attempt"]) == {"attempt": 1, "pods": 0}
+    assert len(b.adopt) == 3
     assert not b.create and not b.delete and b.status["phase"] == "Starting"
     assert [e.reason for e in b.events] == ["RestartingInPlace"]
     status = {**status, **b.status}

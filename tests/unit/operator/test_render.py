@@ -115,13 +115,22 @@ def test_pods_are_wired_for_torchrun() -> None:
         (container,) = spec["containers"]
         assert pod["metadata"]["name"] == spec["hostname"] == f"paper-a-a2-n{rank}"
         # In place (the default): the kubelet restarts a dead container, the supervisor its
-        # trainer for each attempt the ConfigMap names; its state outlives the container.
+        # trainer for each attempt the pod's order annotation names (a downwardAPI file, which
+        # a kubelet rewrites as soon as the pod is updated); its state outlives the container.
         assert spec["subdomain"] == "paper-a" and spec["restartPolicy"] == "OnFailure"
         assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"  # the cause
         sup, cmd = container["command"][:5], container["command"][5:]
-        assert sup == ["omni", "supervise", "--attempt-file=/etc/omni/attempt",
+        assert sup == ["omni", "supervise", "--attempt-file=/etc/omni-order/attempt",
                        "--state-dir=/var/run/omni", "--"]  # fmt: skip
         assert {"name": "supervisor", "mountPath": "/var/run/omni"} in container["volumeMounts"]
+        order = pod["metadata"]["annotations"]["omni.megascale.io/order"]
+        assert json.loads(order) == {"attempt": 2, "pods": 2}
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        (item,) = volumes["order"]["downwardAPI"]["items"]
+        assert item == {"path": "attempt", "fieldRef": {
+            "fieldPath": "metadata.annotations['omni.megascale.io/order']"}}  # fmt: skip
+        mount = {"name": "order", "mountPath": "/etc/omni-order", "readOnly": True}
+        assert mount in container["volumeMounts"]
         assert cmd[:4] == ["torchrun", "--nnodes=4", f"--node-rank={rank}", "--nproc-per-node=8"]
         assert f"--master-addr={master}" in cmd and cmd[-2:] == ["train", "/etc/omni/job.yaml"]
         env = {e["name"]: e.get("value") for e in container["env"]}
@@ -151,7 +160,8 @@ def test_pods_are_wired_for_torchrun() -> None:
     for pod in [o for o in _objects(recreate, attempt=2) if o["kind"] == "Pod"]:
         (container,) = pod["spec"]["containers"]
         assert pod["spec"]["restartPolicy"] == "Never" and container["command"][0] == "torchrun"
-        assert all(v["name"] != "supervisor" for v in pod["spec"]["volumes"])
+        assert all(v["name"] not in ("supervisor", "order") for v in pod["spec"]["volumes"])
+        assert "omni.megascale.io/order" not in pod["metadata"]["annotations"]
 
 
 def test_rdma_nccl_shm_and_gang_settings() -> None:

@@ -78,10 +78,10 @@ def test_a_lost_node_moves_its_rank_to_the_spare_and_the_rest_restart_in_place()
     owned = [o for o in owned if o["metadata"]["name"] not in ("tiny-cpu-a0-n1", "tiny-cpu-s0")]
     owned.append(spare)
     b = reconcile(_obs(job, status, owned, nodes=nodes))
-    (cm,) = b.adopt
-    order = json.loads(cm["data"]["attempt"])
+    orders = {p["metadata"]["name"]: _order(p) for p in b.adopt if p["kind"] == "Pod"}
     rank1 = {"OMNI_NODE_RANK": "1", "OMNI_PIPELINE_STAGES": "0", "OMNI_REORDER_GROUP": "0"}
-    assert order == {"attempt": 1, "pods": 0, "fresh": True, "spares": {"tiny-cpu-s0": rank1}}
+    want = {"attempt": 1, "pods": 0, "fresh": True, "spares": {"tiny-cpu-s0": rank1}}
+    assert orders == {"tiny-cpu-a0-n0": want, "tiny-cpu-s0": want}  # the survivor, the spare
     assert b.status["phase"] == "Starting" and not b.create and not b.delete
     status = {**status, **b.status}
 
@@ -104,8 +104,12 @@ def test_a_lost_node_moves_its_rank_to_the_spare_and_the_rest_restart_in_place()
     d = reconcile(_obs(job, status, owned, nodes=nodes, now=later))
     assert d.status["restartHistory"][-1]["mode"] == "in-place"
     e = reconcile(_obs(job, {**status, **d.status}, owned, nodes=nodes, now=later))
-    order = json.loads(e.adopt[0]["data"]["attempt"])
+    order = _order(next(p for p in e.adopt if p["metadata"]["name"] == "tiny-cpu-s0"))
     assert order["attempt"] == 2 and "fresh" not in order and "tiny-cpu-s0" in order["spares"]
+
+
+def _order(pod_patch: dict) -> dict:
+    return json.loads(pod_patch["metadata"]["annotations"]["omni.megascale.io/order"])
 
 
 def test_rank_0_moves_too_and_no_swap_without_a_ready_spare_in_the_domain() -> None:

@@ -14,11 +14,11 @@ import pytest
 from omni_trainer.supervisor import (
     Supervisor,
     decide,
+    for_target,
     order,
     read_target,
     tag,
     untag,
-    with_rank,
 )
 
 
@@ -55,9 +55,12 @@ def test_a_spare_takes_the_rank_its_order_names(tmp_path: Path) -> None:
     assert spare is not None and (spare.attempt, dict(spare.env), spare.fresh) == (4, rank, True)
     survivor = read_target(path, pods=2, pod="job-a2-n0")
     assert survivor is not None and (survivor.attempt, dict(survivor.env)) == (4, {})
-    command = ["torchrun", "--nnodes=2", "--node-rank=-1", "-m", "x"]
-    assert with_rank(command, spare.env) == ["torchrun", "--nnodes=2", "--node-rank=1", "-m", "x"]
-    assert with_rank(command, {}) == command
+    command = ["torchrun", "--nnodes=2", "--node-rank=-1", "--rdzv-id=attempt-2", "-m", "x"]
+    assert for_target(command, spare) == [
+        "torchrun", "--nnodes=2", "--node-rank=1", "--rdzv-id=attempt-4", "-m", "x"]  # fmt: skip
+    assert for_target(command, survivor) == [
+        "torchrun", "--nnodes=2", "--node-rank=-1", "--rdzv-id=attempt-4", "-m", "x"]  # fmt: skip
+    assert for_target(["python", "t.py"], spare) == ["python", "t.py"]  # no torchrun flags
 
 
 def test_a_standby_starts_its_trainer_only_when_assigned(tmp_path: Path) -> None:
