@@ -31,6 +31,11 @@ instantly unless ``--pull-seconds S`` says how long a node takes to pull an imag
 assumption, printed with the table): a pod recreated on a fresh node pays it, a spare pulled
 while the job trained does not.
 
+The kubelets' crash back-off is scaled down (1 s first, the sandbox's default) unless
+``--crash-backoff-seconds 10`` makes it a real kubelet's (10 s, doubling to 5 min, reset after 10
+min without a crash): with ``--faults crash crash crash crash`` the table shows what repeated
+crashes cost a restart that restarts containers (in place) beside one that creates new pods.
+
 Per fault: detection (injection to the operator's restart decision, polled every 0.2 s), first
 step (injection to the first step the new attempt logged), steps recomputed (the last step
 before the fault minus the step resumed from), and training time lost (first step plus the
@@ -47,6 +52,7 @@ trained twice), recomputed steps included.
     python bench/faults.py --modes recreate recreate+fast --faults node-lost --interval 20 --past 12
     python bench/faults.py --modes in-place+spare in-place --faults node-lost
     python bench/faults.py --modes in-place+spare in-place --faults node-lost --pull-seconds 60
+    python bench/faults.py --faults crash crash crash crash --crash-backoff-seconds 10
 """
 
 from __future__ import annotations
@@ -105,6 +111,13 @@ def _args() -> argparse.Namespace:
         "--pull-seconds): recreating on a fresh node pays it, an in-place restart or a spare "
         "(pulled while the job trains) does not; 0: pulls are not modelled",
     )
+    p.add_argument(
+        "--crash-backoff-seconds",
+        type=float,
+        default=1.0,
+        help="the kubelets' first CrashLoopBackOff delay (sandbox up --crash-backoff-seconds; "
+        "doubling to 30x): a real kubelet's is 10, the sandbox's default 1",
+    )
     p.add_argument("--dir", type=Path, help="keep the sandbox, logs and checkpoints here")
     return p.parse_args()
 
@@ -123,11 +136,14 @@ class Cost:
 class Sandbox:
     """``omni sandbox up`` in a directory of its own, driven over its HTTP API."""
 
-    def __init__(self, cwd: Path, *, nodes: int = 4, pull_s: float = 0.0) -> None:
+    def __init__(
+        self, cwd: Path, *, nodes: int = 4, pull_s: float = 0.0, backoff_s: float = 1.0
+    ) -> None:
         self.cwd = cwd
         argv = [sys.executable, "-m", "omni_trainer.cli", "sandbox", "up", "--nodes", str(nodes),
                 "--gpus-per-node", "0", "--resync", "1", "--dir", ".sandbox",
-                "--pull-seconds", str(pull_s)]  # fmt: skip
+                "--pull-seconds", str(pull_s),
+                "--crash-backoff-seconds", str(backoff_s)]  # fmt: skip
         self.log = (cwd / "sandbox.log").open("w")
         self.proc = subprocess.Popen(argv, cwd=cwd, stdout=self.log, stderr=subprocess.STDOUT)
         state = cwd / ".sandbox" / "sandbox.json"
@@ -467,11 +483,16 @@ def main() -> None:
         else ("not modelled (--pull-seconds 0)")
     )
     print(f"image pulls: {pulls}", flush=True)
+    first = args.crash_backoff_seconds
+    print(f"kubelet crash back-off: {first:g} s first, doubling to {30 * first:g} s "
+          "(a kubelet's: 10 s to 300 s)", flush=True)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="omni-faults-") as tmp:
         root = args.dir.resolve() if args.dir else Path(tmp)
         if args.suite:
             root.mkdir(parents=True, exist_ok=True)
-            sb = Sandbox(root, nodes=8, pull_s=args.pull_seconds)  # it quarantines 4 nodes
+            sb = Sandbox(
+                root, nodes=8, pull_s=args.pull_seconds, backoff_s=args.crash_backoff_seconds
+            )  # it quarantines 4 nodes
             try:
                 costs, ok = run_suite(sb, args)
             finally:
@@ -482,7 +503,8 @@ def main() -> None:
         for mode in args.modes:
             # A sandbox of its own: no mode inherits the images another one's pods pulled.
             (root / mode).mkdir(parents=True, exist_ok=True)
-            sb = Sandbox(root / mode, nodes=4, pull_s=args.pull_seconds)
+            sb = Sandbox(root / mode, nodes=4, pull_s=args.pull_seconds,
+                         backoff_s=args.crash_backoff_seconds)  # fmt: skip
             try:
                 costs += run_mode(sb, mode, list(args.faults), args)
             finally:

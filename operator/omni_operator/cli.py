@@ -72,6 +72,14 @@ def sandbox_up(
             "kubelet's default: 60)",
         ),
     ] = 60.0,
+    crash_backoff_seconds: Annotated[
+        float,
+        typer.Option(
+            min=0.1,
+            help="the kubelets' first back-off of a crashing container (CrashLoopBackOff; "
+            "doubling to 30x, reset after a container ran 60x): a real kubelet's is 10",
+        ),
+    ] = 1.0,
 ) -> None:
     """Run the sandbox until Ctrl-C: pods run as local processes in this directory."""
     import asyncio
@@ -92,6 +100,7 @@ def sandbox_up(
         images=tuple(image or DEFAULT_IMAGES),
         pull_seconds=pull_seconds,
         sync_seconds=sync_seconds,
+        crash_backoff_seconds=crash_backoff_seconds,
     )
 
     async def main() -> None:

@@ -500,6 +500,13 @@ def _restart_in_place(s: _Step, pods: list[Obj]) -> Actions:
     """The backoff ended: tell the pods' supervisors (each pod's order annotation) to restart
     their trainers as the new attempt, which resumes from the latest checkpoint."""
     st = s.st
+    slow = {
+        str(p["metadata"]["name"]): left
+        for p in pods
+        if (left := recovery.backoff_left(p, s.now)) > recovery.RECREATE_OVER_BACKOFF_S
+    }
+    if slow:
+        return _recreate_over_backoff(s, pods, slow)
     last = st.restart_history[-1] if st.restart_history else None
     fresh = last is not None and last.attempt == st.attempt and last.mode == "spare"
     assigned = spares.assignments(s.job, pods)
@@ -527,6 +534,27 @@ def _restart_in_place(s: _Step, pods: list[Obj]) -> Actions:
             f"attempt {st.attempt}: the trainers restart in the pods of attempt {st.pods_of}",
         ),
     )
+    return s.finish()
+
+
+def _recreate_over_backoff(s: _Step, pods: list[Obj], slow: Mapping[str, float]) -> Actions:
+    """A container of the gang waits in the kubelet's CrashLoopBackOff longer than new pods take
+    to start (a container that crashed again within 10 minutes: 10 s, 20 s, ... 5 min): the
+    restart recreates the pods instead, which start without a back-off."""
+    st = s.st
+    waits = ", ".join(f"{name} in {left:.0f} s" for name, left in sorted(slow.items()))
+    message = (
+        f"attempt {st.attempt}: the kubelet restarts {waits} (CrashLoopBackOff): recreating "
+        "the pods instead of restarting in place"
+    )
+    history = list(st.restart_history)
+    if history and history[-1].attempt == st.attempt:
+        history[-1] = history[-1].model_copy(update={"mode": "recreate"})
+    s.delete_pods(pods)
+    s.set(restart_history=history, pod_attempt=None, placement=[])
+    s.condition("Placed", "False", "Restarting", "re-placed: the in-place restart backs off")
+    s.phase("Restarting", message, event=Event("Warning", "RecreatingOverBackOff", message))
+    s.actions.requeue_after = 1.0
     return s.finish()
 
 

@@ -586,6 +586,37 @@ def restart_mode(failure: Failure, pods: Sequence[Obj], spec: OmniTrainingJobSpe
     return "in-place" if len(alive) == spec.nodes == len(pods) else "recreate"
 
 
+RECREATE_OVER_BACKOFF_S = 15.0
+"""An in-place restart recreates the pods instead when a container of theirs waits longer than
+this in the kubelet's CrashLoopBackOff (10 s, 20 s, ... 5 min for a container crashing again
+within 10 minutes): new pods start without one."""
+_BACKOFF = re.compile(r"back-off (\S+) restarting")
+_GO_DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?$")
+
+
+def go_duration_seconds(text: str) -> float | None:
+    """A Go ``time.Duration`` as the kubelet prints it (``40s``, ``2m40s``, ``5m0s``)."""
+    m = _GO_DURATION.match(text)
+    if not text or m is None:
+        return None
+    h, mins, secs = (float(g) if g else 0.0 for g in m.groups())
+    return h * 3600 + mins * 60 + secs
+
+
+def backoff_left(pod: Obj, now: dt.datetime) -> float:
+    """Seconds until the kubelet restarts a container of ``pod`` that waits in
+    ``CrashLoopBackOff`` (its back-off counts from the container's end); 0 when none waits."""
+    left = 0.0
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        m = _BACKOFF.search(waiting.get("message") or "")
+        ended = parse_time(((cs.get("lastState") or {}).get("terminated") or {}).get("finishedAt"))
+        delay = go_duration_seconds(m.group(1)) if m else None
+        if waiting.get("reason") == "CrashLoopBackOff" and delay is not None and ended is not None:
+            left = max(left, (ended - now).total_seconds() + delay)
+    return left
+
+
 @dataclass(frozen=True)
 class Decision:
     """What to do about a failure."""

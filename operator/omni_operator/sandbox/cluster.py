@@ -27,6 +27,7 @@ import yaml
 
 from omni_operator.sandbox.emulator import Emulator
 from omni_operator.sandbox.kubelet import (
+    CRASH_BACKOFF_S,
     FAULT,
     GPU,
     SYNC_S,
@@ -69,16 +70,19 @@ class SandboxConfig:
     """The images its nodes can pull; pods naming any other fail with ErrImagePull."""
     pull_seconds: float = 0.0
     """How long a node takes to pull an image it does not hold yet (0: instant)."""
+    crash_backoff_seconds: float = CRASH_BACKOFF_S
+    """The kubelets' first back-off of a crashing container (a real kubelet's: 10; its cap and
+    reset scale with it)."""
     sync_seconds: float = SYNC_S
     """The kubelets' ``syncFrequency``: a running pod sees a ConfigMap update this late at
     worst, unless the pod itself is updated (a kubelet syncs it then)."""
 
     def __post_init__(self) -> None:
         if (self.nodes < 1 or self.spines < 1 or self.gpus_per_node < 0 or self.pull_seconds < 0
-                or self.sync_seconds <= 0):  # fmt: skip
+                or self.sync_seconds <= 0 or self.crash_backoff_seconds <= 0):  # fmt: skip
             raise ValueError(
                 "the sandbox needs nodes >= 1, spines >= 1, gpus-per-node >= 0, "
-                "pull-seconds >= 0 and sync-seconds > 0"
+                "pull-seconds >= 0, sync-seconds > 0 and crash-backoff-seconds > 0"
             )
 
 
@@ -160,7 +164,8 @@ class Sandbox:
             nodes = [SimNode(f"node-{i}", i, config.gpus_per_node) for i in range(config.nodes)]
             registry = Registry.of(config.images, pull_s=config.pull_seconds)
             kubelet = Kubelet(api=url, nodes=nodes, workdir=workdir, registry=registry,
-                              sync_s=config.sync_seconds)  # fmt: skip
+                              sync_s=config.sync_seconds,
+                              crash_backoff_s=config.crash_backoff_seconds)  # fmt: skip
             emu.pod_logs = kubelet.pod_log
             sb = cls(config=config, url=url, emulator=emu, kubelet=kubelet)
             async with aiohttp.ClientSession() as http:

@@ -12,7 +12,9 @@ like the real components do and:
 * restarts: a container that ends is restarted in its pod under the pod's ``restartPolicy``
   (``Always``; ``OnFailure`` when it failed) as a kubelet does: same pod, UID and address,
   ``restartCount`` up, the end in ``lastState``, ``CrashLoopBackOff`` while a restart backs off
-  (immediate when it ran longer than the back-off, which doubles per restart); ConfigMap and
+  (the first at once, each later one after a delay counted from its end that doubles up to a
+  cap; a crash more than twice the cap after the last restart is a first again: a kubelet's
+  10 s, 5 min and 10 min, scaled by ``crash_backoff_s``); ConfigMap and
   downwardAPI volumes follow their sources when the kubelet syncs the pod (a container starts,
   the pod's labels or annotations change, or ``sync_s`` passes: a kubelet's ``syncFrequency``,
   1 min), so a ConfigMap update alone reaches a running pod as late as on a cluster;
@@ -255,8 +257,9 @@ class Registry:
 SYNC_S = 60.0
 """A kubelet's default ``syncFrequency`` (1 min)."""
 CRASH_BACKOFF_S = 1.0
-"""The first back-off between restarts of a crashing container (a kubelet's is 10 s)."""
-CRASH_BACKOFF_MAX_S = 8.0
+"""The sandbox's first back-off of a crashing container (a kubelet's is 10 s)."""
+CRASH_BACKOFF_CAP = 30
+"""The back-off's cap, in first back-offs (a kubelet's: 5 min = 30 x 10 s)."""
 PULL_BACKOFF_S = 1.0
 """The first delay between pull attempts of a missing image (a kubelet's is 10 s)."""
 PULL_BACKOFF_MAX_S = 8.0
@@ -283,13 +286,35 @@ class _Restart:
     """Its end, for ``lastState.terminated``."""
 
 
-@dataclass
-class _Backoff:
-    """A pod's crash back-off: the delay doubles per restart within it."""
+def go_duration(seconds: float) -> str:
+    """Whole seconds as Go prints a ``time.Duration`` (``40s``, ``1m20s``, ``5m0s``), as the
+    kubelet's CrashLoopBackOff message does."""
+    hours, rest = divmod(round(seconds), 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes}m{secs}s"
+    return f"{minutes}m{secs}s" if minutes else f"{secs}s"
 
-    delay: float = 0.0
-    started: float = 0.0
-    """When its container last started (loop time)."""
+
+@dataclass(frozen=True)
+class _Backoff:
+    """A container's crash back-off, as a kubelet keeps it (``flowcontrol.Backoff``)."""
+
+    delay: float
+    """How long its next restart waits after it ends (doubling up to the cap)."""
+    updated: float
+    """When it last restarted (loop time): a crash more than twice the cap later starts over."""
+
+
+def crash_backoff(entry: _Backoff | None, now: float, *, first_s: float) -> tuple[float, _Backoff]:
+    """(seconds to wait, the entry after) for a container ending at ``now``: a kubelet restarts
+    the first crash at once, each later one after the current delay, which doubles up to
+    ``CRASH_BACKOFF_CAP * first_s``; a crash more than twice that cap after the last restart is
+    a first crash again (a container that ran 10 minutes fine). Pure."""
+    cap = CRASH_BACKOFF_CAP * first_s
+    if entry is None or now - entry.updated > 2 * cap:
+        return 0.0, _Backoff(first_s, now)
+    return entry.delay, _Backoff(min(entry.delay * 2, cap), now + entry.delay)
 
 
 @dataclass
@@ -350,6 +375,8 @@ class Kubelet:
     containers: dict[str, Container] = field(default_factory=dict)
     registry: Registry | None = None
     """Images the nodes can pull; None: every image."""
+    crash_backoff_s: float = CRASH_BACKOFF_S
+    """The first back-off of a crashing container (:func:`crash_backoff`)."""
     sync_s: float = SYNC_S
     """A kubelet's ``syncFrequency``: how often a running pod's ConfigMap and downwardAPI
     volumes are refreshed when nothing else makes the kubelet sync it."""
@@ -631,7 +658,6 @@ class Kubelet:
             synced_meta=downward.metadata_version(meta),
         )  # fmt: skip
         self._restarts.pop(key, None)
-        self._backoffs.setdefault(key, _Backoff()).started = asyncio.get_running_loop().time()
         cs: Obj = {"name": container["name"], "ready": True, "restartCount": count,
                    "state": {"running": {"startedAt": now_iso()}}}  # fmt: skip
         if restart:
@@ -793,12 +819,12 @@ class Kubelet:
     async def _back_off(
         self, pod: Obj, c: Container, code: int, *, reason: str, message: str | None
     ) -> None:
-        """Restart the ended container in its pod: at once when it ran longer than its
-        back-off, else once the back-off since its last start passed (CrashLoopBackOff)."""
+        """Restart the ended container in its pod, after its back-off (:func:`crash_backoff`;
+        ``CrashLoopBackOff`` meanwhile)."""
         now = asyncio.get_running_loop().time()
-        backoff = self._backoffs.setdefault(c.pod, _Backoff(started=now))
-        wait = max(backoff.started + backoff.delay - now, 0.0)
-        backoff.delay = min(max(backoff.delay * 2, CRASH_BACKOFF_S), CRASH_BACKOFF_MAX_S)
+        wait, self._backoffs[c.pod] = crash_backoff(
+            self._backoffs.get(c.pod), now, first_s=self.crash_backoff_s
+        )
         term: Obj = {"exitCode": code, "reason": reason, "finishedAt": now_iso()}
         if message:
             term["message"] = message
@@ -809,7 +835,8 @@ class Kubelet:
                 "waiting": {
                     "reason": "CrashLoopBackOff",
                     "message": (
-                        f"back-off {wait:.0f}s restarting failed container={c.name} pod={c.pod}"
+                        f"back-off {go_duration(wait)} restarting failed container={c.name} "
+                        f"pod={c.pod}"
                     ),
                 }
             }

@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from omni_operator import recovery
 from omni_operator.reconcile import (
     Observed,
     Progress,
@@ -479,3 +480,47 @@ def test_a_restart_whose_attempt_ends_between_polls_is_costed_from_the_final_rep
     record = a.status["restartHistory"][-1]
     assert record["lostSeconds"] == 7  # detected at NOW, first step at end - 15 s
     assert record["confirmed"] and record["fromStep"] == 5
+
+
+def _backing_off(pod: dict, *, delay: str) -> dict:
+    """``pod`` (:func:`_crashed`) whose container waits in CrashLoopBackOff for ``delay``."""
+    cs = pod["status"]["containerStatuses"][0]
+    message = f"back-off {delay} restarting failed container=trainer pod=x"
+    waiting = {"reason": "CrashLoopBackOff", "message": message}
+    return {**pod, "status": {**pod["status"], "containerStatuses": [
+        {**cs, "state": {"waiting": waiting}}]}}  # fmt: skip
+
+
+def test_an_in_place_restart_recreates_the_pods_over_a_long_crash_back_off() -> None:
+    """The kubelet backs a container that crashed again within 10 minutes off for 10 s, 20 s,
+    ... 5 min: when one would wait longer than new pods take, the restart recreates the pods
+    (no back-off) and says so; a short back-off still restarts in place."""
+    assert recovery.go_duration_seconds("5m0s") == 300
+    assert recovery.go_duration_seconds("1m20s") == 80 and recovery.go_duration_seconds("40s") == 40
+    assert recovery.go_duration_seconds("soon") is None
+    job = _job(restartPolicy={"backoffSeconds": {"base": 0, "max": 0}})
+    status, owned = _start(job)
+    crashed = [_crashed(o, attempt=0) if o["metadata"]["name"] == "tiny-cpu-a0-n1" else o
+               for o in owned]  # fmt: skip
+    a = reconcile(_obs(job, status, crashed, progress=Progress(step=7, attempt=0)))
+    status = {**status, **a.status}
+    assert a.status["restartHistory"][-1]["mode"] == "in-place"
+
+    for delay, left, in_place in (("20s", 8.0, True), ("1m20s", 68.0, False)):
+        owned = [_backing_off(o, delay=delay) if o["metadata"]["name"] ==
+                 "tiny-cpu-a0-n1" else o for o in crashed]  # fmt: skip
+        pod = next(o for o in owned if o["metadata"]["name"] == "tiny-cpu-a0-n1")
+        assert recovery.backoff_left(pod, NOW + dt.timedelta(seconds=12)) == left
+        b = reconcile(_obs(job, status, owned, now=NOW + dt.timedelta(seconds=12)))
+        if in_place:
+            assert not b.delete and b.status["phase"] == "Starting"
+            assert any(p["kind"] == "Pod" for p in b.adopt)  # ordered in place
+            continue
+        assert len(b.delete) == 2 and not b.adopt and b.status["podAttempt"] is None
+        assert b.status["restartHistory"][-1]["mode"] == "recreate"
+        (event,) = b.events
+        assert event.reason == "RecreatingOverBackOff" and "tiny-cpu-a0-n1 in 68 s" in event.message
+        assert "recreating the pods" in b.status["message"]
+        c = reconcile(_obs(job, {**status, **b.status}, owned, now=NOW + dt.timedelta(seconds=13)))
+        new = [p["metadata"]["name"] for p in c.create if p["kind"] == "Pod"]
+        assert new == ["tiny-cpu-a1-n0", "tiny-cpu-a1-n1"]  # the next reconcile: new pods

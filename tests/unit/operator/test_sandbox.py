@@ -13,6 +13,7 @@ from omni_operator.placement import place
 from omni_operator.render import CONFIG_DIR, CONFIG_PATH, render_all
 from omni_operator.sandbox.kubelet import (
     Network,
+    crash_backoff,
     localize,
     map_service_ports,
     requested_gpus,
@@ -168,3 +169,18 @@ def test_the_registry_holds_the_images_of_the_examples_and_the_chart() -> None:
     assert image_ref("localhost:5000/a/b") == "localhost:5000/a/b:latest"
     assert image_ref("ghcr.io/x/y@sha256:ab") == "ghcr.io/x/y@sha256:ab"
     assert not registry.has("ghcr.io/megascale-omni/trainer:0.0.9")
+
+
+def test_crash_back_off_as_a_kubelet_counts_it() -> None:
+    """The first crash restarts at once; each later one waits the delay (from its end), which
+    doubles up to 30x the first (10 s .. 5 min on a kubelet); a crash more than twice the cap
+    after the last restart starts over."""
+    entry, waits, now = None, [], 0.0
+    for _ in range(8):  # a container crashing 5 s after each restart
+        wait, entry = crash_backoff(entry, now, first_s=10.0)
+        waits.append(wait)
+        now += wait + 5.0
+    assert waits == [0.0, 10.0, 20.0, 40.0, 80.0, 160.0, 300.0, 300.0]
+    wait, entry = crash_backoff(entry, now + 601.0, first_s=10.0)  # ran 10 min fine
+    assert (wait, entry.delay) == (0.0, 10.0)
+    assert crash_backoff(entry, now + 605.0, first_s=10.0)[0] == 10.0
