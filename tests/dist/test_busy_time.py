@@ -20,8 +20,10 @@ from .harness import free_port
 pytestmark = pytest.mark.dist
 
 ROOT = Path(__file__).resolve().parents[2]
-SLOW_S = 0.15
-STEPS = 6
+# The slow rank's extra time is large against a loaded 2-core machine's noise (CI runs the
+# sandbox lane beside this one), and the bound sits halfway between the fixed and the broken figure.
+SLOW_S = 0.5
+STEPS = 8
 
 
 def _worker(rank: int, port: int, out: dict) -> None:
@@ -69,4 +71,4 @@ def test_the_rank_slow_after_the_gradient_reduction_is_the_busy_one() -> None:
         out = manager.dict()
         mp.spawn(_worker, args=(free_port(), out), nprocs=2, join=True)
         busy = {rank: statistics.median(out[rank][1:]) for rank in (0, 1)}  # step 1: warm-up
-    assert busy[1] - busy[0] > 0.7 * SLOW_S, busy
+    assert busy[1] - busy[0] > 0.5 * SLOW_S, busy
