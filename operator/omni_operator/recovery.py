@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from omni_operator.render import ANNOTATION_NODE, LABEL_RANK
-from omni_operator.spec import OmniTrainingJobSpec
+from omni_operator.spec import GROUP, OmniTrainingJobSpec
 from omni_operator.status import RestartRecord
 from omni_trainer.distributed.netcheck_rules import parse_failure
 from omni_trainer.supervisor import untag
@@ -213,13 +213,46 @@ def _older(term: Obj, current: Current) -> bool:
     return finished is not None and finished <= current.kept_since
 
 
-def _termination(cs: Obj, current: Current) -> Obj | None:
-    """The container's latest failed termination of the current attempt: its ``state`` or,
-    once the kubelet restarted it, its ``lastState``. A message tagged ``[attempt N]`` (by the
-    in-pod supervisor) with N older than the attempt is an echo of a handled failure."""
+REPORTED = f"{GROUP}/reported"
+"""In a container's status as the operator observed it (never in the API): the failed attempt
+its pod's supervisor reported over HTTP (``omni_trainer.failure_report``) while the container
+runs on. It counts as that container's termination would."""
+
+
+def with_reports(pods: Sequence[Obj], reports: Mapping[str, Obj]) -> list[Obj]:
+    """``pods`` with each supervisor's report (pod name -> failure) in the status of the pod's
+    first container, the trainer's (:data:`REPORTED`); the others as they are."""
+    out: list[Obj] = []
+    for pod in pods:
+        doc = reports.get((pod.get("metadata") or {}).get("name", ""))
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        if doc is None or not statuses or pod.get("kind", "Pod") != "Pod":
+            out.append(pod)
+            continue
+        first = {**statuses[0], REPORTED: dict(doc)}
+        status = {**pod["status"], "containerStatuses": [first, *statuses[1:]]}
+        out.append({**pod, "status": status})
+    return out
+
+
+def _ends(cs: Obj) -> Iterable[Obj]:
+    """A container's ends as observed: ``state``, ``lastState`` (the kubelet restarted it), and
+    its supervisor's report (it runs on)."""
     for key in ("state", "lastState"):
         term = (cs.get(key) or {}).get("terminated")
-        if not term or term.get("exitCode", 0) == 0:
+        if term:
+            yield term
+    if cs.get(REPORTED):
+        yield cs[REPORTED]
+
+
+def _termination(cs: Obj, current: Current) -> Obj | None:
+    """The container's latest failed termination of the current attempt: its ``state`` or,
+    once the kubelet restarted it, its ``lastState``, or its supervisor's report. A message
+    tagged ``[attempt N]`` (by the in-pod supervisor) with N older than the attempt is an echo
+    of a handled failure."""
+    for term in _ends(cs):
+        if term.get("exitCode", 0) == 0:
             continue
         tagged, _ = untag(term.get("message") or "")
         if (tagged < current.attempt) if tagged is not None else _older(term, current):

@@ -24,6 +24,7 @@ import yaml
 from omni_operator.placement import PlacedNode, Placement
 from omni_operator.pod_access import render_access
 from omni_operator.spec import GROUP, VERSION, OmniTrainingJob
+from omni_trainer.failure_report import HEALTH_PATH, REPORT_PORT
 from omni_trainer.supervisor import ATTEMPT_KEY, STATE_DIR, order, rdzv_id
 
 Obj = dict[str, Any]
@@ -285,7 +286,21 @@ def container_command(
     if not in_place(job):
         return run
     return ["omni", "supervise", f"--attempt-file={ATTEMPT_PATH}", f"--state-dir={STATE_DIR}",
-            *(["--standby"] if standby else []), "--", *run]  # fmt: skip
+            f"--report-port={REPORT_PORT}", *(["--standby"] if standby else []), "--",
+            *run]  # fmt: skip
+
+
+def readiness_probe() -> Obj:
+    """An in-place pod's: its supervisor's health, unready from a failed attempt until the
+    operator's next one starts (``omni_trainer.failure_report``). Probed every second, so the
+    operator hears of a failure within about a second, as of an exiting container."""
+    return {
+        "httpGet": {"path": HEALTH_PATH, "port": "supervisor"},
+        "periodSeconds": 1,
+        "timeoutSeconds": 1,
+        "successThreshold": 1,
+        "failureThreshold": 1,
+    }
 
 
 def torchrun_command(job: OmniTrainingJob, node: PlacedNode, *, attempt: int) -> list[str]:
@@ -416,6 +431,10 @@ def render_pod(
         container["volumeMounts"].append(fast[0])
         pod_spec["volumes"].append(fast[1])
     if in_place(job):
+        container["ports"].append(
+            {"name": "supervisor", "containerPort": REPORT_PORT, "protocol": "TCP"}
+        )
+        container["readinessProbe"] = readiness_probe()
         container["volumeMounts"].append({"name": "supervisor", "mountPath": STATE_DIR})
         pod_spec["volumes"].append({"name": "supervisor", "emptyDir": {"sizeLimit": "1Mi"}})
         container["volumeMounts"].append({"name": "order", "mountPath": ORDER_DIR,

@@ -46,9 +46,16 @@ def test_network_policies_cover_the_operator_and_the_job_pods(chart: Any) -> Non
     jobs = policies[(NAMESPACE, "omni-megascale-omni-jobs")]
     selector = {"matchExpressions": [{"key": "omni.megascale.io/job", "operator": "Exists"}]}
     assert jobs["podSelector"] == selector
-    peers, metrics = jobs["ingress"]
+    peers, metrics, supervisor = jobs["ingress"]
     assert peers == {"from": [{"podSelector": selector}]}  # rendezvous, NCCL: any port
     assert metrics == {"ports": [{"port": 9464, "protocol": "TCP"}]}
+    # The supervisors' failure reports: the operator alone reads them.
+    assert supervisor["ports"] == [{"port": 9465, "protocol": "TCP"}]
+    (operator_pods,) = supervisor["from"]
+    assert operator_pods["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}
+    }
+    assert operator_pods["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "megascale-omni"
     prom = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
     values = {**VALUE_SETS["namespaced-full"], "networkPolicy": {"metricsFrom": [prom]}}
     namespaced = by_kind(render(chart, values), "NetworkPolicy")

@@ -497,3 +497,42 @@ async def test_a_new_pod_of_an_old_name_starts_with_empty_empty_dirs(env: Env) -
         await env.delete(f"/api/v1/namespaces/{NS}/pods/e")
         await env.wait("removed", lambda: env.emu.stored("v1/pods", NS, "e") is None)
     assert (env.kubelet.pod_log(NS, "e") or "").split() == ["fresh", "fresh"]
+
+
+# Serves /healthz on the pod's address: 200 until the file `sick` appears in its directory.
+HEALTH = (
+    "import os, http.server\n"
+    "class H(http.server.BaseHTTPRequestHandler):\n"
+    "    def do_GET(self):\n"
+    "        self.send_response(503 if os.path.exists('sick') else 200); self.end_headers()\n"
+    "    def log_message(self, *a): pass\n"
+    "http.server.HTTPServer((os.environ['OMNI_METRICS_ADDR'], 8080), H).serve_forever()\n"
+)
+
+
+def _ready(e: Env, name: str) -> bool | None:
+    (cs,) = (e.pod(name).get("status") or {}).get("containerStatuses") or [{}]
+    return cs.get("ready")
+
+
+async def test_a_readiness_probe_sets_the_container_ready_as_a_kubelet_does(
+    env: Env, tmp_path: Path
+) -> None:
+    """Unready from the start until the probe answers; unready again after failureThreshold
+    failed probes in a row, ready after successThreshold good ones; the container runs on."""
+    pod = _pod("probed", "node-0", HEALTH)
+    (container,) = pod["spec"]["containers"]
+    container["ports"] = [{"name": "health", "containerPort": 8080}]
+    container["readinessProbe"] = {"httpGet": {"path": "/healthz", "port": "health"},
+                                   "periodSeconds": 1, "failureThreshold": 2}  # fmt: skip
+    await env.post(f"/api/v1/namespaces/{NS}/pods", pod)
+    await env.wait("Running", lambda: _phase(env, "probed") == "Running")
+    assert _ready(env, "probed") is False  # not probed yet
+    await env.wait("ready", lambda: _ready(env, "probed"))
+    (tmp_path / "sick").write_text("")
+    t0 = asyncio.get_running_loop().time()
+    await env.wait("unready", lambda: _ready(env, "probed") is False)
+    assert asyncio.get_running_loop().time() - t0 >= 1.0  # two failures, a period apart
+    assert _phase(env, "probed") == "Running"
+    (tmp_path / "sick").unlink()
+    await env.wait("ready again", lambda: _ready(env, "probed"))

@@ -447,16 +447,33 @@ def supervise(
     standby: Annotated[
         bool, typer.Option(help="a hot spare: warm up, then wait until the operator assigns it")
     ] = False,
+    report_port: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=65535,
+            help="report a failed attempt over HTTP on this port (the pod's readinessProbe) and "
+            "keep the container; without it, a failure ends the container",
+        ),
+    ] = None,
 ) -> None:
     """A trainer pod's init: run the command after `--` for the operator's restart attempt, and
     restart it in place when the operator names a newer one (restartPolicy.mode: in-place)."""
+    from omni_trainer.failure_report import FailureReport
     from omni_trainer.supervisor import ATTEMPT_ENV, Supervisor
 
     if not ctx.args:
         raise _fail("omni supervise needs the command to run after `--`")
     pods = int(os.environ.get(ATTEMPT_ENV, "0"))  # the attempt that created this pod
+    report = None
+    if report_port is not None:
+        try:
+            report = FailureReport(report_port, os.environ.get("OMNI_METRICS_ADDR", "0.0.0.0"))
+        except OSError as err:
+            raise _fail(f"omni supervise --report-port={report_port}: {err}") from None
     code = Supervisor(ctx.args, attempt_file=attempt_file, state_dir=state_dir, pods=pods,
-                      pod=os.environ.get("POD_NAME"), standby=standby).run()  # fmt: skip
+                      pod=os.environ.get("POD_NAME"), standby=standby,
+                      report=report.start() if report else None).run()  # fmt: skip
     raise typer.Exit(code)
 
 

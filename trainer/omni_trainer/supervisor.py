@@ -9,13 +9,18 @@ still running beside a crashed peer) and starts the new attempt, which resumes f
 checkpoint. Every pod thus restarts together without a pod being deleted, scheduled, pulled or
 its container recreated.
 
-When its own trainer fails and no newer attempt is ordered yet, the supervisor exits with the
-trainer's code: the container terminates (the operator sees it in the pod's status, no API
-access needed), the kubelet restarts the container under the pod's ``restartPolicy:
-OnFailure``, and the new supervisor waits for the operator's next attempt (what it ran is kept
-in an emptyDir that outlives the container). Its termination message starts with
-``[attempt N]``, so the operator tells a failure of the current attempt from a late echo of an
-older one. SIGTERM (the pod deleted) goes to the trainer, which stops gracefully.
+When its own trainer fails and no newer attempt is ordered yet, the supervisor reports it:
+- with ``--report-port`` (pods of this operator version), over HTTP from the running container
+  (:mod:`omni_trainer.failure_report`: the pod turns unready, the operator reads the failure), and
+  waits for the operator's next attempt. The container, and what it holds, outlives the failure:
+  no container restart, no crash back-off;
+- without it, by exiting with the trainer's code: the container terminates (the operator sees
+  it in the pod's status), the kubelet restarts the container under the pod's ``restartPolicy:
+  OnFailure``, and the new supervisor waits for the next attempt (what it ran is kept in an
+  emptyDir that outlives the container).
+Either report's message starts with ``[attempt N]``, so the operator tells a failure of the
+current attempt from a late echo of an older one. SIGTERM (the pod deleted) goes to the trainer,
+which stops gracefully.
 
 A hot spare (``spec.spareNodes``) runs the supervisor with ``--standby``: it warms the node
 (imports the trainer once, so the image's files are in the page cache and known to import) and
@@ -44,6 +49,7 @@ from pathlib import Path
 from typing import Literal
 
 from omni_trainer import termination
+from omni_trainer.failure_report import FailureReport, failure
 
 ATTEMPT_KEY = "attempt"
 """The file (in the pod's order volume; a key of the job's ConfigMap for pods of older operator
@@ -222,6 +228,8 @@ class Supervisor:
     """This pod's name (a spare is addressed by it)."""
     standby: bool = False
     """A hot spare: warm the node, start nothing until an order names this pod."""
+    report: FailureReport | None = None
+    """Report a failed attempt over HTTP and keep the container (None: exit); started."""
     _proc: subprocess.Popen[bytes] | None = None
     _stopping: bool = False
 
@@ -246,6 +254,8 @@ class Supervisor:
             return self._loop()
         finally:
             signal.signal(signal.SIGTERM, previous)
+            if self.report is not None:
+                self.report.stop()
 
     def _loop(self) -> int:
         exit_code: int | None = None
@@ -270,7 +280,10 @@ class Supervisor:
             )
             if action == "exit":
                 assert exit_code is not None
-                return self._finish(exit_code)
+                if exit_code == 0 or self.report is None:
+                    return self._finish(exit_code)
+                self._report_failure(exit_code)
+                exit_code = None  # reported: wait for the operator's next attempt
             if action in ("start", "restart"):
                 if running:
                     self._kill_all()
@@ -285,6 +298,8 @@ class Supervisor:
 
     def _start(self, target: Target) -> None:
         attempt = target.attempt
+        if self.report is not None:
+            self.report.set(None)
         self._message_file.write_bytes(b"")
         env = {
             **os.environ,
@@ -317,14 +332,27 @@ class Supervisor:
             time.sleep(0.05)
         self._proc = None
 
-    def _finish(self, code: int) -> int:
-        """The container's termination message: the trainer's, tagged when it failed."""
+    def _message(self, code: int) -> str:
+        """The trainer's termination message, tagged with its attempt when it failed."""
         message = ""
         with contextlib.suppress(OSError):
             message = self._message_file.read_text(errors="replace").strip()
         ran = read_int(self._ran_file)
         if code != 0 and ran is not None:
             message = tag(ran, message or f"the trainer exited with code {code}")
+        return message
+
+    def _report_failure(self, code: int) -> None:
+        """The attempt failed: the pod turns unready and tells the operator why."""
+        assert self.report is not None
+        ran = read_int(self._ran_file)
+        self.report.set(failure(ran if ran is not None else self.pods, code, self._message(code)))
+        print(f"omni supervise: attempt {ran} failed (exit code {code}); reported, waiting for "
+              "the operator's next attempt", flush=True)  # fmt: skip
+
+    def _finish(self, code: int) -> int:
+        """The container's termination message: the trainer's, tagged when it failed."""
+        message = self._message(code)
         if message:
             termination.report(message)
         return code

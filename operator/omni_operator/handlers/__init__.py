@@ -35,8 +35,9 @@ from omni_operator import reconcile as rec
 from omni_operator.handlers.kube import JOB_API, ApiError, Kube, obj_path, url_path
 from omni_operator.metrics import Fleet, NullOperatorMetrics, OperatorMetrics
 from omni_operator.progress import MetricsProgress
-from omni_operator.recovery import format_time, node_not_ready_since, pod_node
+from omni_operator.recovery import format_time, node_not_ready_since, pod_node, with_reports
 from omni_operator.render import LABEL_ATTEMPT, LABEL_JOB
+from omni_operator.reports import SupervisorReports
 from omni_operator.spec import GROUP, PLURAL, VERSION, OmniTrainingJob, parse_job
 from omni_operator.status import OmniTrainingJobStatus
 from omni_trainer.config import ManifestError
@@ -52,6 +53,8 @@ ProgressSource = Callable[
     [OmniTrainingJob, Sequence[dict[str, Any]]], Awaitable[rec.Progress | None]
 ]
 """Reads the trainer's progress (step, checkpoint, tokens/s, MFU) for a job from its pods."""
+ReportSource = Callable[[list[dict[str, Any]]], Awaitable[dict[str, dict[str, Any]]]]
+"""Reads the failed attempts in-place pods' supervisors report (pod name -> failure)."""
 
 
 JobKey = tuple[str, str]  # (namespace, name)
@@ -94,6 +97,9 @@ class OperatorState:
     progress: ProgressSource | None = None
     """Default: the trainer's metrics endpoint (``progress.MetricsProgress``). None: no source
     (no hang detection; a crash is never taken for a user error)."""
+    reports: ReportSource | None = None
+    """Default: each unready in-place pod's supervisor (``reports.SupervisorReports``). None:
+    none read (a failure then shows only when a container ends)."""
     volcano: bool = False
     locks: dict[JobKey, asyncio.Lock] = field(default_factory=dict)
     metrics: OperatorMetrics | NullOperatorMetrics = field(default_factory=NullOperatorMetrics)
@@ -127,6 +133,7 @@ def state(memo: kopf.Memo) -> OperatorState:
     if "omni" not in memo:
         memo["omni"] = OperatorState(
             progress=memo.get("progress_source") or MetricsProgress(),
+            reports=memo.get("report_source") or SupervisorReports(),
             clock=memo.get("clock") or (lambda: dt.datetime.now(tz=dt.UTC)),
             resync_seconds=float(
                 memo.get("resync_seconds") or os.environ.get("OMNI_RESYNC_SECONDS", "10")
@@ -418,7 +425,12 @@ async def _reconcile_once(st: OperatorState, namespace: str, name: str) -> Outco
     )
     pods = [o for o in owned if o["kind"] == "Pod"]
     current = [p for p in pods if p["metadata"]["labels"].get(LABEL_ATTEMPT) == str(status.pods_of)]
-    progress = await st.progress(job, current) if st.progress is not None else None  # not stale
+    progress, reports = await asyncio.gather(
+        st.progress(job, current) if st.progress is not None else _none(),  # not stale
+        st.reports(pods) if st.reports is not None else _none(),
+    )
+    if reports:
+        owned = with_reports(owned, reports)
     actions = rec.reconcile(
         rec.Observed(
             job=job,
@@ -452,6 +464,10 @@ async def _reconcile_once(st: OperatorState, namespace: str, name: str) -> Outco
     if phase in rec.TERMINAL:
         return FINISHED
     return Outcome(requeue_after=actions.requeue_after)
+
+
+async def _none() -> None:
+    return None
 
 
 def _stragglers(patch: dict[str, Any], status: OmniTrainingJobStatus) -> int:

@@ -18,6 +18,8 @@ like the real components do and:
   downwardAPI volumes follow their sources when the kubelet syncs the pod (a container starts,
   the pod's labels or annotations change, or ``sync_s`` passes: a kubelet's ``syncFrequency``,
   1 min), so a ConfigMap update alone reaches a running pod as late as on a cluster;
+* probes: a container with an ``httpGet`` readinessProbe starts unready, and its ``ready``
+  follows the probe as a kubelet's does (:mod:`omni_operator.sandbox.probes`);
 * stops: a deleted pod's processes get SIGTERM, then SIGKILL after its grace period
   (``deletionGracePeriodSeconds``); once they are gone the kubelet removes the pod (a forced
   deletion), as a real one does;
@@ -74,6 +76,7 @@ import psutil
 
 from omni_operator.recovery import node_not_ready_since
 from omni_operator.sandbox import degrade, downward
+from omni_operator.sandbox.probes import ReadinessProbe
 from omni_trainer.termination import ENV as TERMINATION_LOG_ENV
 
 Obj = dict[str, Any]
@@ -360,6 +363,7 @@ class Container:
     """When the kubelet last synced its pod's projected volumes (loop time)."""
     synced_meta: str = ""
     """The pod's labels and annotations then (:func:`downward.metadata_version`)."""
+    readiness: ReadinessProbe | None = None
 
 
 @dataclass
@@ -489,6 +493,7 @@ class Kubelet:
             else:
                 _throttle(running, on=fault == "throttle")
                 await self._sync_volumes(pod, running)
+                await self._probe(pod, running)
             return
         if status.get("phase") in ("Succeeded", "Failed"):
             return
@@ -626,11 +631,13 @@ class Kubelet:
         if restart is None:  # a new pod (a kubelet's pod directory is per UID): its emptyDirs
             shutil.rmtree(root / "volumes", ignore_errors=True)  # start empty, even if an
             # earlier pod of the same name (a job deleted and created again) left files there
+        loop_now = asyncio.get_running_loop().time()
         try:
             mounts = await self._volumes(pod, root)
             argv, env = self._command(
                 pod, container, mounts, ip=ip, node=sim.name, env_from=from_refs
             )
+            readiness = ReadinessProbe.of(container, ip, started_at=loop_now)
         except (ValueError, KeyError) as err:
             first = (spec.get("containers") or [{}])[0].get("name", "")
             await self._report_exit(
@@ -654,11 +661,10 @@ class Kubelet:
             gpus=requested_gpus(pod), termination_log=termination_log,
             message_policy=container.get("terminationMessagePolicy", "File"),
             restart_policy=spec.get("restartPolicy", "Always"), restarts=count, mounts=mounts,
-            synced_at=asyncio.get_running_loop().time(),
-            synced_meta=downward.metadata_version(meta),
+            synced_at=loop_now, synced_meta=downward.metadata_version(meta), readiness=readiness,
         )  # fmt: skip
         self._restarts.pop(key, None)
-        cs: Obj = {"name": container["name"], "ready": True, "restartCount": count,
+        cs: Obj = {"name": container["name"], "ready": readiness is None, "restartCount": count,
                    "state": {"running": {"startedAt": now_iso()}}}  # fmt: skip
         if restart:
             cs["lastState"] = {"terminated": restart.last}
@@ -874,6 +880,19 @@ class Kubelet:
                     tmp = path.with_name(f".{file}.tmp")
                     tmp.write_bytes(text)
                     tmp.replace(path)  # atomic, like the kubelet's symlink swap
+
+    async def _probe(self, pod: Obj, c: Container) -> None:
+        """Run the container's readiness probe when due; its ``ready`` follows in the status."""
+        probe = c.readiness
+        if probe is None or self._http is None or not probe.due(asyncio.get_running_loop().time()):
+            return
+        if not probe.record(await probe.check(self._http)):
+            return
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        if statuses:  # a merge patch replaces the list: send the container's whole status
+            cs = {**statuses[0], "ready": probe.ready}
+            await self._patch(_pod_path(pod, "status"), {"status": {"containerStatuses": [cs]}})
+        log.info(f"sandbox: {c.pod} {'ready' if probe.ready else 'not ready'} ({probe.url})")
 
     async def _report_exit(
         self,

@@ -395,6 +395,40 @@ def test_a_crashed_trainer_restarts_in_place_in_the_same_pods() -> None:
     assert e.status["attempt"] == 2 and e.status["restartHistory"][-1]["mode"] == "in-place"
 
 
+def _unready(pod: dict) -> dict:
+    """``pod`` running, its container unready (its supervisor reports a failed attempt)."""
+    cs = {"name": "trainer", "ready": False, "restartCount": 0, "state": {"running": {}}}
+    return {**pod, "status": {"phase": "Running", "podIP": "10.0.0.7", "containerStatuses": [cs]}}
+
+
+def test_a_failure_the_supervisor_reports_restarts_in_place_like_a_container_end() -> None:
+    """The container runs on, unready; its supervisor's report (read by the operator) is this
+    attempt's failure: same classification, exit code and message as a termination; restarted
+    in place with no pod deleted. A report tagged with an older attempt is an echo."""
+    job = _job(restartPolicy={"backoffSeconds": {"base": 0, "max": 0},
+                              "nonRetryableExitCodes": [3]})  # fmt: skip
+    status, owned = _start(job)
+    status = {**status, **reconcile(_obs(job, status, owned, progress=Progress(step=7))).status}
+    owned = [_unready(o) if o["metadata"]["name"] == "tiny-cpu-a0-n1" else o for o in owned]
+    assert "phase" not in reconcile(_obs(job, status, owned)).status  # unready alone: nothing
+    report = {"attempt": 0, "exitCode": 1, "reason": "Error", "finishedAt": T,
+              "message": "[attempt 0] rank 1: RuntimeError: boom"}  # fmt: skip
+    seen = recovery.with_reports(owned, {"tiny-cpu-a0-n1": report})
+    a = reconcile(_obs(job, status, seen, progress=Progress(step=7, attempt=0)))
+    assert not a.delete and not a.create and a.status["phase"] == "Restarting"
+    record = a.status["restartHistory"][-1]
+    assert (record["mode"], record["reason"]) == ("in-place", "PodFailed")
+    assert "RuntimeError: boom" in record["message"] and "[attempt" not in record["message"]
+    status = {**status, **a.status}
+    echo = reconcile(_obs(job, status, seen, now=NOW + dt.timedelta(seconds=2)))
+    assert echo.status.get("attempt", 1) == 1 and echo.status["phase"] == "Starting"
+    # An exit code the policy lists is as final when reported as when the container ends.
+    bad = {**report, "exitCode": 3, "message": "[attempt 1] bad config"}
+    fatal = recovery.with_reports(owned, {"tiny-cpu-a0-n1": bad})
+    b = reconcile(_obs(job, {**status, **echo.status}, fatal, now=NOW + dt.timedelta(seconds=3)))
+    assert b.status["phase"] == "Failed" and "exited with code 3" in b.status["message"]
+
+
 def test_in_place_falls_back_to_recreate_when_pods_are_gone_or_policy_says_so() -> None:
     for spec, pod_phase in (({}, "Failed"), ({"mode": "recreate"}, "Running")):
         job = _job(restartPolicy={"backoffSeconds": {"base": 0, "max": 0}, **spec})

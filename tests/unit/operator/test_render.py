@@ -119,9 +119,16 @@ def test_pods_are_wired_for_torchrun() -> None:
         # a kubelet rewrites as soon as the pod is updated); its state outlives the container.
         assert spec["subdomain"] == "paper-a" and spec["restartPolicy"] == "OnFailure"
         assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"  # the cause
-        sup, cmd = container["command"][:5], container["command"][5:]
+        sup, cmd = container["command"][:6], container["command"][6:]
         assert sup == ["omni", "supervise", "--attempt-file=/etc/omni-order/attempt",
-                       "--state-dir=/var/run/omni", "--"]  # fmt: skip
+                       "--state-dir=/var/run/omni", "--report-port=9465", "--"]  # fmt: skip
+        # A failed attempt turns the pod unready (its supervisor's /healthz) instead of ending
+        # the container, which keeps running for the next attempt.
+        probe = container["readinessProbe"]
+        assert probe["httpGet"] == {"path": "/healthz", "port": "supervisor"}
+        assert (probe["periodSeconds"], probe["failureThreshold"]) == (1, 1)
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert ports["supervisor"] == 9465 and ports["metrics"] == 9464
         assert {"name": "supervisor", "mountPath": "/var/run/omni"} in container["volumeMounts"]
         order = pod["metadata"]["annotations"]["omni.megascale.io/order"]
         assert json.loads(order) == {"attempt": 2, "pods": 2}
@@ -162,6 +169,8 @@ def test_pods_are_wired_for_torchrun() -> None:
         assert pod["spec"]["restartPolicy"] == "Never" and container["command"][0] == "torchrun"
         assert all(v["name"] not in ("supervisor", "order") for v in pod["spec"]["volumes"])
         assert "omni.megascale.io/order" not in pod["metadata"]["annotations"]
+        assert "readinessProbe" not in container  # no supervisor to report: the container ends
+        assert [p["name"] for p in container["ports"]] == ["rendezvous", "metrics"]
 
 
 def test_rdma_nccl_shm_and_gang_settings() -> None:

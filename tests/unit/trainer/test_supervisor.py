@@ -1,16 +1,20 @@
-"""The in-pod supervisor: restarts its trainer for each attempt the operator names, exits
-(tagged) when its trainer fails first, and waits after a container restart."""
+"""The in-pod supervisor: restarts its trainer for each attempt the operator names, reports
+(tagged) when its trainer fails first, over HTTP or by exiting, and waits for the next attempt."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 
+from omni_trainer.failure_report import FAILURE_PATH, HEALTH_PATH, FailureReport
 from omni_trainer.supervisor import (
     Supervisor,
     decide,
@@ -114,6 +118,54 @@ def test_a_failed_trainer_ends_the_container_tagged_and_a_restart_waits(
     start = time.monotonic()
     assert again.run() == 0 and time.monotonic() - start >= 0.5
     assert _runs(tmp_path) == ["2", "3"]
+
+
+def test_with_a_report_port_a_failure_is_served_and_the_container_lives_on(
+    tmp_path: Path, termination: Path
+) -> None:
+    """The failed attempt turns /healthz to 503 and /failure tells it tagged; the supervisor
+    keeps running, starts the next attempt the operator orders, and that clears the report."""
+    (tmp_path / "attempt").write_text(order(4, pods=0))
+    body = ("if os.environ['OMNI_RESTART_ATTEMPT'] == '4':\n"
+            "    open(os.environ['OMNI_TERMINATION_LOG'], 'w').write('RuntimeError: nccl')\n"
+            "    sys.exit(1)\n"
+            "time.sleep(1.0)\n")  # fmt: skip
+    report = FailureReport(0, "127.0.0.1").start()
+    sup = Supervisor(_script(tmp_path, body), attempt_file=tmp_path / "attempt",
+                     state_dir=tmp_path / "state", poll_s=0.02, report=report)  # fmt: skip
+    seen: dict[str, object] = {}
+
+    def operator() -> None:
+        url = f"http://127.0.0.1:{report.port}"
+        seen["healthy"] = _status(url + HEALTH_PATH)
+        while _status(url + HEALTH_PATH) != 503:
+            time.sleep(0.02)
+        with urllib.request.urlopen(url + FAILURE_PATH) as resp:
+            seen["failure"] = json.loads(resp.read())
+        (tmp_path / "attempt").write_text(order(5, pods=0))
+        while _runs(tmp_path)[-1:] != ["5"]:
+            time.sleep(0.02)
+        seen["after"] = _status(url + HEALTH_PATH)
+
+    thread = threading.Thread(target=operator)
+    thread.start()
+    assert sup.run() == 0  # attempt 5 trained to the end: the container ends, and only then
+    thread.join()
+    doc = seen["failure"]
+    assert isinstance(doc, dict)
+    assert (doc["attempt"], doc["exitCode"]) == (4, 1)
+    assert doc["message"] == "[attempt 4] RuntimeError: nccl"
+    assert seen["healthy"] == 200 and seen["after"] == 200
+    assert termination.read_text() == ""  # no container end to tell
+    assert _runs(tmp_path) == ["4", "5"]
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url) as resp:
+            return resp.status
+    except urllib.error.HTTPError as err:
+        return err.code
 
 
 def test_a_newer_attempt_kills_the_running_trainer_and_its_children(
