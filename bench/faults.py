@@ -6,8 +6,8 @@ nodes x 1 process, a checkpoint every ``--interval`` steps) (``in-place``, then 
 Each fault is injected once the job trains again after the previous one, a few steps past a
 checkpoint, so every fault has steps to recompute:
 
-* crash: ``crash-pod`` on node rank 1 (every process of its pod but the container's init: the
-  trainer crashes, its peers fail on broken collectives);
+* crash: ``crash-pod`` on node rank 1 (its newest process, a trainer worker, dies: torchrun
+  stops the rest, its peers fail on broken collectives);
 * container killed: ``kill-pod`` on node rank 0 (every process of its container);
 * hang: ``hang-pod`` on node rank 1 (the trainer stops; found after ``hangTimeoutSeconds``, 60);
 * SIGTERM: the pod of node rank 1 deleted with its grace period (an emergency checkpoint);

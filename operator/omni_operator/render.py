@@ -286,8 +286,8 @@ def container_command(
     if not in_place(job):
         return run
     return ["omni", "supervise", f"--attempt-file={ATTEMPT_PATH}", f"--state-dir={STATE_DIR}",
-            f"--report-port={REPORT_PORT}", *(["--standby"] if standby else []), "--",
-            *run]  # fmt: skip
+            f"--report-port={REPORT_PORT}", "--warm", *(["--standby"] if standby else []),
+            "--", *run]  # fmt: skip
 
 
 def readiness_probe() -> Obj:
@@ -317,7 +317,8 @@ def torchrun_command(job: OmniTrainingJob, node: PlacedNode, *, attempt: int) ->
         f"--rdzv-id={rdzv_id(attempt)}",  # in place, the supervisor sets each attempt's
         "--max-restarts=0",
         "-m",
-        "omni_trainer.cli",
+        # In place, each worker forks from its supervisor's pre-imported trainer if it can.
+        "omni_trainer.warm" if in_place(job) else "omni_trainer.cli",
         "train",
         CONFIG_PATH,
     ]

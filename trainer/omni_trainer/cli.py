@@ -447,6 +447,13 @@ def supervise(
     standby: Annotated[
         bool, typer.Option(help="a hot spare: warm up, then wait until the operator assigns it")
     ] = False,
+    warm: Annotated[
+        bool,
+        typer.Option(
+            help="keep a pre-imported trainer the workers fork from (omni_trainer.warm: the "
+            "command runs `-m omni_trainer.warm`), so restarts skip the imports"
+        ),
+    ] = False,
     report_port: Annotated[
         int | None,
         typer.Option(
@@ -472,7 +479,7 @@ def supervise(
         except OSError as err:
             raise _fail(f"omni supervise --report-port={report_port}: {err}") from None
     code = Supervisor(ctx.args, attempt_file=attempt_file, state_dir=state_dir, pods=pods,
-                      pod=os.environ.get("POD_NAME"), standby=standby,
+                      pod=os.environ.get("POD_NAME"), standby=standby, warm=warm,
                       report=report.start() if report else None).run()  # fmt: skip
     raise typer.Exit(code)
 

@@ -22,10 +22,15 @@ Either report's message starts with ``[attempt N]``, so the operator tells a fai
 current attempt from a late echo of an older one. SIGTERM (the pod deleted) goes to the trainer,
 which stops gracefully.
 
+With ``--warm`` the supervisor keeps a pre-imported trainer beside it (:mod:`omni_trainer.warm`,
+a zygote started with the container) and tells each attempt's workers to fork from it: an
+in-place restart, whose container lives on, starts its workers without importing torch again.
+
 A hot spare (``spec.spareNodes``) runs the supervisor with ``--standby``: it warms the node
-(imports the trainer once, so the image's files are in the page cache and known to import) and
-waits until the operator's order names its pod (:data:`SPARES_KEY`) with the node rank it takes
-over; then it starts the trainer with that rank's environment, and the survivors restart in
+(its zygote imports the trainer once; without ``--warm`` a throwaway process does, so the
+image's files are in the page cache and known to import) and waits until the operator's order
+names its pod (:data:`SPARES_KEY`) with the node rank it takes over; then it starts the
+trainer with that rank's environment, and the survivors restart in
 place with it. The spare's pod was scheduled, pulled and started long before: no scheduling
 round trip when a node is lost.
 
@@ -48,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from omni_trainer import termination
+from omni_trainer import termination, warm
 from omni_trainer.failure_report import FailureReport, failure
 
 ATTEMPT_KEY = "attempt"
@@ -72,7 +77,7 @@ FRESH_KEY = "fresh"
 """In an order: a spare joined the gang at this attempt, so its nodes are not all known-good."""
 RANK_ENV = "OMNI_NODE_RANK"
 WARM_IMPORTS = "import omni_trainer.trainer"
-"""What a standby imports once (torch, megatron-core, the trainer) to warm its node."""
+"""What a standby without a zygote imports once (torch, megatron-core, the trainer)."""
 POLL_S = 0.2
 _TAG = re.compile(r"^\[attempt (\d+)\] ?")
 
@@ -202,14 +207,14 @@ def _descendants() -> list[int]:
     return []
 
 
-def _reap(keep: int | None) -> None:
-    """Collect exited orphans (zombies reparented to us), but never ``keep``: our own child's
-    status belongs to its Popen (reaped here, it would read as exit 0)."""
+def _reap(keep: Sequence[int]) -> None:
+    """Collect exited orphans (zombies reparented to us), but never ``keep``: our own children's
+    statuses belong to their Popens (reaped here, they would read as exit 0)."""
     import psutil
 
     with contextlib.suppress(psutil.Error):
         for child in psutil.Process().children():
-            if child.pid != keep:
+            if child.pid not in keep:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(child.pid, os.WNOHANG)
 
@@ -230,6 +235,9 @@ class Supervisor:
     """A hot spare: warm the node, start nothing until an order names this pod."""
     report: FailureReport | None = None
     """Report a failed attempt over HTTP and keep the container (None: exit); started."""
+    warm: bool = False
+    """Keep a zygote (:mod:`omni_trainer.warm`) the trainer's workers fork from."""
+    _zygote: subprocess.Popen[bytes] | None = None
     _proc: subprocess.Popen[bytes] | None = None
     _stopping: bool = False
 
@@ -247,20 +255,25 @@ class Supervisor:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         _become_subreaper()
         previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-        if self.standby and read_int(self._ran_file) is None:
+        if self.warm:
+            self._keep_warm()
+        elif self.standby and read_int(self._ran_file) is None:
             print(f"omni supervise: standby {self.pod}: warming ({WARM_IMPORTS})", flush=True)
             subprocess.Popen([sys.executable, "-c", WARM_IMPORTS])  # reaped as an orphan
         try:
             return self._loop()
         finally:
             signal.signal(signal.SIGTERM, previous)
+            if self._zygote is not None and self._zygote.poll() is None:
+                self._zygote.kill()  # (a container's end kills it anyway)
+                self._zygote.wait()
             if self.report is not None:
                 self.report.stop()
 
     def _loop(self) -> int:
         exit_code: int | None = None
         while True:
-            _reap(self._proc.pid if self._proc is not None else None)
+            _reap(self._own())
             running = self._proc is not None and self._proc.poll() is None
             if self._proc is not None and not running:
                 code = self._proc.returncode
@@ -296,6 +309,32 @@ class Supervisor:
     def _target(self) -> Target | None:
         return read_target(self.attempt_file, pods=self.pods, pod=self.pod, standby=self.standby)
 
+    @property
+    def _socket(self) -> Path:
+        return self.state_dir / warm.SOCKET_NAME
+
+    def _own(self) -> list[int]:
+        """Our children with a Popen: the trainer's torchrun and the zygote."""
+        return [p.pid for p in (self._proc, self._zygote) if p is not None]
+
+    def _keep_warm(self) -> bool:
+        """Keep a zygote running (another if it died: it imports while the attempt starts);
+        False once one declined to fork here (the workers start cold)."""
+        z = self._zygote
+        if z is not None and z.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(z.pid, signal.SIGCONT)  # stopped with a hung trainer: serve again
+            return True
+        if z is not None and z.returncode == warm.DECLINED:
+            return False
+        if z is not None:
+            print(f"omni supervise: the zygote ended (code {z.returncode}); starting another",
+                  flush=True)  # fmt: skip
+        self._zygote = subprocess.Popen(
+            [sys.executable, "-m", "omni_trainer.warm", "--zygote", str(self._socket)]
+        )
+        return True
+
     def _start(self, target: Target) -> None:
         attempt = target.attempt
         if self.report is not None:
@@ -308,6 +347,8 @@ class Supervisor:
             SAME_NODES_ENV: "1" if attempt != self.pods and not target.fresh else "0",
             termination.ENV: str(self._message_file),
         }
+        if self.warm and self._keep_warm():
+            env[warm.SOCKET_ENV] = str(self._socket)
         command = for_target(self.command, target)
         self._ran_file.write_text(f"{attempt}\n")
         print(f"omni supervise: starting attempt {attempt}: {' '.join(command)}", flush=True)
@@ -320,15 +361,21 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError):
                 self._proc.send_signal(signal.SIGTERM)
 
+    def _trainer_processes(self) -> list[int]:
+        """Every process below us but the zygote (its forked workers included)."""
+        zygote = self._zygote.pid if self._zygote is not None else None
+        return [pid for pid in _descendants() if pid != zygote]
+
     def _kill_all(self) -> None:
-        for pid in _descendants():
+        for pid in self._trainer_processes():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
 
     def _wait_gone(self, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s
-        while _descendants() and time.monotonic() < deadline:
-            _reap(None)
+        keep = [self._zygote.pid] if self._zygote is not None else []
+        while self._trainer_processes() and time.monotonic() < deadline:
+            _reap(keep)  # the killed trainer's torchrun included
             time.sleep(0.05)
         self._proc = None
 

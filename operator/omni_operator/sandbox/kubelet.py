@@ -42,8 +42,9 @@ Faults are requested through the API, so ``kubectl annotate`` works as well as
 killed, it stops reporting and turns Ready=Unknown; ``ready``: it comes back;
 ``degraded-network``: its pods stall in a duty cycle, :mod:`omni_operator.sandbox.degrade`,
 until the annotation changes) or on a Pod
-(``kill``: every process of its container gets SIGKILL, exit 137; ``crash``: every process but
-the container's first, its init (the trainer crashes, its supervisor or torchrun sees it);
+(``kill``: every process of its container gets SIGKILL, exit 137; ``crash``: its newest process,
+a trainer worker, dies of SIGKILL, as a rank that crashes does (torchrun stops the others, and
+the supervisor or the container's end reports it);
 ``hang``: SIGSTOP to every process but the first, the trainer stops making progress;
 ``throttle``: the same processes stopped and continued on a duty cycle, :data:`THROTTLE_STOPPED`
 of every :data:`THROTTLE_PERIOD_S`, until the annotation goes: a node slower than the others,
@@ -485,7 +486,10 @@ class Kubelet:
         if running is not None:
             fault = ((meta.get("annotations") or {}).get(FAULT) or "").strip()
             if fault in ("kill", "crash"):
-                _signal(running, signal.SIGKILL, spare_first=fault == "crash")
+                if fault == "kill":
+                    _signal(running, signal.SIGKILL)
+                else:
+                    _crash(running)
                 await self._patch(_pod_path(pod), {"metadata": {"annotations": {FAULT: None}}})
             elif fault == "hang" and not running.hung:
                 running.hung = True
@@ -1026,6 +1030,21 @@ def _signal(
     for proc in procs:
         with contextlib.suppress(psutil.Error):
             proc.send_signal(sig)
+
+
+def _crash(c: Container) -> None:
+    """A trainer process dies: the pod's newest (a worker: torchrun, a supervisor and the
+    zygote its workers fork from all started before it); the container's only one if alone."""
+    started: list[tuple[float, int, psutil.Process]] = []
+    for p in pod_processes(c.uid):
+        with contextlib.suppress(psutil.Error):
+            if p.pid != c.proc.pid:
+                started.append((p.create_time(), p.pid, p))
+    if not started:
+        _signal(c, signal.SIGKILL, all_processes=False)
+        return
+    with contextlib.suppress(psutil.Error):
+        max(started, key=lambda t: t[:2])[2].kill()
 
 
 def _throttle(c: Container, *, on: bool) -> None:

@@ -119,9 +119,10 @@ def test_pods_are_wired_for_torchrun() -> None:
         # a kubelet rewrites as soon as the pod is updated); its state outlives the container.
         assert spec["subdomain"] == "paper-a" and spec["restartPolicy"] == "OnFailure"
         assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"  # the cause
-        sup, cmd = container["command"][:6], container["command"][6:]
+        sup, cmd = container["command"][:7], container["command"][7:]
         assert sup == ["omni", "supervise", "--attempt-file=/etc/omni-order/attempt",
-                       "--state-dir=/var/run/omni", "--report-port=9465", "--"]  # fmt: skip
+                       "--state-dir=/var/run/omni", "--report-port=9465", "--warm",
+                       "--"]  # fmt: skip
         # A failed attempt turns the pod unready (its supervisor's /healthz) instead of ending
         # the container, which keeps running for the next attempt.
         probe = container["readinessProbe"]
@@ -140,6 +141,7 @@ def test_pods_are_wired_for_torchrun() -> None:
         assert mount in container["volumeMounts"]
         assert cmd[:4] == ["torchrun", "--nnodes=4", f"--node-rank={rank}", "--nproc-per-node=8"]
         assert f"--master-addr={master}" in cmd and cmd[-2:] == ["train", "/etc/omni/job.yaml"]
+        assert cmd[-4:-2] == ["-m", "omni_trainer.warm"]  # workers fork from a warm trainer
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert env["OMNI_NODE_RANK"] == str(rank) and env["OMNI_RESTART_ATTEMPT"] == "2"
         assert env["OMNI_RESUME"] == "auto" and env["MASTER_ADDR"] == master
@@ -167,6 +169,7 @@ def test_pods_are_wired_for_torchrun() -> None:
     for pod in [o for o in _objects(recreate, attempt=2) if o["kind"] == "Pod"]:
         (container,) = pod["spec"]["containers"]
         assert pod["spec"]["restartPolicy"] == "Never" and container["command"][0] == "torchrun"
+        assert container["command"][-4:-2] == ["-m", "omni_trainer.cli"]  # cold: a new container
         assert all(v["name"] not in ("supervisor", "order") for v in pod["spec"]["volumes"])
         assert "omni.megascale.io/order" not in pod["metadata"]["annotations"]
         assert "readinessProbe" not in container  # no supervisor to report: the container ends

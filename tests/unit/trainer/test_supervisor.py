@@ -160,6 +160,47 @@ def test_with_a_report_port_a_failure_is_served_and_the_container_lives_on(
     assert _runs(tmp_path) == ["4", "5"]
 
 
+def _zygotes() -> list[int]:
+    import psutil
+
+    return [p.pid for p in psutil.Process().children() if "--zygote" in p.cmdline()]
+
+
+def test_a_warm_supervisor_keeps_one_zygote_for_every_attempt(
+    tmp_path: Path, termination: Path
+) -> None:
+    """Each attempt's trainer is told the zygote's socket; a failed attempt's processes go but
+    the zygote stays for the next one; it ends with the supervisor."""
+    (tmp_path / "attempt").write_text(order(0, pods=0))
+    sockets = tmp_path / "sockets.txt"
+    body = ("import psutil\n"
+            "z = [p.pid for p in psutil.Process(os.getppid()).children() if '--zygote' in "
+            "p.cmdline()]\n"
+            "line = f\"{os.environ.get('OMNI_WARM_SOCKET')} {z}\\n\"\n"
+            f"open({str(sockets)!r}, 'a').write(line)\n"
+            "sys.exit(1 if os.environ['OMNI_RESTART_ATTEMPT'] == '0' else 0)\n")  # fmt: skip
+    report = FailureReport(0, "127.0.0.1").start()
+    sup = Supervisor(_script(tmp_path, body), attempt_file=tmp_path / "attempt",
+                     state_dir=tmp_path / "state", poll_s=0.02, report=report,
+                     warm=True)  # fmt: skip
+    seen: list[list[int]] = []
+
+    def operator() -> None:
+        while report.get() is None:
+            time.sleep(0.02)
+        seen.append(_zygotes())
+        (tmp_path / "attempt").write_text(order(1, pods=0))
+
+    thread = threading.Thread(target=operator)
+    thread.start()
+    assert sup.run() == 0
+    thread.join()
+    (first, z0), (second, z1) = (line.split(" ", 1) for line in sockets.read_text().splitlines())
+    assert first == second == str(tmp_path / "state" / "warm.sock")
+    assert z0 == z1 == str(seen[0]) and len(seen[0]) == 1  # one zygote, kept for attempt 1
+    assert _zygotes() == []  # gone with the supervisor
+
+
 def _status(url: str) -> int:
     try:
         with urllib.request.urlopen(url) as resp:

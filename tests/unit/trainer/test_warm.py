@@ -1,0 +1,139 @@
+"""Warm trainer starts (omni_trainer.warm): a real zygote imports the trainer once and forks
+each worker; the stand-in torchrun watches passes its arguments, environment, working directory
+and streams, forwards signals, and ends as its worker ended; neither outlives the other."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from omni_trainer.warm import SOCKET_ENV, unsafe_to_fork
+
+ROOT = Path(__file__).resolve().parents[3]
+STAND_IN = [sys.executable, "-m", "omni_trainer.warm"]
+
+
+class Zygote:
+    def __init__(self, tmp: Path) -> None:
+        self.socket = tmp / "warm.sock"
+        self.log = tmp / "zygote.log"
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen([*STAND_IN, "--zygote", str(self.socket)],
+                                         stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+
+    def forks(self) -> list[str]:
+        return [x for x in self.log.read_text().splitlines() if "omni warm: forked" in x]
+
+    def workers(self) -> list[psutil.Process]:
+        return psutil.Process(self.proc.pid).children()
+
+
+@pytest.fixture(scope="module")
+def zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Zygote]:
+    z = Zygote(tmp_path_factory.mktemp("zygote"))
+    yield z
+    z.proc.kill()
+    z.proc.wait()
+
+
+def _job(tmp: Path, steps: int) -> Path:
+    """The tiny job in ``tmp`` as job.yaml, ``steps`` long (a relative path the worker finds
+    only in the stand-in's working directory)."""
+    text = (ROOT / "examples/tiny-cpu.yaml").read_text()
+    assert "steps: 150" in text
+    (tmp / "job.yaml").write_text(text.replace("steps: 150", f"steps: {steps}"))
+    return tmp / "job.yaml"
+
+
+def _stand_in(args: list[str], cwd: Path, zygote: Zygote | None, **kw) -> subprocess.Popen[str]:
+    env = {**os.environ, "OMNI_WARM_TEST": "passed"}
+    env.pop(SOCKET_ENV, None)
+    if zygote is not None:
+        env[SOCKET_ENV] = str(zygote.socket)
+    return subprocess.Popen([*STAND_IN, *args], cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)  # fmt: skip
+
+
+def test_a_forked_worker_runs_the_command_line_as_the_stand_in_would(
+    zygote: Zygote, tmp_path: Path
+) -> None:
+    """Exit code, streams and working directory are the stand-in's, the work the zygote's."""
+    _job(tmp_path, steps=3)
+    bad = _stand_in(["validate", "missing.yaml"], tmp_path, zygote)
+    out, err = bad.communicate(timeout=120)  # the first request waits for the imports
+    assert bad.returncode == 2 and "missing.yaml: no such file" in err, (out, err)
+    ok = _stand_in(["validate", "job.yaml"], tmp_path, zygote)
+    out, err = ok.communicate(timeout=60)
+    assert ok.returncode == 0 and "valid OmniTrainingJob 'tiny-cpu'" in out, (out, err)
+    assert (
+        len(zygote.forks()) == 2
+        and f"for process {ok.pid}: validate job.yaml" in (zygote.forks()[-1])
+    )
+    assert not zygote.workers()  # each ended and was reaped
+
+
+def test_without_a_zygote_the_stand_in_runs_the_trainer_itself(tmp_path: Path) -> None:
+    _job(tmp_path, steps=3)
+    for env in ({}, {SOCKET_ENV: str(tmp_path / "none.sock")}):  # unset, or nobody listens
+        cold = subprocess.run([*STAND_IN, "validate", "job.yaml"], cwd=tmp_path, text=True,
+                              capture_output=True, env={**os.environ, **env},
+                              timeout=60)  # fmt: skip
+        assert cold.returncode == 0 and "valid OmniTrainingJob" in cold.stdout, cold.stderr
+
+
+def _wait(what: str, check, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_signals_pass_and_neither_outlives_the_other(zygote: Zygote, tmp_path: Path) -> None:
+    """SIGTERM reaches the trainer, which stops gracefully (exit 143); a SIGKILLed stand-in
+    takes its worker with it; a SIGKILLed worker ends its stand-in by the same signal."""
+    _job(tmp_path, steps=100000)
+    train = ["train", "job.yaml"]
+
+    run = _stand_in(train, tmp_path, zygote)
+    _wait("a worker", lambda: zygote.workers())
+    (worker,) = zygote.workers()
+    assert worker.environ().get("OMNI_WARM_TEST") != "passed"  # /proc shows the zygote's start
+    time.sleep(3)  # into training
+    run.send_signal(signal.SIGTERM)
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 143, err[-2000:]
+
+    run = _stand_in(train, tmp_path, zygote)
+    _wait("a worker", lambda: zygote.workers())
+    (worker,) = zygote.workers()
+    run.kill()
+    run.wait()
+    _wait("the worker gone", lambda: not zygote.workers(), timeout=10)
+
+    run = _stand_in(train, tmp_path, zygote)
+    _wait("a worker", lambda: zygote.workers())
+    zygote.workers()[0].kill()
+    run.communicate(timeout=30)
+    assert run.returncode == -signal.SIGKILL  # as torchrun would see its own worker killed
+
+
+def test_forking_is_declined_beside_another_thread() -> None:
+    assert unsafe_to_fork() is None
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait)
+    t.start()
+    try:
+        assert "2 Python threads run" in (unsafe_to_fork() or "")
+    finally:
+        stop.set()
+        t.join()

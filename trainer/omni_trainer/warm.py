@@ -1,0 +1,318 @@
+"""Warm trainer starts: a process that imported the trainer once forks each trainer worker.
+
+Every trainer process pays for its imports (torch, megatron-core, transformers; on GPUs also
+TransformerEngine and the CUDA libraries) at each start: about 4 s per process on this project's
+CPU machine, more on a GPU node. An in-place restart keeps the container, so the in-pod
+supervisor keeps a *zygote* in it: ``python -m omni_trainer.warm --zygote SOCKET`` imports the
+trainer before any attempt needs it and then serves fork requests on a Unix socket.
+
+torchrun starts each worker as ``python -m omni_trainer.warm ARGS``, a small process that
+imports no torch. With :data:`SOCKET_ENV` set (the supervisor sets it) it hands its arguments,
+environment, working directory and standard streams to the zygote, which forks a child that
+runs ``omni_trainer.cli ARGS`` with them. The small process stands in for the child under
+torchrun: it forwards signals, and it ends as the child ended (its exit code, or the signal that
+killed it). Without a zygote (none set, none running, or it declined) it runs the trainer itself,
+exactly as ``python -m omni_trainer.cli ARGS`` would.
+
+Forking is safe because the zygote only imported modules: before each fork it checks that it
+runs no other Python thread and holds no CUDA context (otherwise it declines, and the workers
+start cold). A child whose stand-in dies (torchrun killed it) kills itself at once, so no worker
+outlives the process torchrun watches. Standard library only, outside the zygote's imports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import runpy
+import select
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+SOCKET_ENV = "OMNI_WARM_SOCKET"
+"""The zygote's socket, in a trainer worker's environment (none: start cold)."""
+SOCKET_NAME = "warm.sock"
+WARM_IMPORTS = ("omni_trainer.cli", "omni_trainer.trainer")
+"""What the zygote imports once: the command line and everything training imports."""
+DECLINED = 3
+"""The zygote's exit code when forking would be unsafe here: the supervisor starts no other."""
+ENTRY = "omni_trainer.cli"
+_HEADER = struct.Struct("!cq")  # a message: kind (P: child pid, X: wait status, D: declined)
+_STDIO = (0, 1, 2)
+_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def connectable(path: Path) -> str:
+    """``path`` as ``bind``/``connect`` take it: Unix socket paths are limited to 107 bytes, so
+    a longer one is reached through its directory's descriptor (``/proc/self/fd/N/NAME``)."""
+    if len(os.fsencode(path)) < 100:
+        return str(path)
+    fd = os.open(path.parent, os.O_PATH)  # held for the process's life: the alias needs it
+    return f"/proc/self/fd/{fd}/{path.name}"
+
+
+# -- the zygote ---------------------------------------------------------------------------------
+def unsafe_to_fork() -> str | None:
+    """Why a fork now would hand a child broken state (None: safe)."""
+    if threading.active_count() > 1:
+        return f"{threading.active_count()} Python threads run"
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "CUDA was initialised by an import"
+    return None
+
+
+def serve(path: Path) -> int:
+    """The zygote: listen, import, then fork a worker per request. Returns only in a forked
+    child, with nothing left of the server, or when forking is unsafe (:data:`DECLINED`)."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()  # a socket of the container before (the directory outlives it)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(connectable(path))
+    listener.listen(64)  # stand-ins queue here while the imports run
+    for name in WARM_IMPORTS:
+        importlib.import_module(name)
+    why = unsafe_to_fork()
+    if why is not None:
+        print(f"omni warm: not forking trainer workers ({why}): they start cold", file=sys.stderr,
+              flush=True)  # fmt: skip
+        listener.close()
+        path.unlink(missing_ok=True)
+        return DECLINED
+    children: dict[int, socket.socket] = {}
+    while True:
+        if select.select([listener], [], [], 0.2)[0]:
+            conn, _ = listener.accept()
+            child = _fork(conn, listener, children)
+            if child is not None:
+                return child  # the child's way out: run the trainer
+        _reap(children)
+
+
+def _fork(conn: socket.socket, listener: socket.socket,
+          children: dict[int, socket.socket]) -> Any:  # fmt: skip
+    """Serve one request: None in the zygote; in the forked child, what it returns."""
+    try:
+        conn.settimeout(5.0)
+        request, fds = _receive(conn)
+        conn.settimeout(None)
+    except (OSError, ValueError, KeyError) as err:
+        print(f"omni warm: a bad request ({err})", file=sys.stderr, flush=True)
+        conn.close()
+        return None
+    why = unsafe_to_fork()
+    if why is not None:
+        for fd in fds:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            conn.sendall(_HEADER.pack(b"D", 0))
+        conn.close()
+        return None
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        listener.close()
+        for other in children.values():
+            other.close()
+        conn.close()
+        return _child(request, fds)
+    for fd in fds:
+        os.close(fd)
+    children[pid] = conn
+    print(f"omni warm: forked worker {pid} for process {request['pid']}: "
+          f"{' '.join(request['args'])}", file=sys.stderr, flush=True)  # fmt: skip
+    with contextlib.suppress(OSError):
+        conn.sendall(_HEADER.pack(b"P", pid))
+    return None
+
+
+def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    head, fds, _, _ = socket.recv_fds(conn, 8, len(_STDIO))
+    head += _exactly(conn, 8 - len(head))
+    (size,) = struct.unpack("!q", head)
+    if len(fds) != len(_STDIO) or not 0 < size < 1 << 24:
+        for fd in fds:
+            os.close(fd)
+        raise ValueError(f"{len(fds)} descriptors, {size} bytes")
+    request = json.loads(_exactly(conn, size))
+    for key in ("args", "env", "cwd", "pid"):
+        if key not in request:
+            raise KeyError(key)
+    return request, fds
+
+
+def _exactly(conn: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = conn.recv(n - len(data))
+        if not chunk:
+            raise ValueError("the request ended early")
+        data += chunk
+    return data
+
+
+def _reap(children: dict[int, socket.socket]) -> None:
+    """Tell each ended child's stand-in how it ended (its raw wait status)."""
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = children.pop(pid, None)
+        if conn is not None:
+            with contextlib.suppress(OSError):
+                conn.sendall(_HEADER.pack(b"X", status))
+            conn.close()
+
+
+def _child(request: dict[str, Any], fds: list[int]) -> int:
+    """In the forked child: become the stand-in's trainer process, then run the command line."""
+    for target, fd in zip(_STDIO, fds, strict=True):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    _die_with(int(request["pid"]))
+    _as_a_new_process()
+    sys.argv = [ENTRY, *request["args"]]
+    importlib.import_module(ENTRY).app()  # imported already; what `python -m` of it runs
+    return 0
+
+
+def _as_a_new_process() -> None:
+    """What a fresh interpreter would have differently from the zygote's copy: its own random
+    seeds (Python's ``random`` reseeds itself at a fork; numpy's and torch's do not) and the
+    thread count torchrun asks for (the OpenMP runtime read it when torch loaded)."""
+    torch, numpy = sys.modules.get("torch"), sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+    if torch is not None:
+        torch.seed()
+        threads = os.environ.get("OMP_NUM_THREADS", "")
+        if threads.isdigit() and int(threads) > 0:
+            torch.set_num_threads(int(threads))
+
+
+def _die_with(pid: int) -> None:
+    """Kill this process when ``pid`` (the stand-in torchrun watches) ends."""
+
+    def watch() -> None:
+        try:
+            fd = os.pidfd_open(pid)
+            select.select([fd], [], [])
+        except OSError:  # gone already, or no pidfd on this kernel: poll
+            while _alive(pid):
+                time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="omni-warm-stand-in", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# -- the stand-in -------------------------------------------------------------------------------
+def stand_in(args: list[str]) -> int:
+    """torchrun's worker: the zygote's child runs ``args``, else this process does."""
+    path = os.environ.get(SOCKET_ENV)
+    if path:
+        code = _hand_over(Path(path), args)
+        if code is not None:
+            return code
+    sys.argv = [ENTRY, *args]
+    runpy.run_module(ENTRY, run_name="__main__", alter_sys=True)
+    return 0
+
+
+def _hand_over(path: Path, args: list[str]) -> int | None:
+    """Run ``args`` in a child of the zygote and end as it ended; None: no zygote took it."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(connectable(path))
+        request = json.dumps({"args": args, "env": dict(os.environ), "cwd": os.getcwd(),
+                              "pid": os.getpid()}).encode()  # fmt: skip
+        socket.send_fds(sock, [struct.pack("!q", len(request))], _stdio())
+        sock.sendall(request)
+        kind, pid = _message(sock)  # waits while the zygote still imports
+    except OSError:
+        sock.close()
+        return None
+    if kind != b"P":
+        sock.close()
+        return None  # declined (or died while importing): start cold
+    for sig in _FORWARDED:
+        signal.signal(sig, lambda signum, _frame: _forward(pid, signum))
+    try:
+        kind, status = _message(sock)
+    except OSError:
+        kind = None
+    if kind != b"X":  # the zygote died: the child runs on, unwatched by it
+        while _alive(pid):
+            time.sleep(0.2)
+        print("omni warm: lost the trainer's exit status (its zygote died)", file=sys.stderr)
+        return 1
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:  # killed by a signal: end the same way, so torchrun reports the same
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL has no handler to reset
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        time.sleep(1.0)
+        return 128 - code
+    return code
+
+
+def _stdio() -> list[int]:
+    """This process's standard streams to hand over (/dev/null for a closed one)."""
+    out = []
+    for fd in _STDIO:
+        try:
+            os.fstat(fd)
+            out.append(fd)
+        except OSError:
+            out.append(os.open(os.devnull, os.O_RDWR))
+    return out
+
+
+def _message(sock: socket.socket) -> tuple[bytes | None, int]:
+    data = b""
+    while len(data) < _HEADER.size:
+        chunk = sock.recv(_HEADER.size - len(data))
+        if not chunk:
+            return None, 0
+        data += chunk
+    kind, value = _HEADER.unpack(data)
+    return kind, value
+
+
+def _forward(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signum)
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--zygote"] and len(argv) == 2:
+        return serve(Path(argv[1]))
+    return stand_in(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
