@@ -79,6 +79,9 @@ RANK_ENV = "OMNI_NODE_RANK"
 WARM_IMPORTS = "import omni_trainer.trainer"
 """What a standby without a zygote imports once (torch, megatron-core, the trainer)."""
 POLL_S = 0.2
+ZYGOTE_LISTEN_S = 5.0
+"""How long a new zygote may take to listen (it listens before it imports) before an attempt
+starts without it."""
 _TAG = re.compile(r"^\[attempt (\d+)\] ?")
 
 Action = Literal["start", "restart", "wait", "exit"]
@@ -330,9 +333,15 @@ class Supervisor:
         if z is not None:
             print(f"omni supervise: the zygote ended (code {z.returncode}); starting another",
                   flush=True)  # fmt: skip
+        self._socket.unlink(missing_ok=True)  # the container before's
         self._zygote = subprocess.Popen(
             [sys.executable, "-m", "omni_trainer.warm", "--zygote", str(self._socket)]
         )
+        deadline = time.monotonic() + ZYGOTE_LISTEN_S
+        while not self._socket.exists() and self._zygote.poll() is None:
+            if time.monotonic() > deadline:
+                break  # slow to start: the workers will start cold meanwhile
+            time.sleep(0.01)
         return True
 
     def _start(self, target: Target) -> None:
@@ -347,9 +356,10 @@ class Supervisor:
             SAME_NODES_ENV: "1" if attempt != self.pods and not target.fresh else "0",
             termination.ENV: str(self._message_file),
         }
+        command = for_target(self.command, target)
         if self.warm and self._keep_warm():
             env[warm.SOCKET_ENV] = str(self._socket)
-        command = for_target(self.command, target)
+            command = warm.through_zygote(command)
         self._ran_file.write_text(f"{attempt}\n")
         print(f"omni supervise: starting attempt {attempt}: {' '.join(command)}", flush=True)
         self._proc = subprocess.Popen(command, env=env)

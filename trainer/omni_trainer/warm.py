@@ -12,7 +12,8 @@ environment, working directory and standard streams to the zygote, which forks a
 runs ``omni_trainer.cli ARGS`` with them. The small process stands in for the child under
 torchrun: it forwards signals, and it ends as the child ended (its exit code, or the signal that
 killed it). Without a zygote (none set, none running, or it declined) it runs the trainer itself,
-exactly as ``python -m omni_trainer.cli ARGS`` would.
+exactly as ``python -m omni_trainer.cli ARGS`` would. The supervisor starts torchrun itself the
+same way (``--entry=torchrun``, :func:`through_zygote`): its agent imports torch too.
 
 Forking is safe because the zygote only imported modules: before each fork it checks that it
 runs no other Python thread and holds no CUDA context (otherwise it declines, and the workers
@@ -34,17 +35,19 @@ import struct
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 SOCKET_ENV = "OMNI_WARM_SOCKET"
 """The zygote's socket, in a trainer worker's environment (none: start cold)."""
 SOCKET_NAME = "warm.sock"
-WARM_IMPORTS = ("omni_trainer.cli", "omni_trainer.trainer")
-"""What the zygote imports once: the command line and everything training imports."""
+WARM_IMPORTS = ("omni_trainer.cli", "omni_trainer.trainer", "torch.distributed.run")
+"""What the zygote imports once: the command line, everything training imports, torchrun."""
 DECLINED = 3
 """The zygote's exit code when forking would be unsafe here: the supervisor starts no other."""
-ENTRY = "omni_trainer.cli"
+ENTRIES = {"cli": ("omni_trainer.cli", "app"), "torchrun": ("torch.distributed.run", "main")}
+"""What a stand-in can run: module and function (what ``python -m`` of the module calls)."""
 _HEADER = struct.Struct("!cq")  # a message: kind (P: child pid, X: wait status, D: declined)
 _STDIO = (0, 1, 2)
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -128,7 +131,7 @@ def _fork(conn: socket.socket, listener: socket.socket,
     for fd in fds:
         os.close(fd)
     children[pid] = conn
-    print(f"omni warm: forked worker {pid} for process {request['pid']}: "
+    print(f"omni warm: forked {pid} for process {request['pid']}: {request['entry']} "
           f"{' '.join(request['args'])}", file=sys.stderr, flush=True)  # fmt: skip
     with contextlib.suppress(OSError):
         conn.sendall(_HEADER.pack(b"P", pid))
@@ -144,9 +147,11 @@ def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
             os.close(fd)
         raise ValueError(f"{len(fds)} descriptors, {size} bytes")
     request = json.loads(_exactly(conn, size))
-    for key in ("args", "env", "cwd", "pid"):
+    for key in ("entry", "args", "env", "cwd", "pid"):
         if key not in request:
             raise KeyError(key)
+    if request["entry"] not in ENTRIES:
+        raise ValueError(f"no entry {request['entry']!r}")
     return request, fds
 
 
@@ -186,8 +191,9 @@ def _child(request: dict[str, Any], fds: list[int]) -> int:
     os.environ.update(request["env"])
     _die_with(int(request["pid"]))
     _as_a_new_process()
-    sys.argv = [ENTRY, *request["args"]]
-    importlib.import_module(ENTRY).app()  # imported already; what `python -m` of it runs
+    module, function = ENTRIES[request["entry"]]
+    sys.argv = [module, *request["args"]]
+    getattr(importlib.import_module(module), function)()  # imported already
     return 0
 
 
@@ -231,25 +237,38 @@ def _alive(pid: int) -> bool:
 
 
 # -- the stand-in -------------------------------------------------------------------------------
-def stand_in(args: list[str]) -> int:
-    """torchrun's worker: the zygote's child runs ``args``, else this process does."""
+def through_zygote(command: Sequence[str]) -> list[str]:
+    """``command`` with its torchrun started as a stand-in (``torchrun ARGS``, or this
+    Python's ``-m torch.distributed.run ARGS``); any other command as it is."""
+    if command and Path(command[0]).name == "torchrun":
+        rest = command[1:]
+    elif len(command) >= 3 and list(command[1:3]) == ["-m", "torch.distributed.run"]:
+        rest = command[3:]
+    else:
+        return list(command)
+    return [sys.executable, "-m", "omni_trainer.warm", "--entry=torchrun", *rest]
+
+
+def stand_in(args: list[str], entry: str = "cli") -> int:
+    """The zygote's child runs ``entry`` with ``args``, else this process does."""
     path = os.environ.get(SOCKET_ENV)
     if path:
-        code = _hand_over(Path(path), args)
+        code = _hand_over(Path(path), entry, args)
         if code is not None:
             return code
-    sys.argv = [ENTRY, *args]
-    runpy.run_module(ENTRY, run_name="__main__", alter_sys=True)
+    module, _ = ENTRIES[entry]
+    sys.argv = [module, *args]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
     return 0
 
 
-def _hand_over(path: Path, args: list[str]) -> int | None:
+def _hand_over(path: Path, entry: str, args: list[str]) -> int | None:
     """Run ``args`` in a child of the zygote and end as it ended; None: no zygote took it."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(connectable(path))
-        request = json.dumps({"args": args, "env": dict(os.environ), "cwd": os.getcwd(),
-                              "pid": os.getpid()}).encode()  # fmt: skip
+        request = json.dumps({"entry": entry, "args": args, "env": dict(os.environ),
+                              "cwd": os.getcwd(), "pid": os.getpid()}).encode()  # fmt: skip
         socket.send_fds(sock, [struct.pack("!q", len(request))], _stdio())
         sock.sendall(request)
         kind, pid = _message(sock)  # waits while the zygote still imports
@@ -311,6 +330,12 @@ def _forward(pid: int, signum: int) -> None:
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--zygote"] and len(argv) == 2:
         return serve(Path(argv[1]))
+    if argv[:1] and argv[0].startswith("--entry="):
+        entry = argv[0].split("=", 1)[1]
+        if entry not in ENTRIES:
+            print(f"omni_trainer.warm: --entry must be one of {sorted(ENTRIES)}", file=sys.stderr)
+            return 2
+        return stand_in(argv[1:], entry)
     return stand_in(argv)
 
 

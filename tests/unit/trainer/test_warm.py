@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from omni_trainer.warm import SOCKET_ENV, unsafe_to_fork
+from omni_trainer.warm import SOCKET_ENV, through_zygote, unsafe_to_fork
 
 ROOT = Path(__file__).resolve().parents[3]
 STAND_IN = [sys.executable, "-m", "omni_trainer.warm"]
@@ -29,6 +29,7 @@ class Zygote:
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen([*STAND_IN, "--zygote", str(self.socket)],
                                          stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        _wait("the zygote listening", self.socket.exists, timeout=30)  # before its imports
 
     def forks(self) -> list[str]:
         return [x for x in self.log.read_text().splitlines() if "omni warm: forked" in x]
@@ -76,7 +77,7 @@ def test_a_forked_worker_runs_the_command_line_as_the_stand_in_would(
     assert ok.returncode == 0 and "valid OmniTrainingJob 'tiny-cpu'" in out, (out, err)
     assert (
         len(zygote.forks()) == 2
-        and f"for process {ok.pid}: validate job.yaml" in (zygote.forks()[-1])
+        and f"for process {ok.pid}: cli validate job.yaml" in (zygote.forks()[-1])
     )
     assert not zygote.workers()  # each ended and was reaped
 
@@ -137,3 +138,26 @@ def test_forking_is_declined_beside_another_thread() -> None:
     finally:
         stop.set()
         t.join()
+
+
+def test_torchrun_is_started_as_a_stand_in_and_other_commands_as_they_are() -> None:
+    args = ["--nnodes=2", "-m", "omni_trainer.warm", "train", "job.yaml"]
+    warm = [*STAND_IN, "--entry=torchrun", *args]
+    assert through_zygote(["torchrun", *args]) == warm
+    assert through_zygote(["/usr/bin/torchrun", *args]) == warm
+    assert through_zygote([sys.executable, "-m", "torch.distributed.run", *args]) == warm
+    assert through_zygote(["python", "train.py"]) == ["python", "train.py"]
+
+
+def test_torchrun_and_its_workers_fork_from_the_zygote(zygote: Zygote, tmp_path: Path) -> None:
+    """The whole tree a supervisor starts: torchrun (a stand-in) and its workers (stand-ins),
+    both forked; the job trains to the end and exits 0."""
+    _job(tmp_path, steps=2)
+    before = len(zygote.forks())
+    cmd = through_zygote(["torchrun", "--standalone", "--nproc-per-node=2", "-m",
+                          "omni_trainer.warm", "train", "job.yaml"])  # fmt: skip
+    run = _stand_in(cmd[3:], tmp_path, zygote)
+    _, err = run.communicate(timeout=300)
+    assert run.returncode == 0, err[-3000:]
+    forks = zygote.forks()[before:]
+    assert [f.split(": ", 2)[-1].split()[0] for f in forks] == ["torchrun", "cli", "cli"], forks
