@@ -16,6 +16,10 @@ b. ``train``: ``omni train`` of a ~1.1B LLM (TinyLlama's shape) + ViT-L/14 at 8K
    trainer's own accounting), step breakdown and memory from the run summary.
 c. ``checkpoint``: a checkpoint saved from the local spec loads into the TE spec and back, and
    from bf16 into fp32: weights equal exactly, logits of the loaded model equal its source's.
+d. ``warm``: in-place restarts fork the trainer from a pre-imported zygote (``omni_trainer.warm``),
+   safe only if importing the trainer (TransformerEngine included) initialised no CUDA: whether
+   the zygote forks or declines here, and a tiny bf16 run forked from it beside the same run
+   cold (exit codes, wall times, losses equal).
 
 GPU-only parts report ``skipped`` with the reason where CUDA or TransformerEngine is missing; with
 ``--cpu-smoke`` every part runs what the CPU can at tiny shapes (local spec on both sides of (a)
@@ -592,6 +596,60 @@ def part_train(
     return out
 
 
+def _run_tiny(manifest: Path, *, env: dict, timeout: float) -> tuple[int, float, str]:
+    start = time.monotonic()
+    cmd = [sys.executable, "-m", "omni_trainer.warm", "train", str(manifest)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    return proc.returncode, time.monotonic() - start, proc.stdout + proc.stderr
+
+
+def part_warm(tmp: Path) -> dict:
+    """The zygote on this machine: forks, or declines (and why); a forked run beside a cold one."""
+    from omni_trainer.warm import DECLINED, SOCKET_ENV
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    sock, log = tmp / "warm.sock", tmp / "zygote.log"
+    env = {k: v for k, v in os.environ.items() if k != "NVIDIA_TF32_OVERRIDE"}
+    runs = {}
+    for name in ("cold", "warm"):
+        (tmp / name).mkdir(exist_ok=True)
+        doc = training_manifest(CPU_SMOKE, tmp / name)
+        doc["spec"]["trainer"]["train"]["steps"] = 3
+        (tmp / name / "job.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    with log.open("wb") as out:
+        zygote = subprocess.Popen([sys.executable, "-m", "omni_trainer.warm", "--zygote",
+                                   str(sock)], stdout=out, stderr=subprocess.STDOUT,
+                                  env=env)  # fmt: skip
+    try:
+        t0 = time.monotonic()
+        while not sock.exists() and zygote.poll() is None and time.monotonic() - t0 < 30:
+            time.sleep(0.05)
+        code, wall, text = _run_tiny(tmp / "cold/job.yaml", env=env, timeout=120)
+        runs["cold"] = {"returncode": code, "wall_s": round(wall, 2), "tail": text[-1500:]}
+        code, wall, text = _run_tiny(tmp / "warm/job.yaml", env={**env, SOCKET_ENV: str(sock)},
+                                     timeout=120)  # fmt: skip
+        runs["warm"] = {"returncode": code, "wall_s": round(wall, 2), "tail": text[-1500:]}
+    finally:
+        if zygote.poll() is None:
+            zygote.kill()
+        zygote.wait()
+    zlog = log.read_text(errors="replace")
+    out = {"declined": zygote.returncode == DECLINED, "forked": "omni warm: forked" in zlog,
+           "zygote_log": "\n".join(x for x in zlog.splitlines() if "omni warm" in x)[-1500:],
+           **runs}  # fmt: skip
+    losses = {}
+    for name in ("cold", "warm"):
+        steps = tmp / name / "steps.jsonl"
+        if steps.exists():
+            losses[name] = [json.loads(x)["loss"] for x in steps.read_text().splitlines()]
+    out["losses_equal"] = bool(losses) and losses.get("cold") == losses.get("warm")
+    if runs["warm"]["returncode"] != 0 or runs["cold"]["returncode"] != 0:
+        raise RuntimeError(json.dumps(out)[-6000:])
+    print(f"[gpu_check]   zygote {'declined' if out['declined'] else 'forked'}: warm "
+          f"{runs['warm']['wall_s']} s, cold {runs['cold']['wall_s']} s", flush=True)  # fmt: skip
+    return out
+
+
 # -- main -------------------------------------------------------------------------------------
 
 
@@ -608,7 +666,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=450.0, help="whole-run time budget")
     parser.add_argument(
         "--parts",
-        default="encoder_varlen,te_vs_local,checkpoint,train",
+        default="encoder_varlen,te_vs_local,checkpoint,train,warm",
         help="comma-separated; train:selective / train:full run the training part with that "
         "train.recompute (LLM and encoders)",
     )
@@ -627,6 +685,7 @@ def main(argv: list[str] | None = None) -> int:
             "encoder_varlen": (lambda: part_encoder_varlen(shapes), 20, 60),
             "te_vs_local": (lambda: part_te_vs_local(shapes, args.cpu_smoke), 60, 150),
             "checkpoint": (lambda: part_checkpoint(shapes, args.cpu_smoke, tmp / "ckpt"), 60, 120),
+            "warm": (lambda: part_warm(tmp / "warm"), 40, 150),
         }
         for mode in ("none", "selective", "full"):
             runs["train" if mode == "none" else f"train:{mode}"] = (

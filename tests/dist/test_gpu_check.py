@@ -46,6 +46,7 @@ def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
         "te_vs_local": "ok",
         "checkpoint": "ok",
         "train": "ok",
+        "warm": "ok",
     }
     assert parts["encoder_varlen"]["out_rel_error"] == 0.0  # no GPU kernel: SDPA both sides
     compared = parts["te_vs_local"]
@@ -58,6 +59,8 @@ def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
     train = parts["train"]
     assert train["tokens_per_second"] > 0 and train["mfu"] > 0 and len(train["steps"]) == 2
     assert result["environment"]["te_usable"] is False
+    warm = parts["warm"]  # CPU: nothing initialises CUDA, so the zygote forks
+    assert warm["forked"] and not warm["declined"] and warm["losses_equal"], warm
 
 
 def test_without_a_gpu_the_gpu_parts_say_why_they_skipped(tmp_path: Path) -> None:
