@@ -17,6 +17,11 @@ checkpoint, so every fault has steps to recompute:
 * suspend: ``spec.suspend`` set (the pods deleted with their grace), then unset (a new attempt);
 * straggler: ``throttle-pod`` on node rank 1 (its trainer stopped half of the time) with
   ``restartPolicy.stragglers.action: replace``: found, then replaced after the next checkpoint.
+* storage outage: the job checkpoints to S3 (a moto server, credentials from a Secret) through a
+  proxy (``bench/storage_outage.py``) that goes down for ``--outage-seconds`` a few steps before
+  a checkpoint upload, resetting its connections and refusing new ones. No restart is expected:
+  the cost is the training the stalls took (each gap between steps beyond the median step time,
+  from the outage's start until a checkpoint commits again) and which checkpoints were lost.
 
 A mode ending in ``+fast`` adds the fast checkpoint tier (``checkpoint.fast`` every
 ``--fast-interval`` steps on each node's disk, each share copied to the peer node): with
@@ -78,7 +83,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 LABEL_ATTEMPT, LABEL_RANK = "omni.megascale.io/attempt", "omni.megascale.io/node-rank"
-FAULTS = ("crash", "kill", "hang", "sigterm", "node-lost", "image-missing", "suspend", "straggler")
+FAULTS = ("crash", "kill", "hang", "sigterm", "node-lost", "image-missing", "storage-outage",
+          "suspend", "straggler")  # fmt: skip
 SUITE = (
     *("crash", "kill", "sigterm", "node-lost", "suspend") * 3,
     "hang", "straggler", "crash", "kill", "hang", "image-missing",
@@ -94,7 +100,7 @@ MISSING_IMAGE = "ghcr.io/megascale-omni/trainer:0.0.0-missing"
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--modes", nargs="+", default=["in-place", "recreate"])
-    p.add_argument("--faults", nargs="+", default=list(FAULTS[:6]), choices=FAULTS)
+    p.add_argument("--faults", nargs="+", default=list(FAULTS[:7]), choices=FAULTS)
     p.add_argument(
         "--suite", action="store_true", help="the fault suite (--modes, --faults unused)"
     )
@@ -118,6 +124,8 @@ def _args() -> argparse.Namespace:
         help="the kubelets' first CrashLoopBackOff delay (sandbox up --crash-backoff-seconds; "
         "doubling to 30x): a real kubelet's is 10, the sandbox's default 1",
     )
+    p.add_argument("--outage-seconds", type=float, default=20.0,
+                   help="how long the storage-outage fault keeps S3 down")  # fmt: skip
     p.add_argument("--dir", type=Path, help="keep the sandbox, logs and checkpoints here")
     return p.parse_args()
 
@@ -273,17 +281,50 @@ def _suspend_and_resume(sb: Sandbox) -> None:
     sb.request("PATCH", sb.job_path(), {"spec": {"suspend": False}})
 
 
+def _on_s3(sb: Sandbox, doc: dict[str, Any], s3: Any, mode: str) -> None:
+    """The job's checkpoints on ``s3`` (a :class:`storage_outage.FlakyS3`), its credentials in
+    a Secret the pods take as their environment."""
+    import boto3
+
+    creds = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+             "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": s3.endpoint}  # fmt: skip
+    boto3.client("s3", endpoint_url=s3.endpoint, region_name="us-east-1",
+                 aws_access_key_id="bench", aws_secret_access_key="bench",
+                 ).create_bucket(Bucket="omni-bench")  # fmt: skip
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3", "namespace": NS},
+              "stringData": creds}  # fmt: skip
+    sb.request("POST", f"/api/v1/namespaces/{NS}/secrets", secret)
+    doc["spec"]["envFrom"] = [{"secretRef": {"name": "s3"}}]
+    doc["spec"]["trainer"]["checkpoint"]["path"] = f"s3://omni-bench/{mode}/ckpt"
+
+
 def run_mode(sb: Sandbox, mode: str, faults: list[str], args: argparse.Namespace) -> list[Cost]:
     """The job in ``mode``, each fault in turn; stops at a fault that fails the job."""
+    with contextlib.ExitStack() as stack:
+        s3 = None
+        if "storage-outage" in faults:
+            from storage_outage import FlakyS3
+
+            s3 = stack.enter_context(FlakyS3())
+        return _run_mode(sb, mode, faults, args, s3)
+
+
+def _run_mode(sb: Sandbox, mode: str, faults: list[str], args: argparse.Namespace,
+              s3: Any) -> list[Cost]:  # fmt: skip
     step_log = sb.cwd / "runs" / mode / "steps.jsonl"
     doc = _job(mode, interval=args.interval, fast_interval=args.fast_interval,
                step_log=f"runs/{mode}/steps.jsonl", faults=faults)  # fmt: skip
+    if s3 is not None:
+        _on_s3(sb, doc, s3, mode)
     sb.request("POST", f"/apis/omni.megascale.io/v1alpha1/namespaces/{NS}/omnitrainingjobs", doc)
     costs: list[Cost] = []
     try:
         for fault in faults:
             try:
-                cost = _measure(sb, Cost(fault, mode), step_log, args)
+                if fault == "storage-outage":
+                    cost = _measure_outage(sb, Cost(fault, mode), step_log, args, s3)
+                else:
+                    cost = _measure(sb, Cost(fault, mode), step_log, args)
             except TimeoutError as err:  # the table shows what was measured
                 cost = Cost(fault, mode, note=str(err))
             costs.append(cost)
@@ -369,6 +410,63 @@ def _measure(sb: Sandbox, cost: Cost, step_log: Path, args: argparse.Namespace) 
     if lost is not None:
         sb.fault("node-ready", lost)  # the node comes back for later placements
     return cost
+
+
+def _measure_outage(sb: Sandbox, cost: Cost, step_log: Path, args: argparse.Namespace,
+                    s3: Any) -> Cost:  # fmt: skip
+    """S3 down for ``--outage-seconds`` a few steps before a checkpoint: the training the
+    stalls took until a checkpoint commits again, and what was not committed."""
+    attempt = sb.status().get("attempt", 0)
+    before = sb.status().get("restarts", 0)
+
+    def ready() -> bool:
+        recs = [r for r in _records(step_log) if r["attempt"] == attempt]
+        step = max((r["step"] for r in recs), default=0)
+        committed = (sb.status().get("lastCheckpoint") or {}).get("step") or 0
+        return (len(recs) >= args.interval + args.past and step % args.interval >= args.past
+                and committed > 0)  # fmt: skip
+
+    sb.wait(f"{cost.mode}: attempt {attempt} training", ready, timeout=args.timeout)
+    reached = max(r["step"] for r in _records(step_log))
+    t0 = time.time()
+    s3.outage(args.outage_seconds).join()
+    back = time.time()
+
+    def committed_after() -> int | None:
+        last = sb.status().get("lastCheckpoint") or {}
+        step, at = last.get("step") or 0, _parse_time(last.get("time"))
+        return step if at is not None and at >= back else None
+
+    try:
+        step = sb.wait("a checkpoint committed after the outage", committed_after,
+                       timeout=args.timeout)  # fmt: skip
+    except TimeoutError as err:
+        cost.note = str(err)
+        return cost
+    end = time.time()
+    every = _records(step_log)
+    median = statistics.median(_step_times(every))
+    gaps = [b["time"] - a["time"] for a, b in itertools.pairwise(every)
+            if t0 <= b["time"] <= end and b["step"] == a["step"] + 1]  # fmt: skip
+    stalls = [g - median for g in gaps if g > 2 * median]
+    cost.recomputed = 0
+    cost.lost_s = sum(stalls)
+    restarts = sb.status().get("restarts", 0) - before
+    steps = max((r["step"] for r in every if r["time"] <= end), default=reached) - reached
+    cost.note = (f"{restarts} restarts; S3 down {back - t0:.1f} s from step {reached}; "
+                 f"{steps} steps trained from the outage to the first commit after it "
+                 f"(step {step}, {end - back:.1f} s after S3 was back); stalls "
+                 f"{', '.join(f'{x:.1f}' for x in stalls) or 'none'} s beyond the median step "
+                 f"{median:.2f} s")  # fmt: skip
+    return cost
+
+
+def _parse_time(text: str | None) -> float | None:
+    import datetime as dt
+
+    if not text:
+        return None
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 def run_suite(sb: Sandbox, args: argparse.Namespace) -> tuple[list[Cost], bool]:
