@@ -190,7 +190,7 @@ class Trainer:
         with self.timer.span("sync"):
             self.parts.sync_parameters()
         if self.checkpoints.due(step + 1):
-            self.checkpoints.save(step + 1)
+            self.checkpoints.save(step + 1, periodic=True)
         seconds = time.perf_counter() - start
         encoder_peak = self.runner.anchor.memory.take_peak()
         phases = self.timer.take()

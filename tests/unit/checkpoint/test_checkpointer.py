@@ -120,3 +120,39 @@ def test_config_reads_the_manifest_spelling() -> None:
     )
     assert (cfg.interval_steps, cfg.keep_last, cfg.async_save, cfg.is_s3()) == (50, 2, False, True)
     assert cfg.due(100) and not cfg.due(0) and not cfg.due(51)
+
+
+def test_a_save_retrying_on_a_store_that_is_down_is_stuck(s3_bucket: str, tmp_path: Path) -> None:
+    """A save whose requests fail and are retried (the store refuses connections) says it is
+    stuck while it runs, so the loop can skip the next periodic save instead of waiting; a
+    healthy save never does, and neither does a finished one."""
+    import socket
+    import time
+
+    import boto3
+    from botocore.config import Config
+
+    _, state = trained()
+    healthy = Checkpointer(CheckpointConfig(path=f"s3://{s3_bucket}/ok",
+                                            staging_dir=str(tmp_path / "a")))  # fmt: skip
+    healthy.save(1, state, {"step": 1})
+    assert not healthy.stuck
+    assert healthy.close().committed and not healthy.stuck
+
+    with socket.socket() as s:  # a port nobody listens on: every connection is refused
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    client = boto3.session.Session().client(
+        "s3", endpoint_url=dead, config=Config(retries={"max_attempts": 5, "mode": "standard"})
+    )
+    storage = S3Storage(f"s3://{s3_bucket}/down", client=client)
+    down = Checkpointer(CheckpointConfig(path=storage.url, staging_dir=str(tmp_path / "b")),
+                        storage=storage)  # fmt: skip
+    down.save(1, state, {"step": 1})
+    deadline = time.monotonic() + 10
+    while not down.stuck and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert down.stuck  # retrying, long before the save gives up
+    result = down.close()
+    assert not result.committed and "Could not connect" in result.errors[0]
+    assert not down.stuck

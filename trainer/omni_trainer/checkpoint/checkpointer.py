@@ -148,6 +148,7 @@ class Checkpointer:
         self.scratch = scratch / f"omni-ckpt-{tag}" / f"rank-{self.rank:05d}"
         self.planner = make_planner(cache_plans=cache_plans, key=f"omni-ckpt-{tag}-{id(self)}")
         self._saver = BackgroundSaver()
+        self._submitted_at = 0.0
         self._last_sync: SaveResult | None = None
         env = os.environ.get("OMNI_RESTART_ATTEMPT")
         self.attempt = attempt if attempt is not None else int(env) if env else None
@@ -182,9 +183,17 @@ class Checkpointer:
         blocking = time.perf_counter() - start
         write = self._write_fast if tier == FAST else self._write
         if self.config.async_save:
+            self._submitted_at = time.monotonic()
             self._saver.submit(write, step, staged, loader, blocking)
         else:
             self._last_sync = write(step, staged, loader, blocking)
+
+    @property
+    def stuck(self) -> bool:
+        """The save in flight waits on failing storage: a request of it failed and is being
+        retried (the store is down, or refuses us); waiting for it would stop training."""
+        since = self.storage.failing_since
+        return self._saver.busy and since is not None and since >= self._submitted_at
 
     def wait(self) -> SaveResult | None:
         """Wait for the save in flight; its result (None when there was none)."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+import torch
+
 from omni_trainer.checkpoint.checkpointer import Checkpointer, SaveResult
 from omni_trainer.checkpoint.config import PERSISTENT, CheckpointConfig
 from omni_trainer.checkpoint.state import ModelState
@@ -70,11 +72,16 @@ class CheckpointSession:
     def due(self, step: int) -> bool:
         return self.checkpointer is not None and self.cfg.tier_due(step) is not None
 
-    def save(self, step: int) -> None:
+    def save(self, step: int, *, periodic: bool = False) -> None:
         """Asynchronous checkpoint after ``step`` completed steps, in the tier due then (the
         persistent one for an emergency save off the schedule); the loop waits for the host
-        copy only. The loader state saved is every shard's, so any layout can resume it."""
+        copy only. The loader state saved is every shard's, so any layout can resume it.
+
+        A ``periodic`` save is skipped while the save before it waits on failing storage
+        (:meth:`_skip`); an emergency save waits for it."""
         tier = self.cfg.tier_due(step) or PERSISTENT
+        if periodic and self._skip(step):
+            return
         with self.timer.span("checkpoint_blocking"):
             previous = self.checkpointer.wait()  # save() would wait for it too; we report it
             everyone = comm.all_gather_object(self.data.state_dict(), group=self.groups.dp)
@@ -82,6 +89,20 @@ class CheckpointSession:
             self.checkpointer.save(step, self.state(), {"shards": shards}, tier=tier)
             self.saved_step = step
         self._report(previous)
+
+    def _skip(self, step: int) -> bool:
+        """Skip this save, on every rank, if any rank's save in flight waits on failing storage:
+        training goes on, and the next due save tries again (a storage outage would otherwise
+        stop training at every due save for as long as the retries of the one before last).
+        Agreed over all ranks first: a save is collective, so all take it or none."""
+        stuck = torch.tensor([1.0 if self.checkpointer.stuck else 0.0])
+        if comm.all_reduce(stuck, op="max").item() == 0.0:
+            return False
+        self.metrics.record_checkpoint_skipped(step)
+        if self.groups.rank == 0:
+            print(f"checkpoint after step {step} skipped: the save before it is retrying on "
+                  f"failing storage ({self.checkpointer.storage.url})", flush=True)  # fmt: skip
+        return True
 
     def poll(self) -> None:
         if self.checkpointer is not None:

@@ -99,6 +99,9 @@ class CheckpointStorage(ABC):
     url: str
     attempt: int | None = None
     """The attempt this writer claimed (:meth:`claim`); None: unfenced (a local run)."""
+    failing_since: float | None = None
+    """When (``time.monotonic``) a request last failed and was being retried; None: none did.
+    A save stuck in retries (the store is down) shows here long before it raises."""
 
     # -- primitives ------------------------------------------------------------------------
     @abstractmethod
@@ -471,6 +474,16 @@ class S3Storage(CheckpointStorage):
             multipart_chunksize=multipart_chunksize,
             max_concurrency=max_concurrency,
         )
+        # First, so it sees every attempt (the retry handler answers failed ones, and the
+        # first answer ends the event).
+        self.client.meta.events.register_first("needs-retry.s3", self._on_attempt)
+
+    def _on_attempt(self, caught_exception: Exception | None = None,
+                    response: Any = None, **_: Any) -> None:  # fmt: skip
+        """Note a failed request (a connection error, a 5xx or a throttle) before its retry."""
+        status = response[0].status_code if response else 0
+        if caught_exception is not None or status >= 500 or status == 429:
+            self.failing_since = time.monotonic()
 
     def _key(self, step: int, rel: str = "") -> str:
         parts = [p for p in (self.prefix, step_name(step), rel) if p]

@@ -85,6 +85,8 @@ class MetricsSink(Protocol):
         loader_snapshot_seconds: float = 0.0,
     ) -> None: ...
 
+    def record_checkpoint_skipped(self, step: int) -> None: ...
+
     def record_resume(self, step: int) -> None: ...
 
     def record_node_busy(self, busy: Mapping[int, float]) -> None: ...
@@ -236,6 +238,12 @@ class TrainerMetrics(MetricsEndpoint):
         self.checkpoint_step = gauge(
             "checkpoint_step", "Optimizer steps held by the latest complete checkpoint."
         )
+        self.checkpoints_skipped = Counter(
+            PREFIX + "checkpoints_skipped",
+            "Checkpoints not taken because the save before them waited on failing storage.",
+            job_l,
+            registry=r,
+        )
         self.restart_attempt = gauge(
             "restart_attempt", "Restart attempt of this job run (0 = never restarted)."
         )
@@ -346,6 +354,11 @@ class TrainerMetrics(MetricsEndpoint):
             max(0.0, loader_snapshot_seconds)
         )
 
+    def record_checkpoint_skipped(self, step: int) -> None:
+        """A checkpoint due after ``step`` was skipped: the save before it waits on failing
+        storage (training went on; the age panel shows the growing gap)."""
+        self.checkpoints_skipped.labels(self._job).inc()
+
     def record_resume(self, step: int) -> None:
         """This run continued from the checkpoint of ``step`` optimizer steps (0: none)."""
         self.resumed_from.labels(self._job).set(step)
@@ -391,6 +404,9 @@ class NullTrainerMetrics:
         age: float = 0.0,
         loader_snapshot_seconds: float = 0.0,
     ) -> None:
+        pass
+
+    def record_checkpoint_skipped(self, step: int) -> None:
         pass
 
     def record_resume(self, step: int) -> None:
