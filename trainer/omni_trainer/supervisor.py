@@ -202,12 +202,17 @@ def _become_subreaper() -> None:
 
 
 def _descendants() -> list[int]:
-    """Every live process below this one (children of children included)."""
+    """Every live process below this one (children of children included; a zombie is dead,
+    its parent reaps it)."""
     import psutil
 
+    out = []
     with contextlib.suppress(psutil.Error):
-        return [p.pid for p in psutil.Process().children(recursive=True)]
-    return []
+        for p in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(p.pid)
+    return out
 
 
 def _reap(keep: Sequence[int]) -> None:
@@ -380,6 +385,9 @@ class Supervisor:
         for pid in self._trainer_processes():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
+        if self._zygote is not None:  # stopped with a hung trainer, it must reap its children
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._zygote.pid, signal.SIGCONT)
 
     def _wait_gone(self, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s

@@ -161,3 +161,40 @@ def test_torchrun_and_its_workers_fork_from_the_zygote(zygote: Zygote, tmp_path:
     assert run.returncode == 0, err[-3000:]
     forks = zygote.forks()[before:]
     assert [f.split(": ", 2)[-1].split()[0] for f in forks] == ["torchrun", "cli", "cli"], forks
+
+
+def test_a_trainer_stopped_with_its_zygote_restarts_without_waiting(tmp_path: Path) -> None:
+    """A hang as the sandbox makes one (every process but the supervisor SIGSTOPped, the zygote
+    included): the next attempt kills the trainer, continues the zygote so it reaps its dead
+    children, and starts forked again within seconds (it used to wait out 30 s for zombies)."""
+    from omni_trainer.failure_report import FailureReport
+    from omni_trainer.supervisor import Supervisor, order, read_int
+
+    _job(tmp_path, steps=100000)
+    (tmp_path / "attempt").write_text(order(0, pods=0))
+    state = tmp_path / "state"
+    sup = Supervisor([*STAND_IN, "train", str(tmp_path / "job.yaml")], state_dir=state,
+                     attempt_file=tmp_path / "attempt", poll_s=0.05, warm=True,
+                     report=FailureReport(0, "127.0.0.1").start())  # fmt: skip
+    seen: dict[str, float] = {}
+
+    def workers() -> list[psutil.Process]:
+        return [p for p in psutil.Process().children(recursive=True)
+                if p.parent() and "--zygote" in p.parent().cmdline()]  # fmt: skip
+
+    def operator() -> None:
+        _wait("a forked worker", workers)
+        time.sleep(2)
+        for p in psutil.Process().children(recursive=True):  # the hang
+            p.send_signal(signal.SIGSTOP)
+        t0 = time.monotonic()
+        (tmp_path / "attempt").write_text(order(1, pods=0))
+        _wait("attempt 1 forked", lambda: read_int(state / "ran-attempt") == 1 and workers())
+        seen["restart_s"] = time.monotonic() - t0
+        os.kill(os.getpid(), signal.SIGTERM)  # the pod deleted: the trainer stops
+
+    thread = threading.Thread(target=operator)
+    thread.start()
+    code = sup.run()
+    thread.join()
+    assert code == 143 and seen["restart_s"] < 10, seen
