@@ -20,8 +20,9 @@ checkpoint, so every fault has steps to recompute:
 * storage outage: the job checkpoints to S3 (a moto server, credentials from a Secret) through a
   proxy (``bench/storage_outage.py``) that goes down for ``--outage-seconds`` a few steps before
   a checkpoint upload, resetting its connections and refusing new ones. No restart is expected:
-  the cost is the training the stalls took (each gap between steps beyond the median step time,
-  from the outage's start until a checkpoint commits again) and which checkpoints were lost.
+  the cost is the wall time without progress from the outage's start until a checkpoint
+  commits again (the time less the steps gained at the median step time: stalls, and a restart
+  if a stall outlasts ``hangTimeoutSeconds``), with steps trained twice.
 
 A mode ending in ``+fast`` adds the fast checkpoint tier (``checkpoint.fast`` every
 ``--fast-interval`` steps on each node's disk, each share copied to the peer node): with
@@ -328,7 +329,7 @@ def _run_mode(sb: Sandbox, mode: str, faults: list[str], args: argparse.Namespac
             except TimeoutError as err:  # the table shows what was measured
                 cost = Cost(fault, mode, note=str(err))
             costs.append(cost)
-            if cost.first_step_s is None:
+            if cost.lost_s is None:  # not measured: the job failed, or a wait timed out
                 break
     finally:
         sb.request("DELETE", sb.job_path())
@@ -446,16 +447,30 @@ def _measure_outage(sb: Sandbox, cost: Cost, step_log: Path, args: argparse.Name
     end = time.time()
     every = _records(step_log)
     median = statistics.median(_step_times(every))
+    window = [r for r in every if t0 <= r["time"] <= end]
+    seen = {r["step"] for r in every if r["time"] < t0}
+    recomputed = 0
+    for r in window:  # steps trained again after a restart
+        recomputed += r["step"] in seen
+        seen.add(r["step"])
     gaps = [b["time"] - a["time"] for a, b in itertools.pairwise(every)
             if t0 <= b["time"] <= end and b["step"] == a["step"] + 1]  # fmt: skip
     stalls = [g - median for g in gaps if g > 2 * median]
-    cost.recomputed = 0
-    cost.lost_s = sum(stalls)
+    top = max((r["step"] for r in window), default=reached)
+    last = max((r["time"] for r in window), default=t0)
+    cost.recomputed = recomputed
+    cost.lost_s = max(0.0, (last - t0) - (top - reached) * median)  # wall time without progress
     restarts = sb.status().get("restarts", 0) - before
-    steps = max((r["step"] for r in every if r["time"] <= end), default=reached) - reached
-    cost.note = (f"{restarts} restarts; S3 down {back - t0:.1f} s from step {reached}; "
-                 f"{steps} steps trained from the outage to the first commit after it "
-                 f"(step {step}, {end - back:.1f} s after S3 was back); stalls "
+    why = (
+        ", ".join(
+            h.get("reason", "?") for h in (sb.status().get("restartHistory") or [])[-restarts:]
+        )
+        if restarts
+        else ""
+    )
+    cost.note = (f"{restarts} restarts{f' ({why})' if why else ''}; S3 down {back - t0:.1f} s "
+                 f"from step {reached}; {top - reached} steps gained until the first commit after "
+                 f"it (step {step}, {end - back:.1f} s after S3 was back); stalls "
                  f"{', '.join(f'{x:.1f}' for x in stalls) or 'none'} s beyond the median step "
                  f"{median:.2f} s")  # fmt: skip
     return cost

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import socket
 import struct
 import threading
@@ -42,6 +43,7 @@ class FlakyS3:
         """(start, end) wall times of each outage."""
 
     def __enter__(self) -> FlakyS3:
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's access log
         self._moto.start()
         self.up()
         return self
