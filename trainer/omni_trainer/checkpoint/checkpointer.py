@@ -218,7 +218,11 @@ class Checkpointer:
     def _write(
         self, step: int, staged: dict[str, Any], loader: Any | None, blocking: float
     ) -> SaveResult:
-        """Background part: DCP write, loader state, upload, then the commit on rank 0."""
+        """Background part: DCP write, loader state, upload, then the commit on rank 0.
+
+        Every rank runs the same collectives whatever fails where (the store down for one rank
+        and not another): rank 0's preparation is agreed on before DCP's collective write,
+        which all ranks then run or all skip; each rank's failure is gathered at the end."""
         start = time.perf_counter()
         storage = self.storage
         files: dict[str, FileEntry] = {}
@@ -228,17 +232,22 @@ class Checkpointer:
             self._claim_once()
             if self.rank == 0 and step in storage.list_steps():
                 storage.remove(step)  # a partial save of this step from a crashed run
-            self._barrier()
-            files = write_share(storage, step, staged, loader, local=local, rank=self.rank,
-                                planner=self.planner, group=self.group)  # fmt: skip
+        except Exception as exc:
+            error = self._failed(step, exc)
+        prepared = [e for e in self._all_gather(error) if e is not None]
+        if prepared and error is None:
+            error = f"rank {self.rank}: not written: {prepared[0]}"
+        try:
+            if not prepared:
+                files = write_share(storage, step, staged, loader, local=local, rank=self.rank,
+                                    planner=self.planner, group=self.group)  # fmt: skip
             del staged
             if storage.local_dir(step) is None:
                 for rel in sorted(files):
                     if rel.startswith("model/"):
                         storage.upload(step, rel, local / rel)
         except Exception as exc:  # reported to rank 0, which then does not commit
-            log.exception("rank %d: checkpoint %s failed", self.rank, step_name(step))
-            error = f"rank {self.rank}: {type(exc).__name__}: {exc}"
+            error = self._failed(step, exc)
         finally:
             if storage.local_dir(step) is None:
                 shutil.rmtree(local, ignore_errors=True)
@@ -264,6 +273,10 @@ class Checkpointer:
             background_s=time.perf_counter() - start,
             errors=errors,
         )
+
+    def _failed(self, step: int, exc: Exception) -> str:
+        log.exception("rank %d: checkpoint %s failed", self.rank, step_name(step))
+        return f"rank {self.rank}: {type(exc).__name__}: {exc}"
 
     def _claim_once(self) -> None:
         """Rank 0 claims the persistent root for its attempt (a run that did not resume)."""
