@@ -433,10 +433,10 @@ def _measure_outage(sb: Sandbox, cost: Cost, step_log: Path, args: argparse.Name
     s3.outage(args.outage_seconds).join()
     back = time.time()
 
-    def committed_after() -> int | None:
+    def committed_after() -> int | None:  # a checkpoint of training past the outage's start
         last = sb.status().get("lastCheckpoint") or {}
         step, at = last.get("step") or 0, _parse_time(last.get("time"))
-        return step if at is not None and at >= back else None
+        return step if at is not None and at >= back and step > reached else None
 
     try:
         step = sb.wait("a checkpoint committed after the outage", committed_after,
