@@ -87,3 +87,52 @@ def test_a_restarted_rank_never_rendezvouses_on_the_previous_attempts_store(
         for p in procs:
             if p.poll() is None:
                 _kill(p)
+
+
+def test_a_supervisor_starts_its_attempt_again_when_the_old_store_closes_under_it(
+    tmp_path: Path,
+) -> None:
+    """What the deadlock fix leaves: rank 1's new torchrun waits in rank 0's old store and fails
+    when rank 0 restarts. Its supervisor sees the failure was the agent's rendezvous (no worker
+    ran) and starts the same attempt again, which meets rank 0's new torchrun: no failure
+    reaches the operator (it restarted the whole job once more, and counted it against node 1)."""
+    from omni_trainer.supervisor import order
+
+    (tmp_path / "worker.py").write_text(WORKER)
+    port = free_port()
+    attempt = tmp_path / "attempt"
+    attempt.write_text(order(0, pods=0))
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--node-rank=1",
+            "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}",
+            f"--rdzv-id={rdzv_id(0)}", "--max-restarts=0", str(tmp_path / "worker.py")]  # fmt: skip
+    log = (tmp_path / "sup1.log").open("w")
+    sup1 = subprocess.Popen(
+        [sys.executable, "-m", "omni_trainer.cli", "supervise", f"--attempt-file={attempt}",
+         f"--state-dir={tmp_path / 'state'}", "--", *argv],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "OMNI_RESTART_ATTEMPT": "0"},
+    )  # fmt: skip
+    old0 = _torchrun(tmp_path, 0, 0, port, "old0")
+    procs = [sup1, old0]
+    try:
+        _wait("attempt 0's workers",
+              lambda: _up(tmp_path, "old0") and _up(tmp_path, "sup1"))  # fmt: skip
+        attempt.write_text(order(1, pods=0))  # rank 1 hears of attempt 1 first
+        _wait("rank 1's attempt 1 started",
+              lambda: "starting attempt 1" in (tmp_path / "sup1.log").read_text())  # fmt: skip
+        time.sleep(3)  # its new torchrun waits in rank 0's old store
+        _kill(old0)  # rank 0's supervisor restarts: the old store closes
+        sup1_log = tmp_path / "sup1.log"
+        _wait("rank 1's retry", lambda: "failed in its rendezvous" in sup1_log.read_text())
+        new0 = _torchrun(tmp_path, 0, 1, port, "new0")
+        procs.append(new0)
+
+        def both_up() -> bool:
+            return _up(tmp_path, "new0") and sup1_log.read_text().count("worker up") == 2
+
+        _wait("attempt 1's workers", both_up)
+        assert sup1.poll() is None  # the failure never left the pod
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                _kill(p)

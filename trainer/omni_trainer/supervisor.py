@@ -79,6 +79,11 @@ RANK_ENV = "OMNI_NODE_RANK"
 WARM_IMPORTS = "import omni_trainer.trainer"
 """What a standby without a zygote imports once (torch, megatron-core, the trainer)."""
 POLL_S = 0.2
+RDZV_ERROR_FILE = "torchrun-error.json"
+"""In the state directory: torchrun's own error (``TORCHELASTIC_ERROR_FILE``, written by its
+``@record`` main when the agent, not a worker, fails)."""
+RDZV_RETRIES = 5
+RDZV_RETRY_PAUSE_S = 1.0
 ZYGOTE_LISTEN_S = 5.0
 """How long a new zygote may take to listen (it listens before it imports) before an attempt
 starts without it."""
@@ -186,6 +191,19 @@ def for_target(command: Sequence[str], target: Target) -> list[str]:
     return out
 
 
+def failed_in_rendezvous(error_file: Path) -> bool:
+    """Whether torchrun's error file says its agent failed in its rendezvous, before any
+    worker started: a peer's torchrun of the attempt before still served the store, and closed
+    it (an in-place restart's new agent can reach it first). A worker's error, copied there by
+    torchrun, never has the agent's ``_rendezvous`` frame."""
+    try:
+        doc = json.loads(error_file.read_text())
+        stack = str(doc["message"]["extraInfo"]["py_callstack"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return "elastic/agent/server/api.py" in stack and "in _rendezvous" in stack
+
+
 def read_int(path: Path) -> int | None:
     """An integer file (the state file); None when missing or partial."""
     try:
@@ -246,6 +264,7 @@ class Supervisor:
     warm: bool = False
     """Keep a zygote (:mod:`omni_trainer.warm`) the trainer's workers fork from."""
     _zygote: subprocess.Popen[bytes] | None = None
+    _rdzv_retries: int = 0
     _proc: subprocess.Popen[bytes] | None = None
     _stopping: bool = False
 
@@ -287,6 +306,9 @@ class Supervisor:
                 code = self._proc.returncode
                 exit_code, self._proc = (128 - code if code < 0 else code), None  # as a runtime
                 self._kill_all()  # workers that outlived their torchrun
+                if exit_code and not self._stopping and self._retry_rendezvous():
+                    exit_code = None
+                    continue
             if self._stopping:  # SIGTERM went to the trainer: wait for it, start nothing
                 if not running:
                     return self._finish(exit_code if exit_code is not None else 143)
@@ -311,6 +333,7 @@ class Supervisor:
                     self._wait_gone()
                 exit_code = None
                 assert target is not None
+                self._rdzv_retries = 0
                 self._start(target)
             time.sleep(self.poll_s)
 
@@ -349,6 +372,22 @@ class Supervisor:
             time.sleep(0.01)
         return True
 
+    def _retry_rendezvous(self) -> bool:
+        """Start the attempt again if its torchrun failed in the rendezvous (no worker ran, so
+        nothing is lost) and it is still the one ordered: up to :data:`RDZV_RETRIES` times."""
+        target = self._target()
+        same = target is not None and target.attempt == read_int(self._ran_file)
+        if not same or self._rdzv_retries >= RDZV_RETRIES:
+            return False
+        if not failed_in_rendezvous(self.state_dir / RDZV_ERROR_FILE):
+            return False
+        self._rdzv_retries += 1
+        print(f"omni supervise: attempt {target.attempt}: torchrun failed in its rendezvous; "
+              f"again ({self._rdzv_retries} of {RDZV_RETRIES})", flush=True)  # fmt: skip
+        time.sleep(RDZV_RETRY_PAUSE_S)
+        self._start(target)
+        return True
+
     def _start(self, target: Target) -> None:
         attempt = target.attempt
         if self.report is not None:
@@ -360,7 +399,9 @@ class Supervisor:
             ATTEMPT_ENV: str(attempt),
             SAME_NODES_ENV: "1" if attempt != self.pods and not target.fresh else "0",
             termination.ENV: str(self._message_file),
+            "TORCHELASTIC_ERROR_FILE": str(self.state_dir / RDZV_ERROR_FILE),
         }
+        (self.state_dir / RDZV_ERROR_FILE).unlink(missing_ok=True)
         command = for_target(self.command, target)
         if self.warm and self._keep_warm():
             env[warm.SOCKET_ENV] = str(self._socket)
