@@ -265,6 +265,7 @@ class Supervisor:
     """Keep a zygote (:mod:`omni_trainer.warm`) the trainer's workers fork from."""
     _zygote: subprocess.Popen[bytes] | None = None
     _rdzv_retries: int = 0
+    _termed: subprocess.Popen[bytes] | None = None
     _proc: subprocess.Popen[bytes] | None = None
     _stopping: bool = False
 
@@ -312,6 +313,7 @@ class Supervisor:
             if self._stopping:  # SIGTERM went to the trainer: wait for it, start nothing
                 if not running:
                     return self._finish(exit_code if exit_code is not None else 143)
+                self._term(self._proc)  # one started while the signal came (in _start)
                 time.sleep(self.poll_s)
                 continue
             target = self._target()
@@ -413,9 +415,14 @@ class Supervisor:
     def _on_sigterm(self, signum: int, frame: object) -> None:
         """The pod is deleted: the trainer gets SIGTERM and stops gracefully."""
         self._stopping = True
-        if self._proc is not None and self._proc.poll() is None:
+        self._term(self._proc)
+
+    def _term(self, proc: subprocess.Popen[bytes] | None) -> None:
+        """SIGTERM to ``proc``, once (a trainer started as the signal came gets it here)."""
+        if proc is not None and proc is not self._termed and proc.poll() is None:
+            self._termed = proc
             with contextlib.suppress(ProcessLookupError):
-                self._proc.send_signal(signal.SIGTERM)
+                proc.send_signal(signal.SIGTERM)
 
     def _trainer_processes(self) -> list[int]:
         """Every process below us but the zygote (its forked workers included)."""

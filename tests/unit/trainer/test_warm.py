@@ -184,11 +184,16 @@ def test_a_trainer_stopped_with_its_zygote_restarts_without_waiting(tmp_path: Pa
     seen: dict[str, float] = {}
 
     def workers() -> list[psutil.Process]:
-        return [p for p in psutil.Process().children(recursive=True)
-                if p.parent() and "--zygote" in p.parent().cmdline()]  # fmt: skip
+        out = []
+        for p in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if p.parent() and "--zygote" in p.parent().cmdline():
+                    out.append(p)
+        return out
 
     def operator() -> None:
         _wait("a forked worker", workers)
+        old = {p.pid for p in workers()}
         time.sleep(2)
         for p in psutil.Process().children(recursive=True):  # the hang, of this pod only
             with contextlib.suppress(psutil.Error):
@@ -196,9 +201,19 @@ def test_a_trainer_stopped_with_its_zygote_restarts_without_waiting(tmp_path: Pa
                     p.send_signal(signal.SIGSTOP)
         t0 = time.monotonic()
         (tmp_path / "attempt").write_text(order(1, pods=0))
-        _wait("attempt 1 forked", lambda: read_int(state / "ran-attempt") == 1 and workers())
-        seen["restart_s"] = time.monotonic() - t0
-        os.kill(os.getpid(), signal.SIGTERM)  # the pod deleted: the trainer stops
+
+        def new_worker() -> bool:
+            with contextlib.suppress(psutil.Error):
+                return read_int(state / "ran-attempt") == 1 and any(
+                    p.pid not in old and p.status() != psutil.STATUS_ZOMBIE for p in workers()
+                )
+            return False
+
+        try:
+            _wait("attempt 1 forked", new_worker)
+        finally:
+            seen["restart_s"] = time.monotonic() - t0
+            os.kill(os.getpid(), signal.SIGTERM)  # the pod deleted: the trainer stops
 
     thread = threading.Thread(target=operator)
     thread.start()
