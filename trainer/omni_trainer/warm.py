@@ -312,13 +312,11 @@ def _stdio() -> list[int]:
 
 
 def _message(sock: socket.socket) -> tuple[bytes | None, int]:
-    data = b""
-    while len(data) < _HEADER.size:
-        chunk = sock.recv(_HEADER.size - len(data))
-        if not chunk:
-            return None, 0
-        data += chunk
-    kind, value = _HEADER.unpack(data)
+    """The zygote's next message; (None, 0) when it closed the connection first."""
+    try:
+        kind, value = _HEADER.unpack(_exactly(sock, _HEADER.size))
+    except ValueError:
+        return None, 0
     return kind, value
 
 
