@@ -49,6 +49,23 @@ def _up(tmp: Path, name: str) -> bool:
     return "worker up" in (tmp / f"{name}.log").read_text()
 
 
+def _in_store(root: int, port: int, attempt: int) -> bool:
+    """Whether a torchrun of ``attempt`` below ``root`` holds a connection to the store on
+    ``port``: it reached its rendezvous (under load, its imports alone can take seconds)."""
+    flag = f"--rdzv-id={rdzv_id(attempt)}"
+    tree = psutil.Process(root)
+    for proc in [tree, *tree.children(recursive=True)]:
+        try:
+            if flag not in proc.cmdline():
+                continue
+            for conn in proc.net_connections(kind="tcp"):
+                if conn.raddr and conn.raddr.port == port and conn.status == "ESTABLISHED":
+                    return True
+        except psutil.NoSuchProcess:
+            continue
+    return False
+
+
 def _wait(what: str, check, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -77,6 +94,7 @@ def test_a_restarted_rank_never_rendezvouses_on_the_previous_attempts_store(
         # Keyed per attempt: it waits in the old store, never starting a worker...
         new1 = _torchrun(tmp_path, 1, 1, port, "new1")
         procs.append(new1)
+        _wait("rank 1's new torchrun in the old store", lambda: _in_store(new1.pid, port, 1))
         time.sleep(max(5.0, 4 * control_s))  # the control's worker started in a quarter
         assert new1.poll() is None and not _up(tmp_path, "new1")
         # ...and fails once rank 0's supervisor kills the old attempt's torchrun.
@@ -120,7 +138,8 @@ def test_a_supervisor_starts_its_attempt_again_when_the_old_store_closes_under_i
         attempt.write_text(order(1, pods=0))  # rank 1 hears of attempt 1 first
         _wait("rank 1's attempt 1 started",
               lambda: "starting attempt 1" in (tmp_path / "sup1.log").read_text())  # fmt: skip
-        time.sleep(3)  # its new torchrun waits in rank 0's old store
+        # its new torchrun waits in rank 0's old store
+        _wait("rank 1's new torchrun in the old store", lambda: _in_store(sup1.pid, port, 1))
         _kill(old0)  # rank 0's supervisor restarts: the old store closes
         sup1_log = tmp_path / "sup1.log"
         _wait("rank 1's retry", lambda: "failed in its rendezvous" in sup1_log.read_text())
