@@ -23,7 +23,9 @@ outlives the process torchrun watches. Standard library only, outside the zygote
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import gc
 import importlib
 import json
 import os
@@ -35,9 +37,9 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 SOCKET_ENV = "OMNI_WARM_SOCKET"
 """The zygote's socket, in a trainer worker's environment (none: start cold)."""
@@ -74,8 +76,8 @@ def unsafe_to_fork() -> str | None:
 
 
 def serve(path: Path) -> int:
-    """The zygote: listen, import, then fork a worker per request. Returns only in a forked
-    child, with nothing left of the server, or when forking is unsafe (:data:`DECLINED`)."""
+    """The zygote: listen, import, then fork a worker per request. Returns only when forking
+    is unsafe (:data:`DECLINED`); a forked child runs its command and exits (:func:`_child`)."""
     with contextlib.suppress(FileNotFoundError):
         path.unlink()  # a socket of the container before (the directory outlives it)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -90,19 +92,25 @@ def serve(path: Path) -> int:
         listener.close()
         path.unlink(missing_ok=True)
         return DECLINED
+    gc.freeze()  # the imports' objects: a child's collections leave their pages shared
     children: dict[int, socket.socket] = {}
+    ends: dict[int, int] = {}  # child pid -> its pidfd (readable once it ended)
     while True:
-        if select.select([listener], [], [], 0.2)[0]:
+        ready = select.select([listener, *ends.values()], [], [], 0.2)[0]
+        if listener in ready:
             conn, _ = listener.accept()
-            child = _fork(conn, listener, children)
-            if child is not None:
-                return child  # the child's way out: run the trainer
+            pid = _fork(conn, listener, children, ends)
+            if pid is not None:
+                with contextlib.suppress(OSError):  # without pidfds, the timeout reaps
+                    ends[pid] = os.pidfd_open(pid)
         _reap(children)
+        for pid in [p for p in ends if p not in children]:
+            os.close(ends.pop(pid))
 
 
-def _fork(conn: socket.socket, listener: socket.socket,
-          children: dict[int, socket.socket]) -> Any:  # fmt: skip
-    """Serve one request: None in the zygote; in the forked child, what it returns."""
+def _fork(conn: socket.socket, listener: socket.socket, children: dict[int, socket.socket],
+          ends: dict[int, int]) -> int | None:  # fmt: skip
+    """Serve one request: the forked child's pid (None: none); the child never returns."""
     try:
         conn.settimeout(5.0)
         request, fds = _receive(conn)
@@ -126,6 +134,8 @@ def _fork(conn: socket.socket, listener: socket.socket,
         listener.close()
         for other in children.values():
             other.close()
+        for fd in ends.values():
+            os.close(fd)
         conn.close()
         return _child(request, fds)
     for fd in fds:
@@ -135,7 +145,7 @@ def _fork(conn: socket.socket, listener: socket.socket,
           f"{' '.join(request['args'])}", file=sys.stderr, flush=True)  # fmt: skip
     with contextlib.suppress(OSError):
         conn.sendall(_HEADER.pack(b"P", pid))
-    return None
+    return pid
 
 
 def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
@@ -181,7 +191,7 @@ def _reap(children: dict[int, socket.socket]) -> None:
             conn.close()
 
 
-def _child(request: dict[str, Any], fds: list[int]) -> int:
+def _child(request: dict[str, Any], fds: list[int]) -> NoReturn:
     """In the forked child: become the stand-in's trainer process, then run the command line."""
     for target, fd in zip(_STDIO, fds, strict=True):
         os.dup2(fd, target)
@@ -193,8 +203,45 @@ def _child(request: dict[str, Any], fds: list[int]) -> int:
     _as_a_new_process()
     module, function = ENTRIES[request["entry"]]
     sys.argv = [module, *request["args"]]
-    getattr(importlib.import_module(module), function)()  # imported already
-    return 0
+    run_then_exit(getattr(importlib.import_module(module), function))  # imported already
+
+
+def run_then_exit(main: Callable[[], object]) -> NoReturn:
+    """Run ``main`` and end the process as an interpreter's exit would (the exit code of its
+    ``SystemExit`` or 1 with the traceback; non-daemon threads joined, atexit handlers run,
+    streams flushed), but without the interpreter's teardown: in a forked child that frees
+    every object the zygote imported, writing a private copy of each of their pages (about
+    a second before the stand-in, and torchrun, learn that a failed worker ended)."""
+    code, interrupted = 0, False
+    try:
+        main()
+    except SystemExit as stop:
+        code = _exit_code(stop.code)
+    except BaseException as err:
+        sys.excepthook(type(err), err, err.__traceback__)
+        code, interrupted = 1, isinstance(err, KeyboardInterrupt)
+    for thread in threading.enumerate():
+        if not thread.daemon and thread is not threading.current_thread():
+            thread.join()
+    with contextlib.suppress(Exception):
+        atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    if interrupted:  # as Python ends on an uncaught KeyboardInterrupt: killed by SIGINT
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code)
+
+
+def _exit_code(code: object) -> int:
+    """The exit status ``sys.exit(code)`` gives (a non-integer is printed, status 1)."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
 
 
 def _as_a_new_process() -> None:

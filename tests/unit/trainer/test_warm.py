@@ -92,6 +92,46 @@ def test_without_a_zygote_the_stand_in_runs_the_trainer_itself(tmp_path: Path) -
         assert cold.returncode == 0 and "valid OmniTrainingJob" in cold.stdout, cold.stderr
 
 
+ENDINGS = {
+    "returns": ("pass", 0, ""),
+    "exits": ("sys.exit(7)", 7, ""),
+    "exits with a message": ("sys.exit('no data')", 1, "no data"),
+    "raises": ("raise ValueError('boom')", 1, "ValueError: boom"),
+    "is interrupted": ("raise KeyboardInterrupt", -signal.SIGINT, "KeyboardInterrupt"),
+}
+
+
+@pytest.mark.parametrize("ending", sorted(ENDINGS))
+def test_a_forked_worker_ends_as_an_interpreter_would(ending: str, tmp_path: Path) -> None:
+    """The child skips the interpreter's teardown (a copy of the zygote's pages) but not what
+    an exit does: its exit status, a traceback, non-daemon threads finished, atexit handlers
+    run, buffered output written."""
+    body, code, err = ENDINGS[ending]
+    script = f"""
+import atexit, sys, threading, time
+from pathlib import Path
+from omni_trainer.warm import run_then_exit
+
+def late():
+    time.sleep(0.5)
+    Path({str(tmp_path / "thread")!r}).write_text("done")
+
+def main():
+    threading.Thread(target=late).start()
+    atexit.register(lambda: print("atexit ran"))
+    print("buffered", end="")
+    {body}
+
+run_then_exit(main)
+print("never")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == code, done.stderr
+    assert done.stdout == "bufferedatexit ran\n" and err in done.stderr, done
+    assert (tmp_path / "thread").read_text() == "done"
+
+
 def _wait(what: str, check, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
