@@ -587,9 +587,22 @@ def _pods_on(
     return tuple(sorted(p["metadata"]["name"] for p in pods if pod_node(p, placement) in wanted))
 
 
+AFTER_A_PEER = re.compile(
+    r"connection (?:closed|reset) by peer|remote worker crash|remote process exited"
+    r"|communicator was aborted|ncclRemoteError|DistNetworkError|broken pipe",
+    re.IGNORECASE,
+)
+"""A trainer's fatal error that says another process went first: a collective or the store
+lost its peer (gloo, NCCL, torch.distributed). Such a failure follows a cause elsewhere."""
+
+
 def _first_failures(exits: list[_Exit]) -> list[_Exit]:
-    """The pods that failed first (their peers then fail on broken collectives): the earliest
-    ``finishedAt``, all of them on a tie; without times, every failed pod, by rank."""
+    """The pods that failed first (their peers then fail on broken collectives): among those
+    whose error does not say a peer went first (all, when every one says so), the earliest
+    ``finishedAt``, all of them on a tie; without times, every such pod, by rank. Times have
+    whole seconds, and a peer's error can end its trainer within milliseconds of the crash it
+    follows: the time alone blames the wrong node about as often as the right one."""
+    exits = [e for e in exits if not AFTER_A_PEER.search(e.message)] or exits
     timed = [e for e in exits if e.finished is not None]
     if not timed:
         return sorted(exits, key=lambda e: (e.rank is None, e.rank or 0))

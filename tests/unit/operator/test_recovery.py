@@ -186,13 +186,36 @@ def test_the_termination_message_is_the_cause() -> None:
     assert (
         f is not None and f.kind == "user_error" and f.message.endswith(f"not restarted: {cause}")
     )
-    late = "rank 1: RuntimeError: connection reset by peer"
-    f = _classify([_exited(0, 1, at=1, message=cause), _exited(1, 1, at=9, message=late)])
-    assert f is not None and f.message.endswith(f": {late}")  # the first to fail is rank 1
+    early = "rank 1: RuntimeError: CUDA error: an illegal memory access was encountered"
+    f = _classify([_exited(0, 1, at=1, message=cause), _exited(1, 1, at=9, message=early)])
+    assert f is not None and f.message.endswith(f": {early}")  # the first to fail is rank 1
     f = _classify([_exited(0, 1, at=1, message=cause), _exited(1, 137, at=9)])
     assert f is not None and f.message.endswith(f": {cause}")
     f = _classify([_exited(0, 3, message=cause), _pod(1)], spec=_spec(nonRetryableExitCodes=[3]))
     assert f is not None and f.message.endswith(f"not restarted: {cause}")
+
+
+@pytest.mark.parametrize(
+    "after_a_peer",
+    [
+        "rank 0: RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+        "[127.0.0.1]:5258. This is typically caused by a remote worker crashing.",
+        "rank 0: RuntimeError: NCCL communicator was aborted on rank 0: remote process exited "
+        "or there was a network error",
+        "rank 0: torch.distributed.DistNetworkError: failed to recv, got 0 bytes",
+    ],
+)
+def test_a_trainer_that_failed_on_its_peer_is_not_blamed(after_a_peer: str) -> None:
+    """Rank 1's worker is killed; rank 0's fails on the broken collective within milliseconds
+    and its termination lands a second earlier (whole seconds). Rank 1 is the cause: its node
+    is the one counted, its failure the one named."""
+    peer = _exited(0, 1, at=2, message=after_a_peer)
+    f = _classify([peer, _exited(1, 1, at=1, message="[attempt 0] the trainer exited with code 1")])
+    assert f is not None and f.kind == "pod_failed" and f.pods == ("j-a0-n1",), f
+    assert f.nodes == ("n1",) and f.message.startswith("pod j-a0-n1 (node rank 1)"), f
+    assert "1 more pods failed after it" in f.message
+    both = _classify([peer, _exited(1, 1, at=1, message=after_a_peer.replace("rank 0", "rank 1"))])
+    assert both is not None and both.pods == ("j-a0-n0",)  # all say so: the earliest
 
 
 def test_missing_or_deleted_pod() -> None:
