@@ -220,9 +220,10 @@ def run_then_exit(main: Callable[[], object]) -> NoReturn:
     except BaseException as err:
         sys.excepthook(type(err), err, err.__traceback__)
         code, interrupted = 1, isinstance(err, KeyboardInterrupt)
-    for thread in threading.enumerate():
-        if not thread.daemon and thread is not threading.current_thread():
-            thread.join()
+    # What the interpreter's own exit runs first: threading's exit hooks (they tell executors'
+    # idle workers to end), then it joins the non-daemon threads (joining first would wait on
+    # such a worker forever).
+    threading._shutdown()  # type: ignore[attr-defined]
     with contextlib.suppress(Exception):
         atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):

@@ -104,11 +104,12 @@ ENDINGS = {
 @pytest.mark.parametrize("ending", sorted(ENDINGS))
 def test_a_forked_worker_ends_as_an_interpreter_would(ending: str, tmp_path: Path) -> None:
     """The child skips the interpreter's teardown (a copy of the zygote's pages) but not what
-    an exit does: its exit status, a traceback, non-daemon threads finished, atexit handlers
-    run, buffered output written."""
+    an exit does: its exit status, a traceback, non-daemon threads finished (an executor's idle
+    worker told to end first), atexit handlers run, buffered output written."""
     body, code, err = ENDINGS[ending]
     script = f"""
 import atexit, sys, threading, time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from omni_trainer.warm import run_then_exit
 
@@ -116,8 +117,11 @@ def late():
     time.sleep(0.5)
     Path({str(tmp_path / "thread")!r}).write_text("done")
 
+POOL = ThreadPoolExecutor(1)  # kept, with an idle worker, as a checkpoint writer keeps one
+
 def main():
     threading.Thread(target=late).start()
+    POOL.submit(print, end="")
     atexit.register(lambda: print("atexit ran"))
     print("buffered", end="")
     {body}
