@@ -18,7 +18,9 @@ same way (``--entry=torchrun``, :func:`through_zygote`): its agent imports torch
 Forking is safe because the zygote only imported modules: before each fork it checks that it
 runs no other Python thread and holds no CUDA context (otherwise it declines, and the workers
 start cold). A child whose stand-in dies (torchrun killed it) kills itself at once, so no worker
-outlives the process torchrun watches. Standard library only, outside the zygote's imports.
+outlives the process torchrun watches, and a child that ends skips the interpreter's teardown
+(:func:`run_then_exit`), so its stand-in ends with it. Standard library only, outside the
+zygote's imports.
 """
 
 from __future__ import annotations
