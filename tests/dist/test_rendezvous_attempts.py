@@ -123,7 +123,8 @@ def test_a_supervisor_starts_its_attempt_again_when_the_old_store_closes_under_i
     argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--node-rank=1",
             "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}",
             f"--rdzv-id={rdzv_id(0)}", "--max-restarts=0", str(tmp_path / "worker.py")]  # fmt: skip
-    log = (tmp_path / "sup1.log").open("w")
+    sup1_log = tmp_path / "sup1.log"
+    log = sup1_log.open("w")
     sup1 = subprocess.Popen(
         [sys.executable, "-m", "omni_trainer.cli", "supervise", f"--attempt-file={attempt}",
          f"--state-dir={tmp_path / 'state'}", "--", *argv],
@@ -137,11 +138,10 @@ def test_a_supervisor_starts_its_attempt_again_when_the_old_store_closes_under_i
               lambda: _up(tmp_path, "old0") and _up(tmp_path, "sup1"))  # fmt: skip
         attempt.write_text(order(1, pods=0))  # rank 1 hears of attempt 1 first
         _wait("rank 1's attempt 1 started",
-              lambda: "starting attempt 1" in (tmp_path / "sup1.log").read_text())  # fmt: skip
+              lambda: "starting attempt 1" in sup1_log.read_text())  # fmt: skip
         # its new torchrun waits in rank 0's old store
         _wait("rank 1's new torchrun in the old store", lambda: _in_store(sup1.pid, port, 1))
         _kill(old0)  # rank 0's supervisor restarts: the old store closes
-        sup1_log = tmp_path / "sup1.log"
         _wait("rank 1's retry", lambda: "failed in its rendezvous" in sup1_log.read_text())
         new0 = _torchrun(tmp_path, 0, 1, port, "new0")
         procs.append(new0)
