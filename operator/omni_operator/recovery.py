@@ -588,7 +588,7 @@ def _pods_on(
 
 
 AFTER_A_PEER = re.compile(
-    r"connection (?:closed|reset) by peer|remote worker crash|remote process exited"
+    r"connection (?:closed|reset) by peer|remote worker (?:crash|hang)|remote process exited"
     r"|communicator was aborted|ncclRemoteError|DistNetworkError|broken pipe",
     re.IGNORECASE,
 )

@@ -203,6 +203,9 @@ def test_the_termination_message_is_the_cause() -> None:
         "rank 0: RuntimeError: NCCL communicator was aborted on rank 0: remote process exited "
         "or there was a network error",
         "rank 0: torch.distributed.DistNetworkError: failed to recv, got 0 bytes",
+        "rank 0: RuntimeError: [../gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting "
+        "1800000ms for recv operation to complete. This is typically caused by a remote worker "
+        "hanging or bugs in the application.",
     ],
 )
 def test_a_trainer_that_failed_on_its_peer_is_not_blamed(after_a_peer: str) -> None:
