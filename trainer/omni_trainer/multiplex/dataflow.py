@@ -26,11 +26,14 @@ non-blocking (buffered); only receives (and program order) create edges.
 
 from __future__ import annotations
 
+import copy
+import functools
 import heapq
 import itertools
 import math
+import operator
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Final, Literal
@@ -393,6 +396,13 @@ class _Graph:
         self.stage_of: list[int] = []
         self.weight: list[float] = []
         self.succ: list[list[int]] = []
+        self.pred: list[list[int]] = []
+        self.indeg: list[int] = []  # kept by edge/unedge: start_times runs per candidate
+        # A topological order from the last full sort, each node's place in it, and how many
+        # edges added since run against it: while none does, start_times is one pass in it.
+        self.order: list[int] = []
+        self.place: list[int] = []
+        self.against = 0
         self.op: dict[tuple[int, str, int, int], int] = {}  # (stage, kind, m, c) -> node
         self.slot: dict[tuple[int, int], int] = {}  # (stage, slot index) -> node
         self.fwd_slot: dict[tuple[int, int, int], int] = {}  # (stage, m, c) -> slot node of F
@@ -423,12 +433,24 @@ class _Graph:
                 if c < vpp - 1:
                     self.edge(self.op[(0, "B", m, c + 1)], self.op[(last, "B", m, c)])
 
+    @classmethod
+    def of(cls, pp: int, vpp: int, num_microbatches: int) -> _Graph:
+        """A fresh graph of the layout (no encoder work yet): a copy of one built once, as the
+        planners build one per table and policy, every step."""
+        base = _base_graph(pp, vpp, num_microbatches)
+        g = copy.copy(base)  # names, stages and node maps stay shared: never changed after init
+        g.weight, g.indeg = base.weight.copy(), base.indeg.copy()
+        g.succ, g.pred = [x.copy() for x in base.succ], [x.copy() for x in base.pred]
+        return g
+
     def _add(self, stage: int, label: str, *, op: LLMOp | None = None, slot: int = 0) -> int:
         node = len(self.labels)
         self.labels.append(label)
         self.stage_of.append(stage)
         self.weight.append(0.0)
         self.succ.append([])
+        self.pred.append([])
+        self.indeg.append(0)
         if op is not None:
             self.op[(stage, op.kind, op.microbatch, op.chunk)] = node
         else:
@@ -437,6 +459,23 @@ class _Graph:
 
     def edge(self, a: int, b: int) -> None:
         self.succ[a].append(b)
+        self.pred[b].append(a)
+        self.indeg[b] += 1
+        self.against += self._against(a, b)
+
+    def unedge(self, a: int, b: int) -> None:
+        """Remove one ``a -> b`` edge (a placement tried and taken back)."""
+        self.succ[a].remove(b)
+        self.pred[b].remove(a)
+        self.indeg[b] -= 1
+        self.against -= self._against(a, b)
+
+    def _against(self, a: int, b: int) -> bool:
+        return bool(self.order) and (a >= len(self.place) or self.place[a] > self.place[b])
+
+    def makespan(self, start: list[float]) -> float:
+        """When the last node ends, given every node's start."""
+        return max(map(operator.add, start, self.weight))
 
     def path(self, src: int, dst: int) -> list[int] | None:
         """A path src -> dst (BFS), or None when dst does not depend on src."""
@@ -457,12 +496,7 @@ class _Graph:
 
     def reach(self, src: int, *, reverse: bool = False) -> set[int]:
         """Nodes reachable from src (or reaching src when ``reverse``)."""
-        adj = self.succ
-        if reverse:
-            adj = [[] for _ in self.succ]
-            for a, bs in enumerate(self.succ):
-                for b in bs:
-                    adj[b].append(a)
+        adj = self.pred if reverse else self.succ
         seen = {src}
         stack = [src]
         while stack:
@@ -474,34 +508,53 @@ class _Graph:
 
     def start_times(self, extra: tuple[int, int] | None = None) -> list[float] | None:
         """Earliest start of every node (longest path); None if cyclic. ``extra``: one more
-        edge, for trying a placement without copying the graph."""
-        n = len(self.succ)
-        indeg = [0] * n
-        for bs in self.succ:
-            for b in bs:
-                indeg[b] += 1
+        edge, for trying a placement without keeping it."""
         if extra:
-            indeg[extra[1]] += 1
-        start = [0.0] * n
-        ready = [a for a in range(n) if indeg[a] == 0]
-        done = 0
+            self.edge(*extra)
+            try:
+                return self.start_times()
+            finally:
+                self.unedge(*extra)
+        succ, weight = self.succ, self.weight
+        start = [0.0] * len(succ)
+        if self.order and not self.against and len(self.order) == len(succ):
+            for a in self.order:  # planners try thousands of placements: the fast path
+                end = start[a] + weight[a]
+                for b in succ[a]:
+                    if end > start[b]:
+                        start[b] = end
+            return start
+        indeg = self.indeg.copy()
+        ready = [a for a, d in enumerate(indeg) if d == 0]
+        order = []
         while ready:
             a = ready.pop()
-            done += 1
-            end = start[a] + self.weight[a]
-            nexts = self.succ[a] if not extra or extra[0] != a else [*self.succ[a], extra[1]]
-            for b in nexts:
+            order.append(a)
+            end = start[a] + weight[a]
+            for b in succ[a]:
                 if end > start[b]:
                     start[b] = end
                 indeg[b] -= 1
-                if indeg[b] == 0:
+                if not indeg[b]:
                     ready.append(b)
-        return start if done == n else None
+        if len(order) < len(succ):
+            return None
+        self.order, self.place, self.against = order, [0] * len(order), 0
+        for k, a in enumerate(order):
+            self.place[a] = k
+        return start
+
+
+@functools.lru_cache(maxsize=16)
+def _base_graph(pp: int, vpp: int, num_microbatches: int) -> _Graph:
+    g = _Graph(pp, vpp, num_microbatches)
+    g.start_times()  # its topological order comes with every copy
+    return g
 
 
 def _graph_of(table: DataflowTable, *, f: float = 1.0, b: float = 2.0) -> _Graph:
     """The table's happens-before graph, weighted with the simple time model."""
-    g = _Graph(table.pp, table.vpp, table.num_microbatches)
+    g = _Graph.of(table.pp, table.vpp, table.num_microbatches)
     for (_, kind, _, _), node in g.op.items():
         g.weight[node] = f if kind == "F" else b
     for e in table.encoder_mbs:
@@ -651,7 +704,7 @@ def _plan_uniform(
 ) -> tuple[dict[int, Slot], dict[int, Slot]]:
     """On-demand insertion against the time model (see :func:`plan_dataflow`)."""
     pp, n = table.pp, table.num_forward_ops
-    g = _Graph(pp, table.vpp, table.num_microbatches)
+    g = _Graph.of(pp, table.vpp, table.num_microbatches)
     for (_, kind, _, _), node in g.op.items():
         g.weight[node] = 1.0 if kind == "F" else 2.0
     order = sorted(table.encoder_mbs, key=lambda e: (e.microbatch, e.id))
@@ -746,19 +799,178 @@ def _plan_auto(
     of them."""
     kw = {"pp": proto.pp, "vpp": proto.vpp, "num_microbatches": proto.num_microbatches}
     fixed = [plan_dataflow(p, **kw, encoder_mbs=proto.encoder_mbs) for p in _FIXED]
-    uniform = max(s["peak_encoder_activations"] for s in simulate(fixed[0])["stages"])
-    budgets = _auto_budgets(uniform, budget, device_budget, proto.pp)
+    budgets = _auto_budgets(max(_stage_peaks(fixed[0])), budget, device_budget, proto.pp)
     fwd, bwd = _AutoPlanner(proto, budgets).plan()
     greedy = DataflowTable(**kw, encoder_mbs=proto.encoder_mbs, forward=fwd, backward=bwd)
 
     def rank(table: DataflowTable) -> tuple[float, float, float]:
-        sim = simulate(table)
-        peaks = [s["peak_encoder_activations"] for s in sim["stages"]]
-        excess = max(p - b for p, b in zip(peaks, budgets, strict=True))  # the worst device
-        return round(max(excess, 0.0), 9), round(sim["makespan"], 9), max(peaks)
+        g = _graph_of(table)  # no validation: plan_dataflow validates what it returns
+        start = g.start_times()
+        assert start is not None
+        makespan = g.makespan(start)
+        return _rank(_stage_peaks(table), budgets, makespan)
 
     best = min([greedy, *fixed], key=rank)  # min keeps the first of ties: the greedy plan
-    return dict(best.forward), dict(best.backward)
+    return _Refiner(best, budgets).refine()
+
+
+def _rank(
+    peaks: Sequence[float], budgets: Sequence[float], makespan: float
+) -> tuple[float, float, float]:
+    """What ``auto`` minimises, in order: the worst stage's excess over its budget, the
+    makespan, the largest peak (rounded so float noise never decides)."""
+    excess = max(p - b for p, b in zip(peaks, budgets, strict=True))
+    return round(max(excess, 0.0), 9), round(makespan, 9), max(peaks)
+
+
+_REFINE_WORK: Final = 2_000_000
+"""Graph nodes :class:`_Refiner` may visit in all (each evaluation visits the whole graph): a
+count, never a clock, so every rank plans the same table; about 0.5 s at pp 8 x 64
+micro-batches, a full search on small pipelines."""
+
+
+class _Refiner:
+    """Local search after ``auto``'s greedy: each encoder mb in turn moves to the stage and slot
+    pair (within the order its stage's other mbs keep) that most improves :func:`_rank`, in
+    passes until none improves or :data:`_REFINE_WORK` is spent. The greedy chooses an early
+    mb's place before the later ones exist and never revisits it; here every mb is placed again
+    knowing all the others, so the result is never worse than the table it starts from."""
+
+    def __init__(self, table: DataflowTable, budgets: list[float]) -> None:
+        self.table, self.budgets, self.n = table, budgets, table.num_forward_ops
+        self.shape = {
+            "pp": table.pp, "vpp": table.vpp, "num_microbatches": table.num_microbatches,
+            "encoder_mbs": table.encoder_mbs,
+        }  # fmt: skip
+        self.g = _graph_of(table)
+        self.fwd, self.bwd = dict(table.forward), dict(table.backward)
+        self.order = sorted(table.encoder_mbs, key=lambda e: (e.microbatch, e.id))
+        self.left = _REFINE_WORK // len(self.g.succ)
+        self.key = self._key(self.g.start_times(), self._peaks())
+
+    def refine(self) -> tuple[dict[int, Slot], dict[int, Slot]]:
+        improved = True
+        while improved and self.left > 0:
+            improved = False
+            for e in self.order:
+                improved |= self._move(e)
+        return self.fwd, self.bwd
+
+    def _peaks(self, skip: int | None = None) -> list[float]:
+        now = DataflowTable(**self.shape, forward=self.fwd, backward=self.bwd)
+        return _stage_peaks(now, skip=skip)
+
+    def _key(self, times: list[float] | None, peaks: list[float]) -> tuple[float, float, float]:
+        assert (
+            times is not None
+        )  # every candidate keeps the forward before F(m,0), the backward after B(m,0)
+        makespan = self.g.makespan(times)
+        return _rank(peaks, self.budgets, makespan)
+
+    def _place(self, e: EncoderMicroBatch, k: int, i: int, j: int, sign: int) -> None:
+        """Add (``sign`` 1) or remove (-1) ``e`` at forward slot ``i``, backward ``j`` of ``k``."""
+        g = self.g
+        need, grad = g.op[(0, "F", e.microbatch, 0)], g.op[(0, "B", e.microbatch, 0)]
+        f, b = g.slot[(k, i)], g.slot[(k, j)]
+        g.weight[f] += sign * e.cost
+        g.weight[b] += sign * 2.0 * e.cost
+        if sign > 0:
+            g.edge(f, need)
+            g.edge(grad, b)
+        else:
+            g.unedge(f, need)
+            g.unedge(grad, b)
+
+    def _move(self, e: EncoderMicroBatch) -> bool:
+        """Place ``e`` at its best pair; True when that is better than where it was."""
+        g, old = self.g, (self.fwd[e.id].stage, self.fwd[e.id].index, self.bwd[e.id].index)
+        self._place(e, *old, -1)
+        need, grad = g.op[(0, "F", e.microbatch, 0)], g.op[(0, "B", e.microbatch, 0)]
+        after_need, before_grad = g.reach(need), g.reach(grad, reverse=True)
+        times = g.start_times()
+        assert times is not None
+        ready = times[grad] + g.weight[grad]
+        base = self._peaks(skip=e.id)
+        # no place beats the step and the peaks without e: at that bound, nothing to search
+        bound = self._key(times, base)
+        best, choice = self.key, old
+        for k, i, j in self._pairs(e, old, times, ready, after_need, before_grad):
+            if self.left <= 0 or best <= bound:
+                break
+            self._place(e, k, i, j, 1)
+            live = [
+                (self.fwd[x.id].index, self.bwd[x.id].index, x.memory)
+                for x in self.order
+                if x.id != e.id and self.fwd[x.id].stage == k
+            ]
+            peaks = [*base[:k], _peak_live([*live, (i, j, e.memory)], PRE, POST), *base[k + 1 :]]
+            key = self._key(g.start_times(), peaks)
+            self._place(e, k, i, j, -1)
+            self.left -= 1
+            if key < best:
+                best, choice = key, (k, i, j)
+        self._place(e, *choice, 1)
+        self.fwd[e.id], self.bwd[e.id] = Slot(choice[0], choice[1]), Slot(choice[0], choice[2])
+        moved, self.key = best < self.key, best
+        return moved
+
+    def _pairs(
+        self,
+        e: EncoderMicroBatch,
+        old: tuple[int, int, int],
+        times: list[float],
+        ready: float,
+        after_need: set[int],
+        before_grad: set[int],
+    ) -> Iterator[tuple[int, int, int]]:
+        """The (stage, forward, backward) triples worth trying: forwards at PRE, next to the
+        current one, before idle time, or the latest two; backwards the first valid, the first
+        that need not wait for the gradient, those before idle time, the last two (POST among
+        them). Each within the ascending order of the stage's other mbs (:func:`_check_order`)
+        and free of cycles."""
+        g, key = self.g, (e.microbatch, e.id)
+        for k in range(self.table.pp):
+            others = [x for x in self.order if x.id != e.id and self.fwd[x.id].stage == k]
+            lo_f = max(
+                (self.fwd[x.id].index for x in others if (x.microbatch, x.id) < key), default=PRE
+            )
+            hi_f = min(
+                (self.fwd[x.id].index for x in others if (x.microbatch, x.id) > key), default=POST
+            )
+            lo_b = max(
+                (self.bwd[x.id].index for x in others if (x.microbatch, x.id) < key), default=PRE
+            )
+            hi_b = min(
+                (self.bwd[x.id].index for x in others if (x.microbatch, x.id) > key), default=POST
+            )
+            forwards = [
+                i for i in range(max(lo_f, PRE), min(hi_f, self.n - 1) + 1)
+                if g.slot[(k, i)] not in after_need
+            ]  # fmt: skip
+            near = {old[1] - 1, old[1], old[1] + 1} if k == old[0] else set()
+            idle = self._idle_before(k, times)
+            for i in (i for i in forwards if i in {PRE, *near, *forwards[-2:], *idle}):
+                backwards = [
+                    j for j in [*range(max(lo_b, i + 1), min(hi_b, self.n - 1) + 1), POST]
+                    if j <= hi_b and g.slot[(k, j)] not in before_grad
+                ]  # fmt: skip
+                on_time = [j for j in backwards if times[g.slot[(k, j)]] >= ready - _EPS]
+                picks = {*backwards[:1], *on_time[:1], *backwards[-2:], *idle}
+                if k == old[0]:
+                    picks.add(old[2])
+                yield from ((k, i, j) for j in backwards if j in picks)
+
+    def _idle_before(self, k: int, times: list[float]) -> set[int]:
+        """Stage ``k``'s slots followed by idle time before its next node."""
+        g, out, slot = self.g, set(), PRE
+        nodes = [v for v, s in enumerate(g.stage_of) if s == k]
+        index = {v: i for (s, i), v in g.slot.items() if s == k}
+        for a, b in itertools.pairwise(nodes):
+            if a in index:
+                slot = index[a]
+            if times[b] > times[a] + g.weight[a] + _EPS:
+                out.add(slot)
+        return out
 
 
 class _AutoPlanner:
@@ -768,7 +980,7 @@ class _AutoPlanner:
 
     def __init__(self, table: DataflowTable, budgets: list[float]) -> None:
         self.table, self.budgets, self.n = table, budgets, table.num_forward_ops
-        self.g = _Graph(table.pp, table.vpp, table.num_microbatches)
+        self.g = _Graph.of(table.pp, table.vpp, table.num_microbatches)
         for (_, kind, _, _), node in self.g.op.items():
             self.g.weight[node] = 1.0 if kind == "F" else 2.0
         self.last_f = dict.fromkeys(range(table.pp), PRE)
@@ -836,9 +1048,9 @@ class _AutoPlanner:
     def _undo(self, e: EncoderMicroBatch, k: int, i: int, j: int, need: int, grad: int) -> None:
         g = self.g
         g.weight[g.slot[(k, i)]] -= e.cost
-        g.succ[g.slot[(k, i)]].pop()
+        g.unedge(g.slot[(k, i)], need)
         g.weight[g.slot[(k, j)]] -= 2.0 * e.cost
-        g.succ[grad].pop()
+        g.unedge(grad, g.slot[(k, j)])
 
     def _backward_slots(self, k: int, i: int, grad: int, before_grad: set[int]) -> list[int]:
         """The first slot after the forward whose start does not wait for stage 0's B(m, 0) (else
@@ -864,7 +1076,7 @@ class _AutoPlanner:
         g.edge(node, need)
         js = self._backward_slots(k, i, grad, before_grad)
         g.weight[node] -= e.cost
-        g.succ[node].pop()
+        g.unedge(node, need)
         return min(self._score(e, k, i, j, need, grad) for j in js)
 
     def _score(
@@ -875,9 +1087,9 @@ class _AutoPlanner:
         times = g.start_times()
         self._undo(e, k, i, j, need, grad)
         assert times is not None  # i precedes need, j follows grad: no cycle
-        makespan = max(t + w for t, w in zip(times, g.weight, strict=True))
+        makespan = g.makespan(times)
         excess = max(0.0, _peak_live([*self.live[k], (i, j, e.memory)], i, j) - self.budgets[k])
-        delays = sum(times[v] for v in g.op.values())
+        delays = sum(map(times.__getitem__, g.op.values()))
         node, bslot = g.slot[(k, i)], g.slot[(k, j)]
         lifetime = e.memory * (times[bslot] + g.weight[bslot] - times[node])
         key = (
@@ -972,18 +1184,12 @@ def simulate(table: DataflowTable, *, f: float = 1.0, b: float = 2.0) -> dict[st
     g = _graph_of(table, f=f, b=b)
     start = g.start_times()
     assert start is not None
-    makespan = max(s + w for s, w in zip(start, g.weight, strict=True))
-    stages = []
+    makespan = g.makespan(start)
+    stages, peaks = [], _stage_peaks(table)
     for k in range(table.pp):
         nodes = [v for v in range(len(start)) if g.stage_of[v] == k]
         busy = sum(g.weight[v] for v in nodes)
         enc = sum(g.weight[v] for v in g.slot.values() if g.stage_of[v] == k)
-        live = [
-            (table.forward[e.id].index, table.backward[e.id].index, e.memory)
-            for e in table.encoder_mbs
-            if table.forward[e.id].stage == k
-        ]
-        peak = _peak_live(live, PRE, POST)
         stages.append(
             {
                 "stage": k,
@@ -991,7 +1197,7 @@ def simulate(table: DataflowTable, *, f: float = 1.0, b: float = 2.0) -> dict[st
                 "encoder": enc,
                 "llm": busy - enc,
                 "idle": makespan - busy,
-                "peak_encoder_activations": peak,
+                "peak_encoder_activations": peaks[k],
             }
         )
     idle = sum(s["idle"] for s in stages)
@@ -1000,6 +1206,17 @@ def simulate(table: DataflowTable, *, f: float = 1.0, b: float = 2.0) -> dict[st
         "stages": stages,
         "bubble_fraction": idle / (makespan * table.pp) if makespan else 0.0,
     }
+
+
+def _stage_peaks(table: DataflowTable, *, skip: int | None = None) -> list[float]:
+    """Per stage, the peak of its live encoder activations (see :func:`_peak_live`), without
+    mb ``skip``."""
+    live: list[list[tuple[int, int, float]]] = [[] for _ in range(table.pp)]
+    for e in table.encoder_mbs:
+        if e.id != skip:
+            fs, bs = table.forward[e.id], table.backward[e.id]
+            live[fs.stage].append((fs.index, bs.index, e.memory))
+    return [_peak_live(x, PRE, POST) for x in live]
 
 
 def format_dataflow(table: DataflowTable) -> str:
