@@ -13,9 +13,10 @@ Two predictions of the per-stage rows: ``planner`` (``omni plan``'s time model: 
 the cost model, one device per stage, one seconds-per-unit fit on LLM seconds) and ``replayed``
 (:mod:`omni_trainer.multiplex.replay`: the executed tables with op seconds fit per stage and kind
 on the encoder, LLM and data timers; this machine's cores shared by the runnable stages and the
-others' runnable processes sampled from /proc/stat; the p2p latency from a ping-pong; op
-durations drawn from the op log's spread). Waits never enter a fit; held-out compares the odd
-repeats' waits with a fit on the even ones, same-run each run with its own.
+cores the other processes kept busy (/proc/stat less this launch's CPU time); the p2p latency
+from a ping-pong; op durations drawn from the op log's spread). Waits never enter a fit;
+held-out compares the odd repeats' waits with a fit on the even ones, same-run each run with its
+own.
 """
 
 from __future__ import annotations
@@ -98,19 +99,23 @@ def worker(spec_path: Path) -> None:
     torch.set_num_threads(1)
     _, world, device = init_distributed()
     data = spec["job"]["spec"]["trainer"]["data"]
-    hidden = parse_manifest(spec["job"]).spec.trainer.model.llm.hidden_size
     runs = []
     try:
+        # One set of groups for every run (the policy changes nothing in the layout): megatron's
+        # destroy_model_parallel leaves the old groups alive, and their gloo threads, hundreds
+        # per rank after a few runs, took a growing share of the cores (step times doubled).
+        first = parse_manifest(spec["job"]).spec.trainer
+        dims = ParallelDims.from_config(first.parallelism, world)
+        groups = build_process_groups(
+            dims, device, reorder_group_size=first.data.reorder.group_size
+        )
         for repeat in range(spec["repeats"]):
-            latency = p2p_latency(numel=data["seqLength"] * data["microBatchSize"] * hidden)
+            numel = data["seqLength"] * data["microBatchSize"] * first.model.llm.hidden_size
+            latency = p2p_latency(numel=numel)
             for policy in spec["policies"]:
                 doc = copy.deepcopy(spec["job"])
                 doc["spec"]["trainer"]["parallelism"]["encoder"]["policy"] = policy
                 cfg = parse_manifest(doc).spec.trainer
-                dims = ParallelDims.from_config(cfg.parallelism, world)
-                groups = build_process_groups(
-                    dims, device, reorder_group_size=cfg.data.reorder.group_size
-                )
                 start = time.time()
                 summary = asdict(Trainer(cfg, groups=groups, steps=spec["steps"]).train())
                 runs.append(
@@ -175,35 +180,54 @@ def launch(job: dict, *, nproc: int, steps: int, repeats: int, policies: tuple[s
             )
         )
         env = {**os.environ, "OMP_NUM_THREADS": "1", "OMNI_NUM_THREADS": "1", "OMNI_OP_LOG": "1"}
-        samples: list[tuple[float, int]] = []
-        done = threading.Event()
-        sampler = threading.Thread(target=_sample_runnable, args=(samples, done), daemon=True)
-        sampler.start()
-        proc = subprocess.run(
+        proc = subprocess.Popen(
             [*torchrun_argv(nproc), __file__, "--worker", str(spec)],
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
             env=env,
         )
+        samples: list[tuple[float, float, float]] = []
+        done = threading.Event()
+        sampler = threading.Thread(target=_sample_cpu, args=(proc.pid, samples, done), daemon=True)
+        sampler.start()
+        stdout, stderr = proc.communicate()
         done.set()
         sampler.join()
         if proc.returncode:
-            sys.exit(f"bench launch failed\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+            sys.exit(f"bench launch failed\n{stdout[-2000:]}\n{stderr[-4000:]}")
         runs = json.loads(out.read_text())
         for run in runs:
-            lo, hi = run["window"]
-            seen = [n for t, n in samples if lo <= t <= hi]
-            run["runnable"] = statistics.mean(seen) if seen else 0.0
+            run["others_cores"] = others_cores(samples, *run["window"])
         return runs
 
 
-def _sample_runnable(samples: list[tuple[float, int]], done: threading.Event) -> None:
-    """Every 0.2 s, the machine's runnable tasks (``procs_running`` of /proc/stat, this
-    sampler's read included), with the time."""
+def _sample_cpu(pid: int, samples: list[tuple[float, float, float]], done: threading.Event) -> None:
+    """Every 0.2 s: the time, the machine's busy CPU seconds (/proc/stat) and those of the
+    launch's processes (torchrun and its workers, psutil): what the others used is the
+    difference. (Runnable-task counts overstate it: gloo's idle loop threads show as runnable.)"""
+    import psutil
+
+    tick = os.sysconf("SC_CLK_TCK")
+    root = psutil.Process(pid)
     while not done.wait(0.2):
-        for line in Path("/proc/stat").read_text().splitlines():
-            if line.startswith("procs_running"):
-                samples.append((time.time(), int(line.split()[1]) - 1))
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        busy = (sum(fields[:8]) - fields[3] - fields[4]) / tick  # less idle and iowait
+        try:
+            mine = sum(sum(p.cpu_times()[:2]) for p in [root, *root.children(recursive=True)])
+        except psutil.Error:  # a process ended between the listing and the read
+            continue
+        samples.append((time.time(), busy, mine))
+
+
+def others_cores(samples: list[tuple[float, float, float]], start: float, end: float) -> float:
+    """Cores the machine's other processes kept busy between ``start`` and ``end``: its busy
+    CPU seconds less this launch's, over the elapsed time (0 with fewer than 2 samples)."""
+    inside = [x for x in samples if start <= x[0] <= end]
+    if len(inside) < 2:
+        return 0.0
+    (t0, busy0, mine0), (t1, busy1, mine1) = inside[0], inside[-1]
+    return max(0.0, ((busy1 - busy0) - (mine1 - mine0)) / (t1 - t0))
 
 
 # ---------------------------------------------------------------------------- analysis (pure)
@@ -325,17 +349,6 @@ def spread(summary: dict) -> dict[int, tuple[float, ...]]:
     return {s: tuple(v) for s, v in out.items()}
 
 
-def others_runnable(run: dict) -> float:
-    """Others' runnable processes during a run: the machine's mean runnable tasks less this
-    run's ranks while not waiting (step time less pipeline, encoder and peer waits)."""
-    mine = sum(
-        max(0.0, 1 - (r["encoder_wait_s"] + r["pipeline_wait_s"] + r.get("peer_wait_s", 0.0)) / t)
-        for r in run["summary"]["breakdown"]
-        if (t := step_time(run["summary"])) > 0
-    )
-    return max(0.0, run.get("runnable", 0.0) - mine) if "runnable" in run else 0.0
-
-
 def op_ratios(summary: dict) -> dict[int, tuple[float, float]]:
     """Per stage, backward over forward seconds of its LLM ops and of its encoder ops, from
     the op log: LLM forwards are logged, the backwards are the rest of the LLM seconds; an
@@ -370,7 +383,7 @@ def _replay_mean(
     from omni_trainer.multiplex.replay import fit_op_times, replay
 
     latency = statistics.median(r.get("latency", 0.0) for r in runs)
-    background = statistics.median(others_runnable(r) for r in runs)
+    background = statistics.median(r.get("others_cores", 0.0) for r in runs)
     spreads = [spread(r["summary"]) for r in runs]
     shapes = [op_ratios(r["summary"]) for r in runs]
     ratios = [
@@ -470,9 +483,9 @@ def report(
         lines.insert(
             len(lines) - 1,
             f"replayed: the executed tables replayed on {rep['cores']} cores shared with others' "
-            "runnable processes (/proc/stat), the measured p2p latency, op durations drawn from "
-            "the LLM forwards' spread, backward/forward ratios from the op log, op seconds fit "
-            "per stage and kind on encoder/LLM/data timers, never on "
+            "CPU use (/proc/stat less this launch's), the measured p2p latency, op durations "
+            "drawn from the LLM forwards' spread, backward/forward ratios from the op log, op "
+            "seconds fit per stage and kind on encoder/LLM/data timers, never on "
             f"waits; held-out: fit on repeats {sorted({r['repeat'] for r in fit})}, measured "
             f"waiting of repeats {sorted({r['repeat'] for r in held})}; same-run: each run "
             "replayed with its own op seconds and latency",

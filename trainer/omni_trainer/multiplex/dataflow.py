@@ -849,11 +849,13 @@ class _Refiner:
         self.key = self._key(self.g.start_times(), self._peaks())
 
     def refine(self) -> tuple[dict[int, Slot], dict[int, Slot]]:
-        improved = True
-        while improved and self.left > 0:
-            improved = False
-            for e in self.order:
-                improved |= self._move(e)
+        """Round robin over the mbs until each was tried since the last move (then none can
+        move: nothing changed since it found its best place)."""
+        since = 0  # mbs tried since the last move
+        for e in itertools.cycle(self.order):
+            if since == len(self.order) or self.left <= 0:
+                break
+            since = 0 if self._move(e) else since + 1
         return self.fwd, self.bwd
 
     def _peaks(self, skip: int | None = None) -> list[float]:

@@ -223,6 +223,7 @@ def replay(
     latency: float = 0.0,
     background: float = 0.0,
     rng: random.Random | None = None,
+    trace: list[tuple[int, tuple, str, float, float]] | None = None,
 ) -> Replay:
     """Run the table's step on ``cores`` cores (None: a device per stage) with these op times.
 
@@ -233,10 +234,15 @@ def replay(
             stage progresses at ``cores / runnable`` of its solo speed.
         latency: seconds from an op's end to its output being usable on another stage (p2p
             transfer and the receiver's wake-up); zero on the same stage.
-        background: runnable processes of others sharing the cores (mean): with them each
-            runnable stage progresses at ``cores / (runnable + background)`` (at most 1).
+        background: the others' demand for the cores (mean runnable processes, or the cores
+            they keep busy): with it each runnable stage progresses at ``cores / (runnable +
+            background)`` (at most 1).
         rng: draws each op's duration around its mean from the stage's
             :attr:`OpTimes.spread` (one sample of a Monte Carlo estimate); None: the means.
+        trace: where given, each op as it ends: ``(stage, key, kind, reached, ended)``, the
+            seconds when its stage reached it (its wait starts) and when it ended; ``key``
+            ``("F", stage, m, chunk)`` / ``("B", ...)`` for LLM ops, ``("P", stage, n)`` for the
+            n-th p2p call, ``("EF", id)`` / ``("EB", id)`` for encoder work.
 
     Returns:
         Per stage: wall seconds in encoder ops, in LLM ops, and blocked (waiting).
@@ -256,6 +262,7 @@ def replay(
     left = [p[0].work if p else 0.0 for p in progs]
     done: dict[tuple, tuple[float, int]] = {}  # op key -> (end, stage)
     posted: dict[tuple, float] = {}  # rendezvous end -> when its stage reached it
+    reached = [0.0] * table.pp
     spent = [{"data": 0.0, "encoder": 0.0, "llm": 0.0, "p2p": 0.0, "wait": 0.0} for _ in progs]
     t = 0.0
 
@@ -283,6 +290,9 @@ def replay(
             for s, prog in enumerate(progs):
                 while pos[s] < len(prog) and left[s] <= 0.0 and ready_at(s) <= t:
                     done[prog[pos[s]].key] = (t, s)
+                    if trace is not None:
+                        trace.append((s, prog[pos[s]].key, prog[pos[s]].kind, reached[s], t))
+                    reached[s] = t
                     pos[s] += 1
                     left[s] = prog[pos[s]].work if pos[s] < len(prog) else 0.0
                     arrive(s)
