@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from omni_trainer.multiplex.dataflow import (
@@ -42,6 +44,25 @@ def test_two_stages_two_microbatches_a_device_each() -> None:
     r = replay(table(), [UNIT, UNIT])
     assert seconds(r) == [(0.0, 6.0, 3.0), (0.0, 6.0, 1.0)]
     assert [s.finish for s in r.stages] == [9.0, 7.0] and r.makespan == 9.0
+
+
+def test_the_trace_gives_each_ops_wait_and_end() -> None:
+    """The same pipeline traced: stage 1 reaches its first p2p call (recv F0) at 0 and it ends
+    at 1; its F0 runs [1,2]; stage 0 waits in its second call (send F1, receive B0's gradient)
+    from 2 to 4, when stage 1 sends after its B0; every stage's ops follow each other and its
+    waits add up to its waiting."""
+    trace: list = []
+    r = replay(table(), [UNIT, UNIT], trace=trace)
+    ops = {(s, key): (reached, ended) for s, key, _, reached, ended in trace}
+    assert ops[(1, ("P", 1, 0))] == (0.0, 1.0)
+    assert ops[(1, ("F", 1, 0, 0))] == (1.0, 2.0)
+    assert ops[(0, ("F", 0, 1, 0))] == (1.0, 2.0)
+    assert ops[(0, ("P", 0, 1))] == (2.0, 4.0)
+    for stage in (0, 1):
+        mine = [(a, b, kind) for s, _, kind, a, b in trace if s == stage]
+        assert all(x[1] == y[0] for x, y in itertools.pairwise(mine))
+        waited = sum(b - a for a, b, kind in mine if kind == "p2p")
+        assert waited == pytest.approx(r.stages[stage].waiting)
 
 
 def test_two_stages_share_one_core() -> None:
