@@ -549,6 +549,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4, help="per run; the first is warm-up")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--eta", type=int, default=256)
+    ap.add_argument(
+        "--memory-budget",
+        help="auto's encoder.memoryBudget (e.g. 100Mi; default: uniform's peak x HEADROOM)",
+    )
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument(
         "--encoder-scales",
@@ -576,6 +580,8 @@ def main() -> None:
     growth: dict[int, tuple[dict[str, float], dict[str, float]]] = {}
     for scale in scales:
         job = bench_job(args.pipeline, args.eta, scale)
+        if args.memory_budget:
+            job["spec"]["trainer"]["parallelism"]["encoder"]["memoryBudget"] = args.memory_budget
         saved = args.runs and args.runs.with_suffix(f".x{scale}.json")
         if saved and saved.exists():  # the same job, steps and policies: analysed again
             runs = json.loads(saved.read_text())
