@@ -1008,7 +1008,7 @@ class _AutoPlanner:
         best: tuple[tuple[float, ...], int, int, int] | None = None
         for k in range(self.table.pp):
             for i in self._candidates(k, after_need, times):
-                key, j = self._try(e, k, i, need, grad, before_grad)
+                key, j = self._try(e, k, i, need, grad, before_grad, times)
                 if best is None or key < best[0]:
                     best = (key, k, i, j)
         assert best is not None  # PRE of every stage precedes stage 0's F(m, 0)
@@ -1054,12 +1054,13 @@ class _AutoPlanner:
         g.weight[g.slot[(k, j)]] -= 2.0 * e.cost
         g.unedge(grad, g.slot[(k, j)])
 
-    def _backward_slots(self, k: int, i: int, grad: int, before_grad: set[int]) -> list[int]:
+    def _backward_slots(
+        self, k: int, i: int, grad: int, before_grad: set[int], times: list[float]
+    ) -> list[int]:
         """The first slot after the forward whose start does not wait for stage 0's B(m, 0) (else
-        POST), preceded by the first valid one where that is earlier (it frees memory sooner)."""
+        POST), preceded by the first valid one where that is earlier (it frees memory sooner);
+        by the start times before this mb (the score then times each exactly)."""
         g = self.g
-        times = g.start_times()
-        assert times is not None
         ready = times[grad] + g.weight[grad]
         valid = [
             j for j in range(max(i + 1, self.last_b[k], 0), self.n)
@@ -1070,15 +1071,16 @@ class _AutoPlanner:
         return [valid[0], first] if valid and valid[0] < first else [first]
 
     def _try(
-        self, e: EncoderMicroBatch, k: int, i: int, need: int, grad: int, before_grad: set[int]
+        self,
+        e: EncoderMicroBatch,
+        k: int,
+        i: int,
+        need: int,
+        grad: int,
+        before_grad: set[int],
+        times: list[float],
     ) -> tuple[tuple[float, ...], int]:
-        g = self.g
-        node = g.slot[(k, i)]
-        g.weight[node] += e.cost
-        g.edge(node, need)
-        js = self._backward_slots(k, i, grad, before_grad)
-        g.weight[node] -= e.cost
-        g.unedge(node, need)
+        js = self._backward_slots(k, i, grad, before_grad, times)
         return min(self._score(e, k, i, j, need, grad) for j in js)
 
     def _score(
