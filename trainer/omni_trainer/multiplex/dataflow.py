@@ -471,7 +471,7 @@ class _Graph:
         self.against -= self._against(a, b)
 
     def _against(self, a: int, b: int) -> bool:
-        return bool(self.order) and (a >= len(self.place) or self.place[a] > self.place[b])
+        return bool(self.order) and self.place[a] > self.place[b]
 
     def makespan(self, start: list[float]) -> float:
         """When the last node ends, given every node's start."""
@@ -517,7 +517,7 @@ class _Graph:
                 self.unedge(*extra)
         succ, weight = self.succ, self.weight
         start = [0.0] * len(succ)
-        if self.order and not self.against and len(self.order) == len(succ):
+        if self.order and not self.against:  # nodes are only added before the first sort
             for a in self.order:  # planners try thousands of placements: the fast path
                 end = start[a] + weight[a]
                 for b in succ[a]:
@@ -795,8 +795,8 @@ def _plan_auto(
     device_budget: float | Sequence[float] | None,
 ) -> tuple[dict[int, Slot], dict[int, Slot]]:
     """The greedy plan, or the fixed policy's table where that one is better in the time model
-    (least excess of a stage over its budget, then makespan, then peak): never worse than any
-    of them."""
+    (:func:`_rank`: least excess of a stage over its budget, then makespan, then peak), refined
+    by :class:`_Refiner`: never worse than any of them."""
     kw = {"pp": proto.pp, "vpp": proto.vpp, "num_microbatches": proto.num_microbatches}
     fixed = [plan_dataflow(p, **kw, encoder_mbs=proto.encoder_mbs) for p in _FIXED]
     budgets = _auto_budgets(max(_stage_peaks(fixed[0])), budget, device_budget, proto.pp)
@@ -825,7 +825,7 @@ def _rank(
 
 _REFINE_WORK: Final = 2_000_000
 """Graph nodes :class:`_Refiner` may visit in all (each evaluation visits the whole graph): a
-count, never a clock, so every rank plans the same table; about 0.5 s at pp 8 x 64
+count, never a clock, so every rank plans the same table; about 650 evaluations at pp 8 x 64
 micro-batches, a full search on small pipelines."""
 
 
@@ -863,9 +863,8 @@ class _Refiner:
         return _stage_peaks(now, skip=skip)
 
     def _key(self, times: list[float] | None, peaks: list[float]) -> tuple[float, float, float]:
-        assert (
-            times is not None
-        )  # every candidate keeps the forward before F(m,0), the backward after B(m,0)
+        # every candidate keeps the forward before F(m,0) and the backward after B(m,0)
+        assert times is not None
         makespan = self.g.makespan(times)
         return _rank(peaks, self.budgets, makespan)
 
@@ -1123,8 +1122,10 @@ def plan_dataflow(
       thus fills idle time first (warm-up and cool-down bubbles, waits on peers: the makespan
       does not grow), is front-loaded where that shortens the step and the budget allows, and
       is otherwise inserted on demand. A mb that fits nowhere takes the slot exceeding the
-      budget least. ``budget``: per stage (or one for all), in :attr:`EncoderMicroBatch.memory`
-      units (bytes in the trainer and simulator: the manifest's ``memoryBudget``); where
+      budget least. The best of this and the fixed tables is then refined by a local search
+      (each mb placed again knowing all the others, until none moves). ``budget``: per stage
+      (or one for all), in :attr:`EncoderMicroBatch.memory` units (bytes in the trainer and
+      simulator: the manifest's ``memoryBudget``); where
       ``front_loaded`` fits it, ``auto`` is at least as fast; None: :data:`HEADROOM` x the
       largest stage peak of the ``uniform`` table, and at most ``device_budget`` (what the
       device leaves beside the LLM, see :mod:`omni_trainer.planner.budget`), so ``auto`` holds
