@@ -242,7 +242,9 @@ def replay(
         trace: where given, each op as it ends: ``(stage, key, kind, reached, ended)``, the
             seconds when its stage reached it (its wait starts) and when it ended; ``key``
             ``("F", stage, m, chunk)`` / ``("B", ...)`` for LLM ops, ``("P", stage, n)`` for the
-            n-th p2p call, ``("EF", id)`` / ``("EB", id)`` for encoder work.
+            n-th p2p call of 1F1B (``("R", stage, i)`` a receive of the interleaved schedule),
+            ``("EF", id)`` / ``("EB", id)`` for encoder work, ``("D", stage)`` for the input
+            preparation.
 
     Returns:
         Per stage: wall seconds in encoder ops, in LLM ops, and blocked (waiting).
