@@ -449,6 +449,8 @@ def classify(
                 pods=names,
                 exit_code=EXIT_STOPPED,
             )
+        if _awaiting_the_cause(exits, live, now):
+            return None
         first = _first_failures(exits)
         e = first[0]
         what = f"exit code {e.code}" if e.code is not None else "no exit code"
@@ -594,6 +596,21 @@ AFTER_A_PEER = re.compile(
 )
 """A trainer's fatal error that says another process went first: a collective or the store
 lost its peer (gloo, NCCL, torch.distributed). Such a failure follows a cause elsewhere."""
+
+
+PEER_REPORT_GRACE_S = 10.0
+"""How long failures that all say a peer went first wait for a pod that has not reported yet:
+the crash they follow is its own report, a moment later."""
+
+
+def _awaiting_the_cause(exits: list[_Exit], live: Sequence[Obj], now: dt.datetime) -> bool:
+    """Every failed pod says a peer went first, a pod of the attempt has not failed (yet), and
+    the first failure is recent: classifying now would blame a bystander (its peer's trainer
+    can end within milliseconds of the crash, before the crashed pod's failure is reported)."""
+    if len(exits) >= len(live) or not all(AFTER_A_PEER.search(e.message) for e in exits):
+        return False
+    times = [e.finished for e in exits if e.finished is not None]
+    return bool(times) and (now - min(times)).total_seconds() < PEER_REPORT_GRACE_S
 
 
 def _first_failures(exits: list[_Exit]) -> list[_Exit]:

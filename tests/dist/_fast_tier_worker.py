@@ -75,6 +75,7 @@ def main(out: Path) -> None:
         tier = cfg.tier_due(step)
         ckpt.save(step, state, {"step": step}, tier=tier)
         results[f"saved{step}"] = ckpt.wait().committed
+    dist.barrier()  # the node's other rank may still be writing its copy of the marker
     results["files"] = sorted(
         p.relative_to(node).as_posix() for p in node.rglob("*") if p.is_file()
     )

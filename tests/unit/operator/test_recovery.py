@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from omni_operator.recovery import (
+    PEER_REPORT_GRACE_S,
     Failure,
     backoff_seconds,
     classify,
@@ -219,6 +220,19 @@ def test_a_trainer_that_failed_on_its_peer_is_not_blamed(after_a_peer: str) -> N
     assert "1 more pods failed after it" in f.message
     both = _classify([peer, _exited(1, 1, at=1, message=after_a_peer.replace("rank 0", "rank 1"))])
     assert both is not None and both.pods == ("j-a0-n0",)  # all say so: the earliest
+
+
+def test_a_failure_after_a_peer_waits_a_moment_for_the_crash_it_follows() -> None:
+    """Only rank 0 has failed, saying its peer went first, and rank 1 still runs: rank 1's own
+    failure is on its way (its trainer crashed, its report comes a moment later), so nothing is
+    classified yet. Without that report within the grace, rank 0 is blamed as before; a
+    failure of its own is classified at once."""
+    msg = "rank 0: RuntimeError: Connection closed by peer [127.0.0.1]:5258"
+    assert _classify([_exited(0, 1, at=2, message=msg), _pod(1)]) is None
+    late = _classify([_exited(0, 1, at=PEER_REPORT_GRACE_S + 1, message=msg), _pod(1)])
+    assert late is not None and late.kind == "pod_failed" and late.pods == ("j-a0-n0",)
+    own = _classify([_exited(0, 1, at=2, message="rank 0: ValueError: bad batch"), _pod(1)])
+    assert own is not None and own.pods == ("j-a0-n0",)
 
 
 def test_missing_or_deleted_pod() -> None:
