@@ -623,6 +623,9 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
     # Until its first step an attempt is bounded by the start timeout, not the hang timeout:
     # imports and rendezvous of a restart on a busy node are no hang.
     progress_time = None if starting else recovery.parse_time(st.last_progress_time)
+    current = recovery.Current(
+        st.attempt, None if st.pod_attempt is None else recovery.parse_time(st.attempt_start_time)
+    )
     failure = recovery.classify(
         pods,
         s.nodes,
@@ -632,10 +635,7 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
         started_steps=started,
         placement=st.placement,
         starting_since=starting_since,
-        current=recovery.Current(
-            st.attempt,
-            None if st.pod_attempt is None else recovery.parse_time(st.attempt_start_time),
-        ),
+        current=current,
     )
     if failure is None:
         failure = _straggler_replacement(s)
@@ -649,6 +649,7 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
             last_progress_time=progress_time,
             placement=st.placement,
             starting_since=starting_since,
+            current=current,
         )
         return s.finish()
 

@@ -449,7 +449,7 @@ def classify(
                 pods=names,
                 exit_code=EXIT_STOPPED,
             )
-        if _awaiting_the_cause(exits, live, now):
+        if _cause_due(exits, live, now) is not None:
             return None
         first = _first_failures(exits)
         e = first[0]
@@ -564,12 +564,17 @@ def next_deadline(
     last_progress_time: dt.datetime | None,
     placement: Sequence[str] = (),
     starting_since: dt.datetime | None = None,
+    current: Current = Current(),
 ) -> float | None:
     """Seconds until a healthy-looking attempt could turn failed with no event to say so: a
-    NotReady node's grace ends, the start or the hang timeout passes. None when nothing is
-    pending."""
+    NotReady node's grace ends, the start or the hang timeout passes, the wait for the crash a
+    peer's failure follows ends. None when nothing is pending."""
     policy = spec.restart_policy
     due: list[float] = []
+    live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+    exits = [e for e in (_terminated(p, placement, current) for p in live) if e is not None]
+    if exits and (cause := _cause_due(exits, live, now)) is not None:
+        due.append(cause)
     for pod in pods:
         node = nodes.get(pod_node(pod, placement) or "")
         since = node_not_ready_since(node, now) if node is not None else None
@@ -603,14 +608,17 @@ PEER_REPORT_GRACE_S = 10.0
 the crash they follow is its own report, a moment later."""
 
 
-def _awaiting_the_cause(exits: list[_Exit], live: Sequence[Obj], now: dt.datetime) -> bool:
-    """Every failed pod says a peer went first, a pod of the attempt has not failed (yet), and
-    the first failure is recent: classifying now would blame a bystander (its peer's trainer
-    can end within milliseconds of the crash, before the crashed pod's failure is reported)."""
+def _cause_due(exits: list[_Exit], live: Sequence[Obj], now: dt.datetime) -> float | None:
+    """Seconds left to wait for the crash the failures follow, or None: they wait while every
+    failed pod says a peer went first, a pod of the attempt has not failed (yet), and the first
+    failure is under :data:`PEER_REPORT_GRACE_S` old. Classifying sooner would blame a
+    bystander: its trainer can end within milliseconds of the crash, before the crashed pod's
+    failure is reported."""
     if len(exits) >= len(live) or not all(AFTER_A_PEER.search(e.message) for e in exits):
-        return False
+        return None
     times = [e.finished for e in exits if e.finished is not None]
-    return bool(times) and (now - min(times)).total_seconds() < PEER_REPORT_GRACE_S
+    left = PEER_REPORT_GRACE_S - (now - min(times)).total_seconds() if times else 0.0
+    return left if left > 0 else None
 
 
 def _first_failures(exits: list[_Exit]) -> list[_Exit]:

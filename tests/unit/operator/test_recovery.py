@@ -228,7 +228,11 @@ def test_a_failure_after_a_peer_waits_a_moment_for_the_crash_it_follows() -> Non
     classified yet. Without that report within the grace, rank 0 is blamed as before; a
     failure of its own is classified at once."""
     msg = "rank 0: RuntimeError: Connection closed by peer [127.0.0.1]:5258"
-    assert _classify([_exited(0, 1, at=2, message=msg), _pod(1)]) is None
+    waiting = [_exited(0, 1, at=2, message=msg), _pod(1)]
+    assert _classify(waiting) is None
+    # no event may come: the reconcile is due again when the grace ends
+    due = next_deadline(waiting, _nodes("n0", "n1"), spec=_spec(), now=NOW, last_progress_time=None)
+    assert due == PEER_REPORT_GRACE_S - 2
     late = _classify([_exited(0, 1, at=PEER_REPORT_GRACE_S + 1, message=msg), _pod(1)])
     assert late is not None and late.kind == "pod_failed" and late.pods == ("j-a0-n0",)
     own = _classify([_exited(0, 1, at=2, message="rank 0: ValueError: bad batch"), _pod(1)])
