@@ -1,13 +1,14 @@
 """Insertion policies ranked: interleaved repeats, medians with min and max, paired ratios.
 
-One torchrun launch of real processes (gloo, one compute thread each) trains the same job with
-every policy in turn, A B C D A B C D ..., ``--repeats`` times: a burst of load from the other
-users of the machine lands on all policies alike, and each pair is compared within a repeat
-(adjacent in time). Per policy and stage it prints the median seconds per step in encoder work,
-LLM compute and waiting (for encoder outputs or gradients, and for pipeline neighbours), the
-peak bytes encoder forwards keep for backward, the step time's median (min, max), and for each
-pair ``X vs Y median step-time ratio R (min A, max B, N runs)`` with R = Y's step time / X's in
-the same repeat (> 1: X faster). The loss curves of all runs must be equal.
+One torchrun launch of real processes (gloo, one compute thread each) trains the same job with every
+policy in turn, A B C D B C D A C D A B ..., ``--repeats`` times: a burst of load from the other
+users of the machine lands on all policies alike, each pair is compared within a repeat (adjacent in
+time), and the order turns by one each repeat, so no policy always runs first (step times drift up
+over a launch: about 10% in 6 repeats on this machine). Per policy and stage it prints the median
+seconds per step in encoder work, LLM compute and waiting (for encoder outputs or gradients, and for
+pipeline neighbours), the peak bytes encoder forwards keep for backward, the step time's median
+(min, max), and for each pair ``X vs Y median step-time ratio R (min A, max B, N runs)`` with R =
+Y's step time / X's in the same repeat (> 1: X faster). The loss curves of all runs must be equal.
 
 Two predictions of the per-stage rows: ``planner`` (``omni plan``'s time model: op costs from
 the cost model, one device per stage, one seconds-per-unit fit on LLM seconds) and ``replayed``
@@ -112,7 +113,7 @@ def worker(spec_path: Path) -> None:
         for repeat in range(spec["repeats"]):
             numel = data["seqLength"] * data["microBatchSize"] * first.model.llm.hidden_size
             latency = p2p_latency(numel=numel)
-            for policy in spec["policies"]:
+            for policy in turned(spec["policies"], repeat):
                 doc = copy.deepcopy(spec["job"])
                 doc["spec"]["trainer"]["parallelism"]["encoder"]["policy"] = policy
                 cfg = parse_manifest(doc).spec.trainer
@@ -125,6 +126,8 @@ def worker(spec_path: Path) -> None:
                         "summary": summary,
                         "latency": latency,
                         "window": (start, time.time()),
+                        "threads": len(os.listdir("/proc/self/task")),
+                        "rss": _rss_bytes(),
                     }
                 )
                 dist.barrier()
@@ -132,6 +135,17 @@ def worker(spec_path: Path) -> None:
             Path(spec["out"]).write_text(json.dumps(runs))
     finally:
         destroy_distributed()
+
+
+def turned(policies: list[str], repeat: int) -> list[str]:
+    """Repeat ``repeat``'s order: the policies turned left by ``repeat``."""
+    k = repeat % len(policies)
+    return [*policies[k:], *policies[:k]]
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def p2p_latency(*, numel: int, rounds: int = 20) -> float:
@@ -547,7 +561,12 @@ def main() -> None:
     ap.add_argument("--pipeline", type=int, default=2)
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--steps", type=int, default=4, help="per run; the first is warm-up")
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=8,
+        help="best a multiple of the policies (each runs first equally often)",
+    )
     ap.add_argument("--eta", type=int, default=256)
     ap.add_argument(
         "--memory-budget",
@@ -566,6 +585,12 @@ def main() -> None:
         help="cores the stages share in the replay (default: this process's affinity mask)",
     )
     ap.add_argument(
+        "--shared-cores",
+        choices=("detect", "yes", "no"),
+        default="detect",
+        help="auto's sharedCores (detect: the processes outnumber --cores)",
+    )
+    ap.add_argument(
         "--runs",
         type=Path,
         help="keep the runs in PATH.x<scale>.json; when it exists, analyse it instead of training",
@@ -575,13 +600,22 @@ def main() -> None:
     if args.worker:
         worker(args.worker)
         return
+    from omni_trainer.planner.budget import cores_are_shared
+
     policies = tuple(args.policies.split(","))
     scales = [int(x) for x in args.encoder_scales.split(",")]
     growth: dict[int, tuple[dict[str, float], dict[str, float]]] = {}
     for scale in scales:
         job = bench_job(args.pipeline, args.eta, scale)
+        encoder = job["spec"]["trainer"]["parallelism"]["encoder"]
         if args.memory_budget:
-            job["spec"]["trainer"]["parallelism"]["encoder"]["memoryBudget"] = args.memory_budget
+            encoder["memoryBudget"] = args.memory_budget
+        # what the trainer would detect, set explicitly so that ``omni plan`` shows its tables
+        encoder["sharedCores"] = (
+            cores_are_shared(args.nproc, 1, args.cores)
+            if args.shared_cores == "detect"
+            else args.shared_cores == "yes"
+        )
         saved = args.runs and args.runs.with_suffix(f".x{scale}.json")
         if saved and saved.exists():  # the same job, steps and policies: analysed again
             runs = json.loads(saved.read_text())
@@ -599,6 +633,11 @@ def main() -> None:
             f"policies interleaved {args.repeats} times, {args.steps} steps per run (the first "
             "excluded); ratio = Y's step time / X's in the same repeat (> 1: X faster)"
         )
+        if encoder["sharedCores"]:
+            print(
+                f"auto: sharedCores (the stages share {args.cores} cores): the front-loaded "
+                "table wherever it fits the budget"
+            )
         print("\n".join(report(runs, policies, sim, rep)))
         measured = {
             p: statistics.median(step_time(r["summary"]) for r in runs if r["policy"] == p)

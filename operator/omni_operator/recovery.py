@@ -385,7 +385,7 @@ def classify(
         The most fundamental failure, or None.
     """
     policy = spec.restart_policy
-    live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+    live, exits = _live_and_exits(pods, placement, current)
 
     # 1. Lost nodes: pods on them cannot report, and their peers fail as a consequence. A node
     #    still within its grace counts as lost as soon as a peer fails: the attempt is over
@@ -399,7 +399,7 @@ def classify(
             lost[node] = why
         elif node and node in nodes and node_not_ready_since(nodes[node], now) is not None:
             unready[node] = f"node {node} is {_ready_status(nodes[node])}"
-    if unready and any(_terminated(p, placement, current) for p in live):
+    if unready and exits:
         lost.update({n: f"{why} and its peers failed" for n, why in unready.items()})
     if lost:
         names = tuple(sorted(lost))
@@ -424,7 +424,6 @@ def classify(
             )
 
     # 3. Failed pods: a non-retryable exit code, a crash before any step, or a plain failure.
-    exits = [e for e in (_terminated(p, placement, current) for p in live) if e is not None]
     preflight = _preflight_failure(exits)
     if preflight is not None:
         return preflight
@@ -571,8 +570,7 @@ def next_deadline(
     peer's failure follows ends. None when nothing is pending."""
     policy = spec.restart_policy
     due: list[float] = []
-    live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
-    exits = [e for e in (_terminated(p, placement, current) for p in live) if e is not None]
+    live, exits = _live_and_exits(pods, placement, current)
     if exits and (cause := _cause_due(exits, live, now)) is not None:
         due.append(cause)
     for pod in pods:
@@ -606,6 +604,15 @@ lost its peer (gloo, NCCL, torch.distributed). Such a failure follows a cause el
 PEER_REPORT_GRACE_S = 10.0
 """How long failures that all say a peer went first wait for a pod that has not reported yet:
 the crash they follow is its own report, a moment later."""
+
+
+def _live_and_exits(
+    pods: Sequence[Obj], placement: Sequence[str], current: Current
+) -> tuple[list[Obj], list[_Exit]]:
+    """The pods not being deleted, and the failures among them (:func:`_terminated`)."""
+    live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+    exits = [e for e in (_terminated(p, placement, current) for p in live) if e is not None]
+    return live, exits
 
 
 def _cause_due(exits: list[_Exit], live: Sequence[Obj], now: dt.datetime) -> float | None:

@@ -35,7 +35,8 @@ def plan_step(
 
     ``auto``'s budget: the manifest's ``memoryBudget``, else ``uniform``'s peak x HEADROOM within
     the room beside the LLM on ``device_bytes`` per rank (None: the host's available memory over
-    ``world_size`` processes, as the trainer derives it on one CPU node)."""
+    ``world_size`` processes, as the trainer derives it on one CPU node); the stages on cores of
+    their own unless the manifest's ``sharedCores`` says otherwise (as on GPUs)."""
     dims = layout_for(cfg, world_size)
     num_shards = cfg.data.shards_for(dims.dp)
     streams = [  # replica 0's loaders; reordering between replicas is not shown
@@ -62,6 +63,7 @@ def plan_step(
         vpp=dims.vpp,
         num_microbatches=len(micro),
         encoder_mbs=mbs,
+        shared_cores=bool(cfg.parallelism.encoder.shared_cores),
         **planning_budget(
             cfg, dims, micro, lambda: device_bytes or host_available_bytes() / world_size
         ),

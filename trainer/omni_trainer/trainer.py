@@ -118,10 +118,11 @@ class Trainer:
     # -- the loop ---------------------------------------------------------------------------
     def train(self) -> RunSummary:
         dims = self.groups.dims
+        shared = " (stages share CPU cores: front-loaded where it fits)" * self.runner.shared_cores
         self.reporter.start(
             self.steps,
             f"{self.steps} steps, layout {dims.describe()} (world {dims.world_size}), "
-            f"encoder policy {self.cfg.parallelism.encoder.policy}",
+            f"encoder policy {self.cfg.parallelism.encoder.policy}{shared}",
         )
         results: list[StepResult] = []
         t0 = time.perf_counter()

@@ -51,6 +51,14 @@ def test_pairs_are_compared_within_a_repeat(bench) -> None:
     assert lines[-1] == "loss curves of all 6 runs equal within 1e-5: True"
 
 
+def test_the_order_turns_each_repeat_so_every_policy_runs_in_every_position(bench) -> None:
+    policies = ["a", "b", "c", "d"]
+    orders = [bench.turned(policies, r) for r in range(6)]
+    assert orders[:2] == [["a", "b", "c", "d"], ["b", "c", "d", "a"]] and orders[4] == orders[0]
+    for position in range(4):
+        assert sorted(order[position] for order in orders[:4]) == policies
+
+
 def test_unequal_losses_are_reported(bench) -> None:
     runs = [
         {"repeat": 0, "policy": "a", "summary": summary([1.0, 1.0])},

@@ -315,6 +315,22 @@ def test_auto_front_loads_only_as_far_as_the_budget_allows() -> None:
         plan_dataflow("auto", **kw, budget=[1.0, 1.0, 1.0])
 
 
+def test_auto_on_shared_cores_front_loads_where_that_fits_and_plans_where_not() -> None:
+    """The same pipeline on stages that share cores: with room for front-loading (4 mbs) auto
+    takes front_loaded's table itself (39, not the 38 that counts stage 0's wait as free);
+    within the default budget (2.2, where front-loading does not fit) it plans as on dedicated
+    devices (2.0 and 40)."""
+    kw = {"pp": 2, "vpp": 1, "num_microbatches": 8, "encoder_mbs": mbs_for(8, ("image",))}
+    front = plan_dataflow("front_loaded", **kw)
+    shared = plan_dataflow("auto", **kw, budget=4.0, shared_cores=True)
+    assert (shared.forward, shared.backward) == (front.forward, front.backward)
+    assert shared.policy == "auto" and _peak_and_makespan(shared) == (4.0, 39.0)
+    tight = plan_dataflow("auto", **kw, shared_cores=True)
+    dedicated = plan_dataflow("auto", **kw)
+    assert (tight.forward, tight.backward) == (dedicated.forward, dedicated.backward)
+    assert _peak_and_makespan(tight) == (2.0, 40.0)
+
+
 def test_auto_default_budget_is_uniforms_peak_with_headroom_within_the_device() -> None:
     """The same pipeline (uniform 2 mbs per stage, front-loading 4). The device's room never
     loosens the default (a large one still gives 2.0 and 40); a small one tightens it (room for

@@ -12,7 +12,7 @@ from omni_trainer.components.activation_bytes import kept_bytes_per_token
 from omni_trainer.config import ManifestError, parse_manifest
 from omni_trainer.data.packing import PackedSequence, Segment
 from omni_trainer.distributed.config import ParallelDims, memory_bytes
-from omni_trainer.multiplex.dataflow import HEADROOM
+from omni_trainer.multiplex.dataflow import HEADROOM, simulate
 from omni_trainer.multiplex.workload import encoder_micro_batches
 from omni_trainer.plan import plan_step
 from omni_trainer.planner import budget as budget_mod
@@ -72,6 +72,39 @@ def test_planning_budget_reads_the_manifest_else_the_device(tiny_manifest, monke
         budget_mod.device_memory_bytes.cache_clear()
     monkeypatch.undo()
     assert budget_mod.host_available_bytes() > 0  # the real /proc/meminfo reading
+
+
+def test_stages_share_cores_where_a_hosts_threads_outnumber_its_cores(monkeypatch) -> None:
+    """4 single-threaded processes on 2 cores share them, 2 do not; a GPU rank never shares
+    (its device is its own). The trainer's reading: torchrun's LOCAL_WORLD_SIZE, this process's
+    threads, its affinity mask."""
+    assert budget_mod.cores_are_shared(4, 1, 2) and budget_mod.cores_are_shared(2, 2, 3)
+    assert not budget_mod.cores_are_shared(2, 1, 2)
+    cores = len(budget_mod.os.sched_getaffinity(0))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    for local, expected in ((cores + 1, True), (cores, False)):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local))
+        budget_mod.stages_share_cores.cache_clear()
+        try:
+            assert budget_mod.stages_share_cores(torch.device("cpu")) is expected
+            assert budget_mod.stages_share_cores(torch.device("cuda")) is False
+        finally:
+            budget_mod.stages_share_cores.cache_clear()
+
+
+def test_omni_plan_shows_auto_on_shared_cores_as_the_manifest_says(tiny_manifest) -> None:
+    """``sharedCores: true`` with room for front-loading: ``omni plan`` shows front_loaded's
+    table under ``auto``; unset, the table of stages on cores of their own."""
+
+    def plan(policy: str, **encoder):
+        cfg = _cfg(tiny_manifest, micro_batch_size=1, memoryBudget="1Ti", **encoder)
+        return plan_step(cfg, world_size=2, policy=policy, device_bytes=1e12)
+
+    front, shared = plan("front_loaded").table, plan("auto", sharedCores=True).table
+    assert (shared.forward, shared.backward) == (front.forward, front.backward)
+    dedicated = plan("auto")
+    assert dedicated.table.forward != front.forward
+    assert dedicated.simulation["makespan"] < simulate(front)["makespan"]
 
 
 def test_omni_plan_budgets_auto_like_the_trainer(tiny_manifest) -> None:

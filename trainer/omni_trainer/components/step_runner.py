@@ -34,7 +34,7 @@ from omni_trainer.multiplex.anchor import EncoderAnchor, EncoderWork, build_work
 from omni_trainer.multiplex.dataflow import PRE, DataflowTable, plan_dataflow
 from omni_trainer.multiplex.workload import encoder_micro_batches, media_encoded_on
 from omni_trainer.planner.budget import device_memory_bytes as device_bytes
-from omni_trainer.planner.budget import planning_budget
+from omni_trainer.planner.budget import planning_budget, stages_share_cores
 
 
 class StepRunner:
@@ -68,6 +68,11 @@ class StepRunner:
                 if cfg.parallelism.sequence_parallel_on
                 else None
             ),
+        )
+        encoder = cfg.parallelism.encoder
+        shared = encoder.shared_cores
+        self.shared_cores = encoder.policy == "auto" and (
+            stages_share_cores(self.device) if shared is None else shared
         )
         self.forward_backward_func = get_forward_backward_func()
         self.chunks[0].config.finalize_model_grads_func = self._finalize_grads
@@ -137,6 +142,7 @@ class StepRunner:
             vpp=dims.vpp,
             num_microbatches=len(micro),
             encoder_mbs=encoder_mbs,
+            shared_cores=self.shared_cores,
             **planning_budget(self.cfg, dims, groups_of_seqs, partial(device_bytes, self.device)),
         )
         mine = media_encoded_on(table, self.groups.anchor.stage)

@@ -52,6 +52,13 @@ class EncoderParallelConfig(Spec):
         "most the device's memory (a GPU's total, or the host's available memory divided by "
         "the local processes) minus the LLM's static bytes and activation peak",
     )
+    shared_cores: bool | None = Field(
+        None,
+        description="auto: whether the pipeline's stages share CPU cores (a local run whose "
+        "processes have more threads than the host has cores); then a stage's idle time is "
+        "another's compute, so auto does not fill it with encoder work and takes the "
+        "front-loaded table wherever it fits memoryBudget; default: detected (false on GPUs)",
+    )
     zero: Literal[0, 2] | None = Field(
         None,
         description="2: shard encoder gradients and optimizer state over all encoder replicas "

@@ -793,13 +793,19 @@ def _plan_auto(
     proto: DataflowTable,
     budget: float | Sequence[float] | None,
     device_budget: float | Sequence[float] | None,
+    shared_cores: bool,
 ) -> tuple[dict[int, Slot], dict[int, Slot]]:
     """The greedy plan, or the fixed policy's table where that one is better in the time model
     (:func:`_rank`: least excess of a stage over its budget, then makespan, then peak), refined
-    by :class:`_Refiner`: never worse than any of them."""
+    by :class:`_Refiner`: never worse than any of them. With ``shared_cores``, ``front_loaded``'s
+    table wherever it fits the budgets: idle time is not free there (see :func:`plan_dataflow`)."""
     kw = {"pp": proto.pp, "vpp": proto.vpp, "num_microbatches": proto.num_microbatches}
     fixed = [plan_dataflow(p, **kw, encoder_mbs=proto.encoder_mbs) for p in _FIXED]
     budgets = _auto_budgets(max(_stage_peaks(fixed[0])), budget, device_budget, proto.pp)
+    front = fixed[_FIXED.index("front_loaded")]
+    fits = round(max(p - b for p, b in zip(_stage_peaks(front), budgets, strict=True)), 9) <= 0
+    if shared_cores and fits:
+        return dict(front.forward), dict(front.backward)
     fwd, bwd = _AutoPlanner(proto, budgets).plan()
     greedy = DataflowTable(**kw, encoder_mbs=proto.encoder_mbs, forward=fwd, backward=bwd)
 
@@ -821,6 +827,21 @@ def _rank(
     makespan, the largest peak (rounded so float noise never decides)."""
     excess = max(p - b for p, b in zip(peaks, budgets, strict=True))
     return round(max(excess, 0.0), 9), round(makespan, 9), max(peaks)
+
+
+def _put(g: _Graph, e: EncoderMicroBatch, k: int, i: int, j: int, sign: int) -> None:
+    """Add (``sign`` 1) or remove (-1) ``e`` at forward slot ``i`` and backward slot ``j`` of
+    stage ``k``: their weights, and the edges to stage 0's F(m,0) and from its B(m,0)."""
+    need, grad = g.op[(0, "F", e.microbatch, 0)], g.op[(0, "B", e.microbatch, 0)]
+    f, b = g.slot[(k, i)], g.slot[(k, j)]
+    g.weight[f] += sign * e.cost
+    g.weight[b] += sign * 2.0 * e.cost
+    if sign > 0:
+        g.edge(f, need)
+        g.edge(grad, b)
+    else:
+        g.unedge(f, need)
+        g.unedge(grad, b)
 
 
 _REFINE_WORK: Final = 2_000_000
@@ -868,24 +889,10 @@ class _Refiner:
         makespan = self.g.makespan(times)
         return _rank(peaks, self.budgets, makespan)
 
-    def _place(self, e: EncoderMicroBatch, k: int, i: int, j: int, sign: int) -> None:
-        """Add (``sign`` 1) or remove (-1) ``e`` at forward slot ``i``, backward ``j`` of ``k``."""
-        g = self.g
-        need, grad = g.op[(0, "F", e.microbatch, 0)], g.op[(0, "B", e.microbatch, 0)]
-        f, b = g.slot[(k, i)], g.slot[(k, j)]
-        g.weight[f] += sign * e.cost
-        g.weight[b] += sign * 2.0 * e.cost
-        if sign > 0:
-            g.edge(f, need)
-            g.edge(grad, b)
-        else:
-            g.unedge(f, need)
-            g.unedge(grad, b)
-
     def _move(self, e: EncoderMicroBatch) -> bool:
         """Place ``e`` at its best pair; True when that is better than where it was."""
         g, old = self.g, (self.fwd[e.id].stage, self.fwd[e.id].index, self.bwd[e.id].index)
-        self._place(e, *old, -1)
+        _put(g, e, *old, -1)
         need, grad = g.op[(0, "F", e.microbatch, 0)], g.op[(0, "B", e.microbatch, 0)]
         after_need, before_grad = g.reach(need), g.reach(grad, reverse=True)
         times = g.start_times()
@@ -895,22 +902,26 @@ class _Refiner:
         # no place beats the step and the peaks without e: at that bound, nothing to search
         bound = self._key(times, base)
         best, choice = self.key, old
-        for k, i, j in self._pairs(e, old, times, ready, after_need, before_grad):
-            if self.left <= 0 or best <= bound:
-                break
-            self._place(e, k, i, j, 1)
-            live = [
+        live = [  # per stage, the other mbs' (forward, backward, memory): they stay put here
+            [
                 (self.fwd[x.id].index, self.bwd[x.id].index, x.memory)
                 for x in self.order
                 if x.id != e.id and self.fwd[x.id].stage == k
             ]
-            peaks = [*base[:k], _peak_live([*live, (i, j, e.memory)], PRE, POST), *base[k + 1 :]]
+            for k in range(self.table.pp)
+        ]
+        for k, i, j in self._pairs(e, old, times, ready, after_need, before_grad):
+            if self.left <= 0 or best <= bound:
+                break
+            _put(g, e, k, i, j, 1)
+            mine = _peak_live([*live[k], (i, j, e.memory)], PRE, POST)
+            peaks = [*base[:k], mine, *base[k + 1 :]]
             key = self._key(g.start_times(), peaks)
-            self._place(e, k, i, j, -1)
+            _put(g, e, k, i, j, -1)
             self.left -= 1
             if key < best:
                 best, choice = key, (k, i, j)
-        self._place(e, *choice, 1)
+        _put(g, e, *choice, 1)
         self.fwd[e.id], self.bwd[e.id] = Slot(choice[0], choice[1]), Slot(choice[0], choice[2])
         moved, self.key = best < self.key, best
         return moved
@@ -1007,12 +1018,12 @@ class _AutoPlanner:
         best: tuple[tuple[float, ...], int, int, int] | None = None
         for k in range(self.table.pp):
             for i in self._candidates(k, after_need, times):
-                key, j = self._try(e, k, i, need, grad, before_grad, times)
+                key, j = self._try(e, k, i, grad, before_grad, times)
                 if best is None or key < best[0]:
                     best = (key, k, i, j)
         assert best is not None  # PRE of every stage precedes stage 0's F(m, 0)
         _, k, i, j = best
-        self._apply(e, k, i, j, need, grad)
+        _put(g, e, k, i, j, 1)
         self.fwd[e.id], self.bwd[e.id] = Slot(k, i), Slot(k, j)
         self.last_f[k], self.last_b[k] = i, j
         self.live[k].append((i, j, e.memory))
@@ -1039,20 +1050,6 @@ class _AutoPlanner:
         keep = {PRE, *valid[-2:], *idle}
         return [i for i in valid if i in keep]
 
-    def _apply(self, e: EncoderMicroBatch, k: int, i: int, j: int, need: int, grad: int) -> None:
-        g = self.g
-        g.weight[g.slot[(k, i)]] += e.cost
-        g.edge(g.slot[(k, i)], need)
-        g.weight[g.slot[(k, j)]] += 2.0 * e.cost
-        g.edge(grad, g.slot[(k, j)])
-
-    def _undo(self, e: EncoderMicroBatch, k: int, i: int, j: int, need: int, grad: int) -> None:
-        g = self.g
-        g.weight[g.slot[(k, i)]] -= e.cost
-        g.unedge(g.slot[(k, i)], need)
-        g.weight[g.slot[(k, j)]] -= 2.0 * e.cost
-        g.unedge(grad, g.slot[(k, j)])
-
     def _backward_slots(
         self, k: int, i: int, grad: int, before_grad: set[int], times: list[float]
     ) -> list[int]:
@@ -1074,21 +1071,18 @@ class _AutoPlanner:
         e: EncoderMicroBatch,
         k: int,
         i: int,
-        need: int,
         grad: int,
         before_grad: set[int],
         times: list[float],
     ) -> tuple[tuple[float, ...], int]:
         js = self._backward_slots(k, i, grad, before_grad, times)
-        return min(self._score(e, k, i, j, need, grad) for j in js)
+        return min(self._score(e, k, i, j) for j in js)
 
-    def _score(
-        self, e: EncoderMicroBatch, k: int, i: int, j: int, need: int, grad: int
-    ) -> tuple[tuple[float, ...], int]:
+    def _score(self, e: EncoderMicroBatch, k: int, i: int, j: int) -> tuple[tuple[float, ...], int]:
         g = self.g
-        self._apply(e, k, i, j, need, grad)
+        _put(g, e, k, i, j, 1)
         times = g.start_times()
-        self._undo(e, k, i, j, need, grad)
+        _put(g, e, k, i, j, -1)
         assert times is not None  # i precedes need, j follows grad: no cycle
         makespan = g.makespan(times)
         excess = max(0.0, _peak_live([*self.live[k], (i, j, e.memory)], i, j) - self.budgets[k])
@@ -1111,6 +1105,7 @@ def plan_dataflow(
     encoder_mbs: Iterable[EncoderMicroBatch],
     budget: float | Sequence[float] | None = None,
     device_budget: float | Sequence[float] | None = None,
+    shared_cores: bool = False,
 ) -> DataflowTable:
     """Build a valid table with one of the policies (the result always passes validation).
 
@@ -1129,7 +1124,12 @@ def plan_dataflow(
       ``front_loaded`` fits it, ``auto`` is at least as fast; None: :data:`HEADROOM` x the
       largest stage peak of the ``uniform`` table, and at most ``device_budget`` (what the
       device leaves beside the LLM, see :mod:`omni_trainer.planner.budget`), so ``auto`` holds
-      barely more encoder activations than on-demand insertion. Only ``auto`` reads them.
+      barely more encoder activations than on-demand insertion. ``shared_cores``: the stages
+      share fewer CPU cores than they have threads (a local run), so one stage's idle time is
+      another's compute and filling it gains nothing the time model (a device per stage) would
+      credit; ``auto`` then takes ``front_loaded``'s table wherever that fits the budget (no
+      encoder work inside the LLM schedule, nothing to search), and plans as above elsewhere.
+      Only ``auto`` reads these three.
 
     - ``stage0``: the unimodal-like baseline; every encoder mb on stage 0 just before F(m,0),
       backward at the first stage-0 slot after B(m,0) (or POST).
@@ -1167,7 +1167,7 @@ def plan_dataflow(
     elif policy == "uniform":
         fwd, bwd = _plan_uniform(proto, _lpt(mbs, pp))
     elif policy == "auto":
-        fwd, bwd = _plan_auto(proto, budget, device_budget)
+        fwd, bwd = _plan_auto(proto, budget, device_budget, shared_cores)
     else:
         raise DataflowError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
     table = DataflowTable(pp, vpp, num_microbatches, mbs, fwd, bwd, policy=policy)

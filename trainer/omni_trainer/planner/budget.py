@@ -2,7 +2,9 @@
 
 Like the simulator's :func:`~omni_trainer.planner.simulate.encoder_budget`: the device's memory
 minus the LLM's static bytes and the peak of its own activations in the pipeline schedule
-without encoders. Pure Python except :func:`device_memory_bytes` (torch, imported there).
+without encoders. Also whether the stages share CPU cores (then ``auto`` front-loads where that
+fits). Pure Python except :func:`device_memory_bytes` and :func:`stages_share_cores` (torch,
+imported there).
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ if TYPE_CHECKING:
     from omni_trainer.config import TrainerConfig
 
 __all__ = [
+    "cores_are_shared",
     "device_memory_bytes",
     "encoder_budget",
     "host_available_bytes",
     "llm_activation_peaks",
     "planning_budget",
+    "stages_share_cores",
     "trainer_layout",
 ]
 
@@ -117,6 +121,33 @@ def device_memory_bytes(device: torch.device) -> float:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         mine = float(comm.all_reduce(torch.tensor([mine], dtype=torch.float64), op="min").item())
     return mine
+
+
+def cores_are_shared(processes: int, threads: int, cores: int) -> bool:
+    """Whether a host's ``processes`` of ``threads`` each outnumber its ``cores``: then the
+    stages on it compete for them, and one stage's wait is another's compute."""
+    return processes * threads > cores
+
+
+@functools.cache
+def stages_share_cores(device: torch.device) -> bool:
+    """Whether any host's ranks share CPU cores (:func:`cores_are_shared` of its local
+    processes, this process's threads and the cores it may run on); never on GPUs, where each
+    rank has its own device. Agreed over all ranks (every rank plans the same table), measured
+    once per process."""
+    import torch
+
+    from omni_trainer.distributed import comm
+
+    shared = device.type != "cuda" and cores_are_shared(
+        int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+        torch.get_num_threads(),
+        len(os.sched_getaffinity(0)),
+    )
+    flag = torch.tensor([float(shared)], dtype=torch.float64)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        flag = comm.all_reduce(flag, op="max")
+    return bool(flag.item())
 
 
 def planning_budget(
