@@ -550,6 +550,12 @@ def report(
             else f"{x} vs {y} median step-time ratio {r.median:.3f} (min {r.low:.3f}, "
             f"max {r.high:.3f}, {r.n} runs)"
         )
+    if all("threads" in run for run in runs):  # rank 0's, after each run in launch order
+        threads, rss = [run["threads"] for run in runs], [run["rss"] / 2**20 for run in runs]
+        lines.append(
+            f"rank 0 after each run: threads {min(threads)}-{max(threads)} (first {threads[0]}, "
+            f"last {threads[-1]}), RSS first {rss[0]:.0f} MiB, last {rss[-1]:.0f} MiB"
+        )
     curves = [run["summary"]["loss_curve"] for run in runs]
     same = all(abs(a - b) < 1e-5 for c in curves for a, b in zip(c, curves[0], strict=True))
     lines.append(f"loss curves of all {len(runs)} runs equal within 1e-5: {same}")
