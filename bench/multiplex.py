@@ -212,7 +212,7 @@ def launch(job: dict, *, nproc: int, steps: int, repeats: int, policies: tuple[s
             sys.exit(f"bench launch failed\n{stdout[-2000:]}\n{stderr[-4000:]}")
         runs = json.loads(out.read_text())
         for run in runs:
-            run["others_cores"] = others_cores(samples, *run["window"])
+            run["launch_cores"], run["others_cores"] = cores_used(samples, *run["window"])
         return runs
 
 
@@ -234,14 +234,18 @@ def _sample_cpu(pid: int, samples: list[tuple[float, float, float]], done: threa
         samples.append((time.time(), busy, mine))
 
 
-def others_cores(samples: list[tuple[float, float, float]], start: float, end: float) -> float:
-    """Cores the machine's other processes kept busy between ``start`` and ``end``: its busy
-    CPU seconds less this launch's, over the elapsed time (0 with fewer than 2 samples)."""
+def cores_used(
+    samples: list[tuple[float, float, float]], start: float, end: float
+) -> tuple[float, float]:
+    """Cores this launch and the machine's other processes kept busy between ``start`` and
+    ``end``: the launch's CPU seconds, and the machine's busy ones less those, over the elapsed
+    time ((0, 0) with fewer than 2 samples)."""
     inside = [x for x in samples if start <= x[0] <= end]
     if len(inside) < 2:
-        return 0.0
+        return 0.0, 0.0
     (t0, busy0, mine0), (t1, busy1, mine1) = inside[0], inside[-1]
-    return max(0.0, ((busy1 - busy0) - (mine1 - mine0)) / (t1 - t0))
+    mine = (mine1 - mine0) / (t1 - t0)
+    return mine, max(0.0, (busy1 - busy0) / (t1 - t0) - mine)
 
 
 # ---------------------------------------------------------------------------- analysis (pure)
@@ -556,6 +560,14 @@ def report(
             f"rank 0 after each run: threads {min(threads)}-{max(threads)} (first {threads[0]}, "
             f"last {threads[-1]}), RSS first {rss[0]:.0f} MiB, last {rss[-1]:.0f} MiB"
         )
+    if all("launch_cores" in run for run in runs):
+        cells = [
+            f"{p} {statistics.median(r['launch_cores'] for r in runs if r['policy'] == p):.2f}"
+            for p in policies
+        ]
+        others = statistics.median(run["others_cores"] for run in runs)
+        lines.append(f"cores busy, median over runs: this launch {', '.join(cells)}; "
+                     f"other processes {others:.2f}")  # fmt: skip
     curves = [run["summary"]["loss_curve"] for run in runs]
     same = all(abs(a - b) < 1e-5 for c in curves for a, b in zip(c, curves[0], strict=True))
     lines.append(f"loss curves of all {len(runs)} runs equal within 1e-5: {same}")

@@ -162,10 +162,10 @@ def test_backward_over_forward_ratios_come_from_the_op_log(bench) -> None:
     assert ratios[0] == pytest.approx((1.5, 1.5)) and ratios[1] == (2.0, 2.0)
 
 
-def test_others_cores_is_the_machines_cpu_less_this_launchs_over_the_window(bench) -> None:
+def test_cores_used_are_the_launchs_and_the_machines_cpu_less_it_over_the_window(bench) -> None:
     """Samples (time, machine busy CPU s, launch CPU s): between t=1 and t=3 the machine used
-    3.0 CPU s and the launch 2.2: others kept 0.4 cores busy; outside the window nothing counts,
-    and one sample is no measurement."""
+    3.0 CPU s and the launch 2.2: the launch kept 1.1 cores busy, others 0.4; outside the window
+    nothing counts, and one sample is no measurement."""
     samples = [
         (0.0, 0.0, 0.0),
         (1.0, 10.0, 5.0),
@@ -173,5 +173,5 @@ def test_others_cores_is_the_machines_cpu_less_this_launchs_over_the_window(benc
         (3.0, 13.0, 7.2),
         (9.0, 99.0, 9.0),
     ]
-    assert bench.others_cores(samples, 1.0, 3.0) == pytest.approx(0.4)
-    assert bench.others_cores(samples, 1.5, 2.5) == 0.0
+    assert bench.cores_used(samples, 1.0, 3.0) == pytest.approx((1.1, 0.4))
+    assert bench.cores_used(samples, 1.5, 2.5) == (0.0, 0.0)
