@@ -36,7 +36,10 @@ def _fault(cwd: Path, *args: str) -> str:
 
 
 def test_a_throttled_node_is_reported_as_a_straggler(tmp_path: Path) -> None:
-    _job_yaml(tmp_path / "job.yaml", steps=400)
+    """Margin 0.4: the throttled node's busy time measured 1.66x its peer's (quiet machine),
+    while on CI, beside the other test lane, the unthrottled node was once 1.24x its peer for
+    the 10 steps and was reported first under the default 0.2."""
+    _job_yaml(tmp_path / "job.yaml", steps=400, margin=0.4)
     with Sandbox(tmp_path, nodes=2) as sb:
         sb.kubectl("apply", "-f", "job.yaml")
 
@@ -58,7 +61,7 @@ def test_a_throttled_node_is_reported_as_a_straggler(tmp_path: Path) -> None:
         assert cond["reason"] == "SlowNode" and f"node {node} (rank 1)" in cond["message"], cond
         (entry,) = [s for s in status()["stragglers"] if s["detectedStep"] is not None]
         assert entry["node"] == node and entry["nodeRank"] == 1
-        assert entry["busySeconds"] > 1.2 * entry["medianSeconds"], entry
+        assert entry["busySeconds"] > 1.4 * entry["medianSeconds"], entry
         assert entry["detectedStep"] - entry["slowSinceStep"] >= 10
         events = json.loads(sb.kubectl("get", "events", "--field-selector",
                                        "involvedObject.name=tiny-cpu", "-o", "json"))  # fmt: skip
