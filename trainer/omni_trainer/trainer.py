@@ -118,7 +118,9 @@ class Trainer:
     # -- the loop ---------------------------------------------------------------------------
     def train(self) -> RunSummary:
         dims = self.groups.dims
-        shared = " (stages share CPU cores: front-loaded where it fits)" * self.runner.shared_cores
+        shared = ""
+        if self.runner.shared_cores:
+            shared = " (stages share CPU cores: front-loaded where it fits)"
         self.reporter.start(
             self.steps,
             f"{self.steps} steps, layout {dims.describe()} (world {dims.world_size}), "
