@@ -1,10 +1,14 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
+
+# NCCL's rules on CPU for every process the suite starts (omni_trainer.distributed.strict).
+os.environ.setdefault("OMNI_STRICT_COLLECTIVES", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"

@@ -86,6 +86,7 @@ def context_plans(local: list, micro: list, micro_batch_size: int, groups) -> li
 
 def run_scenario(doc: dict, steps: int, out: Path | None) -> dict:
     from omni_trainer.config import parse_manifest
+    from omni_trainer.distributed import strict
     from omni_trainer.distributed.config import ParallelDims
     from omni_trainer.mcore.parallel import build_process_groups, init_distributed
     from omni_trainer.trainer import Trainer
@@ -98,6 +99,7 @@ def run_scenario(doc: dict, steps: int, out: Path | None) -> dict:
         reorder_group_size=cfg.data.reorder.group_size,
     )
     trainer = Trainer(cfg, groups=groups, steps=steps)
+    audited_before = strict.audited()
     losses, grads, seen, moved = [], {}, [], []
     next_local_batch = trainer.data.next_local_batch
 
@@ -180,6 +182,9 @@ def run_scenario(doc: dict, steps: int, out: Path | None) -> dict:
                     "buckets": len(getattr(trainer.main, "buckets", ())),
                     "buckets_overlapped": getattr(trainer.main, "buckets_overlapped", 0),
                     "memory": memory,
+                    "strict": {
+                        k: v - audited_before[k] for k, v in strict.audited().items()
+                    },  # what the strict collectives audit checked in this scenario
                 }
             )
         )

@@ -24,16 +24,16 @@ cfg = PreflightConfig(size_mb=1, iterations=3, timeout_seconds=5)
 if scenario == "healthy":  # three processes share two busy cores: a healthy link's figure
     cfg = cfg.model_copy(update={"min_fraction_of_median": 0.1})  # swings with the scheduler
 if scenario == "slow" and rank == 1:
-    exchange = dist.batch_isend_irecv
+    send = dist.isend
 
-    def late(ops):
+    def late(*args, **kwargs):
         time.sleep(0.2)
-        return exchange(ops)
+        return send(*args, **kwargs)
 
-    dist.batch_isend_irecv = late
+    dist.isend = late
 if scenario == "silent" and rank == 2:
     netcheck.comm.all_gather_object(f"n{rank}")  # joins the gang, then stops answering
-    netcheck.comm.new_group(timeout_s=cfg.timeout_seconds)
+    netcheck.preflight_groups(cfg)
     time.sleep(15)
     os._exit(0)
 result = netcheck.run_preflight(cfg, rank=rank, node=f"n{rank}")

@@ -59,8 +59,11 @@ def launch(world: int, scenarios: dict[str, dict], steps: int, out: Path) -> Pat
 
 
 def assert_same_training(scenario: Path, reference: dict) -> None:
-    """Loss of every step within 1e-6; gradients after step 1 within 1e-5 abs + 1e-4 rel."""
+    """Loss of every step within 1e-6; gradients after step 1 within 1e-5 abs + 1e-4 rel; and
+    every rank audited every step under strict collectives (``distributed.strict``)."""
     losses = json.loads((scenario / "losses.json").read_text())
+    for f in sorted(scenario.glob("data*.json")):
+        assert json.loads(f.read_text())["strict"]["audits"] == len(losses), (scenario.name, f.name)
     assert losses == pytest.approx(reference["losses"], abs=1e-6), scenario.name
     grads: dict[str, torch.Tensor] = {}
     for f in sorted(scenario.glob("rank*.pt")):

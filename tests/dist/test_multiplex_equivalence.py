@@ -74,6 +74,16 @@ def test_every_layout_and_policy_equals_one_process(launched, reference) -> None
         assert_same_training(out / name, reference)
 
 
+def test_encoder_traffic_passed_the_strict_audit(launched) -> None:
+    """Every layout's point-to-point ops (the anchor's and megatron's) were audited: each pair's
+    unbatched ops mirror, as NCCL needs (a mismatch fails the launch itself)."""
+    world, out = launched
+    for name, *_ in LAYOUTS[world]:
+        for policy in POLICIES:
+            rows = (out / f"{name}-{policy}").glob("data*.json")
+            assert sum(json.loads(f.read_text())["strict"]["p2p"] for f in rows), (name, policy)
+
+
 def test_gradients_are_not_trivially_equal(reference) -> None:
     """Guards the comparison: the reference has real, non-zero gradients everywhere it should."""
     grads = reference["grads"]

@@ -20,7 +20,7 @@ from omni_trainer.components.model_parts import ModelParts
 from omni_trainer.components.timing import PhaseTimer
 from omni_trainer.config import TrainerConfig
 from omni_trainer.data.packing import MicroBatch, PackedSequence, collate, split_micro_batches
-from omni_trainer.distributed import comm
+from omni_trainer.distributed import comm, strict
 from omni_trainer.mcore.parallel import ProcessGroups, schedule_kwargs
 from omni_trainer.models.batch import (
     DeviceBatch,
@@ -215,6 +215,7 @@ class StepRunner:
         """Called by megatron after the last backward: the anchor's POST slot, the arrival
         barrier, then the gradient reduction (which so starts together on every rank)."""
         self.anchor.end_step()
+        strict.audit()  # OMNI_STRICT_COLLECTIVES: this step's P2P, the last step's collectives
         self.arrive()
         with self.timer.span("sync"):
             self.parts.reduce_gradients()

@@ -9,7 +9,7 @@ backend that should carry it. Here:
   so a CPU scalar (a loss sum, a token count) never reaches NCCL;
 - object exchanges (sequence metadata, pickled sequences, loader states) travel as CPU tensors,
   i.e. over the gloo side of the group;
-- :func:`warm_up_p2p` creates the lazily built NCCL pair communicators before step 1, in the
+- :func:`warm_up_pairs` creates the lazily built NCCL pair communicators before step 1, in the
   same order on both ends, so the first step cannot deadlock on their creation.
 
 ``tests/unit/distributed/test_comm_owner.py`` fails when a collective is called anywhere else.
@@ -202,18 +202,19 @@ def _require_on_comm_device(tensor: Tensor, group: Group) -> None:
         )
 
 
-def warm_up_p2p(peers: Iterable[int], *, group: Group) -> None:
-    """One tiny exchange with each peer (global ranks), so NCCL creates every pair communicator
-    now rather than inside a pipeline step. Peers must be symmetric: if b is a's, a is b's."""
-    mine = sorted(set(peers) - {dist.get_rank()})
-    if not mine:
-        return
-    device = comm_device(group)
-    out = torch.zeros(1, device=device)
-    bufs = [torch.empty(1, device=device) for _ in mine]
-    ops = [dist.P2POp(dist.isend, out, p, group=group) for p in mine]
-    ops += [dist.P2POp(dist.irecv, b, p, group=group) for p, b in zip(mine, bufs, strict=True)]
-    for work in dist.batch_isend_irecv(ops):
+def warm_up_pairs(channels: Iterable[tuple[Group, int]]) -> None:
+    """Create the NCCL pair communicator of each (group, global peer rank) now rather than
+    inside a step: one element from the lower rank of the pair to the higher. Both ends must
+    list each pair, in an order every rank agrees on (NCCL builds a communicator with both
+    ends blocking)."""
+    me, works, bufs = dist.get_rank(), [], []
+    for group, peer in channels:
+        bufs.append(torch.zeros(1, device=comm_device(group)))
+        if me < peer:
+            works.append(isend(bufs[-1], dst=peer, group=group))
+        else:
+            works.append(irecv(bufs[-1], src=peer, group=group))
+    for work in works:
         work.wait()
 
 
@@ -241,19 +242,24 @@ def _synchronize(device: torch.device) -> None:
 
 
 def timed_exchange(
-    peer: int, *, nbytes: int, iterations: int, group: Group, timeout_s: float
+    peer: int, *, nbytes: int, iterations: int, groups: tuple[Group, Group], timeout_s: float
 ) -> float | None:
     """Seconds per simultaneous send and receive of ``nbytes`` with global rank ``peer``, or
-    None when the peer did not answer within ``timeout_s`` (each wait is bounded)."""
-    device = comm_device(group)
+    None when the peer did not answer within ``timeout_s`` (each wait is bounded).
+
+    Unbatched, so only the pair's communicators take part (a batch that is a group's first
+    operation must be entered by every rank of the group). The lower rank sends over
+    ``groups[0]`` and receives over ``groups[1]``, the higher the other way round: each pair
+    communicator carries one way, in the same order on both ends, and both ways run at once."""
+    device = comm_device(groups[0])
     out = torch.ones(max(nbytes // 4, 1), device=device)
     into = torch.empty_like(out)
     bound = timedelta(seconds=timeout_s)
+    send_group, recv_group = groups if dist.get_rank() < peer else groups[::-1]
 
     def once() -> None:
-        ops = [dist.P2POp(dist.isend, out, peer, group=group)]
-        ops.append(dist.P2POp(dist.irecv, into, peer, group=group))
-        for work in dist.batch_isend_irecv(ops):
+        works = [isend(out, dst=peer, group=send_group), irecv(into, src=peer, group=recv_group)]
+        for work in works:
             work.wait(bound)
 
     try:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 import torch
 
-from omni_trainer.distributed import comm
+from omni_trainer.distributed import comm, strict
 from omni_trainer.distributed.netcheck_rules import (
     EXIT_PREFLIGHT,
     Link,
@@ -59,30 +59,45 @@ def run_preflight(cfg: PreflightConfig, *, rank: int, node: str) -> PreflightRes
     if not cfg.applies(len(gang.nodes)):
         return None
     try:
-        group = comm.new_group(timeout_s=cfg.timeout_seconds)
+        groups = preflight_groups(cfg)
     except RuntimeError:  # a rank never joined: nothing can be timed, nobody can be named
         return PreflightResult(nodes={}, complete=False, seconds=time.perf_counter() - start)
-    mine = _ring(gang, cfg, group)
+    mine = _ring(gang, cfg, groups)
     try:
-        result = _gathered(gang, cfg, group, mine)
+        result = _gathered(gang, cfg, groups, mine)
     except RuntimeError:  # a peer stopped answering: each leader names its silent neighbours
         result = _alone(gang, mine)
+    else:
+        strict.audit()  # OMNI_STRICT_COLLECTIVES: every rank answered, so every rank is here
     result.seconds = time.perf_counter() - start
     return result
 
 
-def _exchange(gang: _Gang, other: str, cfg: PreflightConfig, group: comm.Group) -> float | None:
+def preflight_groups(cfg: PreflightConfig) -> tuple[comm.Group, comm.Group]:
+    """Two groups over the world whose operations give up after ``timeoutSeconds`` (every rank
+    creates them): collectives run on the first, a link's two ways on one each."""
+    return (
+        comm.new_group(timeout_s=cfg.timeout_seconds),
+        comm.new_group(timeout_s=cfg.timeout_seconds),
+    )
+
+
+def _exchange(
+    gang: _Gang, other: str, cfg: PreflightConfig, groups: tuple[comm.Group, comm.Group]
+) -> float | None:
     seconds = comm.timed_exchange(
         gang.leaders[other],
         nbytes=cfg.nbytes,
         iterations=cfg.iterations,
-        group=group,
+        groups=groups,
         timeout_s=cfg.timeout_seconds,
     )
     return link_gbps(cfg.nbytes, seconds)
 
 
-def _ring(gang: _Gang, cfg: PreflightConfig, group: comm.Group) -> dict[Link, float | None]:
+def _ring(
+    gang: _Gang, cfg: PreflightConfig, groups: tuple[comm.Group, comm.Group]
+) -> dict[Link, float | None]:
     """This leader's ring links (GB/s, None: no answer); empty on other ranks."""
     mine: dict[Link, float | None] = {}
     if not gang.leads(gang.node):
@@ -92,7 +107,7 @@ def _ring(gang: _Gang, cfg: PreflightConfig, group: comm.Group) -> dict[Link, fl
         for a, b in phase:
             if me in (a, b):
                 other = gang.nodes[b if me == a else a]
-                mine[(gang.nodes[a], gang.nodes[b])] = _exchange(gang, other, cfg, group)
+                mine[(gang.nodes[a], gang.nodes[b])] = _exchange(gang, other, cfg, groups)
     return mine
 
 
@@ -110,9 +125,13 @@ def _slower(a: float | None, b: float | None) -> float | None:
 
 
 def _gathered(
-    gang: _Gang, cfg: PreflightConfig, group: comm.Group, mine: dict[Link, float | None]
+    gang: _Gang,
+    cfg: PreflightConfig,
+    groups: tuple[comm.Group, comm.Group],
+    mine: dict[Link, float | None],
 ) -> PreflightResult:
     """The verdict every rank agrees on: world figures, ring links, suspects retimed."""
+    group = groups[0]
     n = comm.size(group)
     slowest = torch.tensor(
         [
@@ -132,7 +151,7 @@ def _gathered(
                 continue  # it did not answer on either link: no second chance
             if gang.leads(suspect) or gang.leads(reference):
                 other = reference if gang.leads(suspect) else suspect
-                retimed[suspect] = _exchange(gang, other, cfg, group)
+                retimed[suspect] = _exchange(gang, other, cfg, groups)
         result = judge(
             gang.nodes, links, cfg, retimed=_merged(comm.all_gather_object(retimed, group=group))
         )

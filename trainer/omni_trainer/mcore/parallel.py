@@ -9,7 +9,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from omni_trainer.distributed import comm
+from omni_trainer.distributed import comm, strict
 from omni_trainer.distributed.config import ParallelDims
 from omni_trainer.mcore.cpu_compat import apply_cpu_compat
 
@@ -46,6 +46,7 @@ def init_distributed(*, timeout_s: int = 600) -> tuple[int, int, torch.device]:
     else:
         apply_cpu_compat()
         device, backend = torch.device("cpu"), "gloo"
+    strict.install()
     if not dist.is_initialized():
         if world_size == 1 and "MASTER_ADDR" not in os.environ:
             store = dist.HashStore()
@@ -67,6 +68,7 @@ def build_process_groups(
 
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
+    strict.begin_warm_up()
     ps.initialize_model_parallel(
         tensor_model_parallel_size=dims.tp,
         pipeline_model_parallel_size=dims.pp,
@@ -76,6 +78,7 @@ def build_process_groups(
     )
     anchor = build_anchor_groups(dims)
     warm_up_p2p(dims, anchor)
+    strict.end_warm_up()
     return ProcessGroups(
         dims=dims,
         rank=dist.get_rank(),
@@ -95,19 +98,40 @@ def build_process_groups(
 
 
 def warm_up_p2p(dims: ParallelDims, anchor) -> None:
-    """Create every point-to-point pair this rank will use before step 1: megatron's pipeline
-    neighbours (the ring: interleaving sends from the last stage to the first) and the anchor's
-    encoder traffic (every stage <-> stage 0's TP ranks, stage 0's TP ranks among themselves)."""
+    """Create every pair communicator the step's unbatched point-to-point ops use, before step 1
+    (NCCL builds one lazily at a pair's first op; two ranks building theirs in opposite orders
+    inside a step deadlock): megatron's pipeline pairs and the anchor's channels. Every rank
+    visits its pairs in one global order (group kind, lower rank, higher rank)."""
     from megatron.core import parallel_state as ps
 
+    me, pairs = dist.get_rank(), []
     if dims.pp > 1:
         pp_group = ps.get_pipeline_model_parallel_group()
-        ring = dist.get_process_group_ranks(pp_group)
-        stage = ps.get_pipeline_model_parallel_rank()
-        comm.warm_up_p2p([ring[(stage - 1) % dims.pp], ring[(stage + 1) % dims.pp]], group=pp_group)
-    first = anchor.stage_ranks[0]
-    peers = [r for ranks in anchor.stage_ranks for r in ranks] if anchor.stage == 0 else first
-    comm.warm_up_p2p(peers, group=anchor.p2p_group)
+        for kind, group, peer in _pipeline_channels(dims, pp_group):
+            pairs.append(((kind, min(me, peer), max(me, peer)), group, peer))
+    for index, peer in anchor.unbatched_channels():
+        pairs.append(((2 + index, min(me, peer), max(me, peer)), anchor.channels[index], peer))
+    comm.warm_up_pairs([(group, peer) for _, group, peer in sorted(pairs, key=lambda p: p[0])])
+
+
+def _pipeline_channels(dims: ParallelDims, pp_group: dist.ProcessGroup) -> list[tuple]:
+    """(kind, group, peer) of megatron's unbatched pipeline P2P (``batch_p2p_comm=False``):
+    the previous and next stage (a ring under interleaving) over the pipeline group; with two
+    stages megatron sends one way over WORLD (read against megatron-core 0.16,
+    ``pipeline_parallel/p2p_communication._p2p_ops``)."""
+    from megatron.core import parallel_state as ps
+
+    ring = dist.get_process_group_ranks(pp_group)
+    stage = ps.get_pipeline_model_parallel_rank()
+    peers = set()
+    if stage > 0 or dims.vpp > 1:
+        peers.add(ring[(stage - 1) % dims.pp])
+    if stage < dims.pp - 1 or dims.vpp > 1:
+        peers.add(ring[(stage + 1) % dims.pp])
+    channels = [(0, pp_group, p) for p in sorted(peers)]
+    if dims.pp == 2:
+        channels += [(1, dist.group.WORLD, p) for p in sorted(peers)]
+    return channels
 
 
 def seed_everything(seed: int) -> None:
@@ -136,7 +160,7 @@ def global_rank(
 
 def build_anchor_groups(dims: ParallelDims):
     """Groups of the encoder anchor: who holds stage k of this replica, the encoder SP group of
-    each (stage, replica) and a process group of its own for encoder traffic.
+    each (stage, replica) and the process groups of its own for encoder traffic.
 
     megatron orders ranks tp-cp-ep-dp-pp: rank = tp + TP * (cp + CP * (dp + DP * pp)). Each
     context-parallel rank runs its own anchor over the whole micro-batch (its stage-0 ranks then
@@ -167,14 +191,14 @@ def build_anchor_groups(dims: ParallelDims):
                 group = dist.new_group(list(ranks_of(d, c, k)))
                 if (d, c, k) == (dp_rank, cp_rank, stage):
                     sp_group = group
-    p2p_group = dist.new_group(list(range(dims.world_size)))
+    channels = tuple(dist.new_group(list(range(dims.world_size))) for _ in range(4))
     return AnchorGroups(
         rank=rank,
         stage=stage,
         tp_rank=tp_rank,
         stage_ranks=stage_ranks,
         sp_group=sp_group,
-        p2p_group=p2p_group,
+        channels=channels,
     )
 
 

@@ -15,9 +15,14 @@ megatron-core's schedules are used as released. The anchor hooks in from outside
   has produced them all (with sequence parallelism each rank its rows; without, one rank per
   piece); that rank runs the encoder backward at its next backward slot.
 
-All encoder traffic uses its own process group. Every message has a tag, and both ends issue their
-operations in the same order (ascending encoder micro-batch, then piece): gloo matches by tag,
-NCCL by order.
+Encoder traffic travels on four process groups of its own (:meth:`AnchorGroups.channel`): one per
+direction (outputs, gradients) and per way round a pair (lower to higher global rank, higher to
+lower), as megatron's unbatched pipeline P2P puts a pair's two ways on two groups. NCCL runs a
+pair communicator's unbatched ops in issue order and a send may wait for its receive, so the two
+ends of a pair must issue mirrored sequences: on a one-way channel that only needs both ends to
+issue the same messages in the same order, which they do (ascending encoder micro-batch, then
+piece), although one end sends at its encoder slot and the other receives at its LLM forward or
+backward. Every message also has a tag, which gloo matches by.
 """
 
 from __future__ import annotations
@@ -57,11 +62,30 @@ class AnchorGroups:
     tp_rank: int
     stage_ranks: tuple[tuple[int, ...], ...]  # [stage][tp_rank] -> global rank, this replica
     sp_group: dist.ProcessGroup  # this stage's encoder group (its TP ranks), for Ulysses
-    p2p_group: dist.ProcessGroup  # encoder traffic only
+    channels: tuple[dist.ProcessGroup, ...]  # encoder traffic only: see :meth:`channel`
 
     @property
     def tp(self) -> int:
         return len(self.stage_ranks[0])
+
+    def channel(self, direction: int, src: int, dst: int) -> dist.ProcessGroup:
+        """The group a message of ``direction`` (outputs or gradients) from global rank ``src``
+        to ``dst`` travels on: each pair communicator of it carries one kind, one way."""
+        return self.channels[2 * direction + (src > dst)]
+
+    def unbatched_channels(self) -> list[tuple[int, int]]:
+        """(channel index, peer) for every pair communicator this rank's encoder traffic can
+        use: outputs from every encoder rank of the replica to stage 0's TP ranks, gradients
+        back; the same pairs on both ends."""
+        me, first = self.rank, self.stage_ranks[0]
+        encoders = [r for ranks in self.stage_ranks for r in ranks]
+        talks = {(e, z) for e in encoders for z in first if e != z and me in (e, z)}
+        used = set()
+        for e, z in talks:
+            peer = z if me == e else e
+            used.add((2 * _FORWARD + (e > z), peer))
+            used.add((2 * _BACKWARD + (z > e), peer))
+        return sorted(used)
 
 
 @dataclass
@@ -242,7 +266,7 @@ class EncoderAnchor:
                         comm.isend(
                             rows,
                             dst=dst,
-                            group=self.groups.p2p_group,
+                            group=self.groups.channel(_FORWARD, self.groups.rank, dst),
                             tag=_tag(emb, idx, _FORWARD),
                         )
                     )
@@ -266,10 +290,9 @@ class EncoderAnchor:
                     parts.append(self._local_grads.pop((emb, idx)))
                     continue
                 buf = out.new_empty((part.hi - part.lo, *out.shape[1:]), dtype=self.dtype)
+                group = self.groups.channel(_BACKWARD, src, self.groups.rank)
                 requests.append(
-                    comm.irecv(
-                        buf, src=src, group=self.groups.p2p_group, tag=_tag(emb, idx, _BACKWARD)
-                    )
+                    comm.irecv(buf, src=src, group=group, tag=_tag(emb, idx, _BACKWARD))
                 )
                 parts.append(buf)
             grads.append(parts)
@@ -305,10 +328,9 @@ class EncoderAnchor:
                     buf = torch.empty(
                         part.hi - part.lo, self.hidden_size, device=self.device, dtype=self.dtype
                     )
+                    group = self.groups.channel(_FORWARD, src, self.groups.rank)
                     requests.append(
-                        comm.irecv(
-                            buf, src=src, group=self.groups.p2p_group, tag=_tag(emb, idx, _FORWARD)
-                        )
+                        comm.irecv(buf, src=src, group=group, tag=_tag(emb, idx, _FORWARD))
                     )
                 leaf = buf.detach().requires_grad_()
                 leaves.append((emb, idx, leaf))
@@ -365,7 +387,7 @@ class EncoderAnchor:
                     comm.isend(
                         grad.contiguous(),
                         dst=dst,
-                        group=self.groups.p2p_group,
+                        group=self.groups.channel(_BACKWARD, self.groups.rank, dst),
                         tag=_tag(emb, idx, _BACKWARD),
                     )
                 )
