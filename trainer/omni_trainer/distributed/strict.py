@@ -241,7 +241,10 @@ _audit_group: list[dist.ProcessGroup | None] = []
 def audit() -> None:
     """Every rank, at the same point: compare the logs since the last audit, then clear them.
     Raises :class:`StrictCollectiveError` on every rank when any rule is broken."""
-    if not _installed or not dist.is_initialized() or dist.get_world_size() == 1:
+    if not _installed or not dist.is_initialized():
+        return
+    if dist.get_world_size() == 1 or "fake" in str(dist.get_backend()):  # nothing to compare
+        _log.p2p, _log.collectives, _log.first_batch, _log.late = {}, {}, {}, []
         return
     from omni_trainer.distributed import comm
 
