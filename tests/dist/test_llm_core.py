@@ -16,7 +16,8 @@
   pp2 x dp2 with tied embeddings (the first and last stage's copies summed after the
   reduce-scatter, each copy in a bucket of its own) equals the tied single process.
 - ``precision: bf16`` (bf16 weights and activations, fp32 main weights and gradients) at pp2 and
-  tp2 follows the fp32 single process over 10 steps within ``BF16_TOLERANCE`` per step (measured:
+  tp2, and at dp2 with ZeRO-1 reducing gradients in bf16 (``parallelism.gradReduceDtype``),
+  follows the fp32 single process over 10 steps within ``BF16_TOLERANCE`` per step (measured:
   see the constant), and its loss falls.
 """
 
@@ -65,6 +66,9 @@ LAUNCHES = {
         "dp2-plain": scenario(parallelism={"distributedOptimizer": False}),
         "bf16-pp2": scenario(pp=2, precision="bf16"),
         "bf16-tp2": scenario(tp=2, precision="bf16"),
+        "bf16-dp2-zero1-bf16-reduce": scenario(
+            precision="bf16", parallelism=ZERO1 | {"gradReduceDtype": "bf16"}
+        ),
     },
     4: {
         "pp2xdp2-zero1-selective": scenario(pp=2, parallelism=ZERO1, recompute="selective"),
