@@ -10,7 +10,6 @@ and both Adam moments (12 bytes per parameter / dp) plus one fp32 bucket.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -72,18 +71,6 @@ class PeakTensorBytes(TorchDispatchMode):
             del self.live[key]
 
 
-@pytest.fixture
-def fake_dp8() -> Iterator[None]:
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    assert not dist.is_initialized()
-    dist.init_process_group("fake", rank=0, world_size=DP, store=FakeStore())
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 def _rank_zero_of_dp8(
     dtype: torch.dtype,
 ) -> tuple[dict[str, nn.Parameter], DistributedMainParams, torch.optim.Optimizer]:
@@ -115,7 +102,7 @@ def _state(
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_save_and_load_allocate_one_shard_plus_one_bucket(
-    fake_dp8: None, tmp_path: Path, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+    fake_world: int, tmp_path: Path, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # DCP plans rank 0 alone (its planner would hand the fake peers' copies of rank 0's plan
     # some of its writes): the files hold rank 0's chunks, not whole tensors
