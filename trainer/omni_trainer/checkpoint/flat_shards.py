@@ -9,6 +9,11 @@ partial row, whole rows, a partial row; recursively), and each box is cut again 
 tensor-parallel pieces (stride included) it spans. So every rank writes and reads only its own
 range, and a load in any other layout (another data-parallel size, no distributed optimizer, a
 checkpoint whose tensors were written whole) reads exactly the overlapping byte ranges.
+
+DCP reads a ``ShardedTensor``'s local chunks and size only; torch still checks that the global
+metadata tiles the tensor, pairwise (quadratic: listing every holder's chunks costs 2.6 s per
+tensor at dp256). So the metadata lists this rank's chunks exactly and the rest of the tensor in
+at most as many boxes again, placed on a peer.
 """
 
 from __future__ import annotations
@@ -38,14 +43,14 @@ class FlatShard:
         lo, hi: the range of the flattened TP-local tensor this rank holds (``lo == hi``: none).
         main: the 1-D fp32 main weights of the range (the optimizer's key; a load writes into
             it), None when the range is empty.
-        holders: ``(global rank, lo, hi)`` of every rank of the split at this TP position, self
-            included: the checkpoint metadata describes the whole tensor.
+        peer: the global rank of another member of the split at this TP position (this rank's
+            own when it is alone), where the metadata places the rest of the tensor.
     """
 
     lo: int
     hi: int
     main: nn.Parameter | None
-    holders: tuple[tuple[int, int, int], ...]
+    peer: int
 
 
 def flat_boxes(shape: list[int], lo: int, hi: int) -> list[tuple[list[int], list[int]]]:
@@ -139,32 +144,27 @@ def _chunks(
 
 
 class FlatLayout:
-    """The DCP chunks of one flat-split parameter: every holder's (for the metadata) and this
-    rank's (with their views into its range)."""
+    """The DCP chunks of one flat-split parameter: this rank's (with their views into its
+    range) and, for the metadata, the rest of the tensor's."""
 
     def __init__(
         self, param: nn.Parameter, shard: FlatShard, *, tp_rank: int, tp_size: int
     ) -> None:
         tp_sharded = tp_size > 1 and bool(getattr(param, "tensor_model_parallel", False))
         self.size, _, _ = _tp_pieces(param, tp_rank=tp_rank, tp_size=tp_size)
-        self.numel = shard.hi - shard.lo
         me = dist.get_rank() if dist.is_initialized() else 0
-        self.everyone: list[_Chunk] = []
-        self.mine: list[_Chunk] = []
-        # megatron's rank order (TP fastest): the holder at TP rank t is ``rank - tp_rank + t``
-        for rank, lo, hi in shard.holders:
-            for t in range(tp_size) if tp_sharded else [tp_rank]:
-                chunks = _chunks(
-                    param,
-                    lo,
-                    hi,
-                    rank=rank - tp_rank + t,
-                    tp_rank=t,
-                    tp_size=tp_size if tp_sharded else 1,
-                )
-                self.everyone.extend(chunks)
-                if rank - tp_rank + t == me:
-                    self.mine = chunks
+        n = param.numel()
+        kw = {"tp_rank": tp_rank, "tp_size": tp_size if tp_sharded else 1}
+        self.mine = _chunks(param, shard.lo, shard.hi, rank=me, **kw)
+        rest = [(0, shard.lo), (shard.hi, n)]
+        self.everyone = self.mine + [
+            c for lo, hi in rest for c in _chunks(param, lo, hi, rank=shard.peer, **kw)
+        ]
+        # megatron's rank order (TP fastest): TP rank t's whole shard is on ``me - tp_rank + t``
+        for t in range(tp_size) if tp_sharded else []:
+            if t != tp_rank:
+                whole = _chunks(param, 0, n, rank=me - tp_rank + t, tp_rank=t, tp_size=tp_size)
+                self.everyone.extend(whole)
 
     def _sharded(self, tensors: list[torch.Tensor], dtype: torch.dtype) -> ShardedTensor:
         device = tensors[0].device if tensors else torch.device("cpu")

@@ -163,21 +163,11 @@ class DistributedMainParams:
         self._origin = {
             id(m): params[pc.index] for m, pc in zip(self.main, self.pieces, strict=True)
         }
-        self._holders = self._plan_holders()
-
-    def _plan_holders(self) -> list[tuple[tuple[int, int, int], ...]]:
-        """Per parameter, ``(global rank, lo, hi)`` of every rank of the group holding a range."""
         if self.shards > 1:
-            ranks = dist.get_process_group_ranks(self.group)
+            ranks = dist.get_process_group_ranks(group)
+            self._peer = ranks[(self.rank + 1) % self.shards]  # where checkpoints place the rest
         else:
-            ranks = [dist.get_rank() if dist.is_initialized() else 0]
-        holders: list[list[tuple[int, int, int]]] = [[] for _ in self.model_params]
-        for r, global_rank in enumerate(ranks):
-            for pc in plan_pieces(
-                self.numels, self.offsets, self.buckets, shards=self.shards, rank=r
-            ):
-                holders[pc.index].append((global_rank, pc.lo, pc.hi))
-        return [tuple(h) for h in holders]
+            self._peer = dist.get_rank() if dist.is_initialized() else 0
 
     def _main_slice(self, piece: Piece) -> nn.Parameter:
         """fp32 main slice: a view of an fp32 weight (updated in place), a copy of a bf16 one."""
@@ -305,7 +295,7 @@ class DistributedMainParams:
                 lo=piece.lo if piece else 0,
                 hi=piece.hi if piece else 0,
                 main=main,
-                holders=self._holders[i],
+                peer=self._peer,
             )
         return CheckpointView(full={}, optimizer=optimizer, loaded=self.step_done, flat=flat)
 
