@@ -5,7 +5,10 @@ Why our own rather than megatron-core's ``DistributedDataParallel`` + ``Distribu
 the step keeps one torch AdamW over the LLM shards and the encoders (LR multipliers per module,
 ZeRO-2 encoders, frozen parameters), one gradient norm clipped jointly over LLM and encoders,
 and the per-parameter checkpoint format (``checkpoint/state.py``) that loads in any layout;
-megatron's optimizer would bring its own parameter groups, clipping and checkpoint layout.
+megatron's optimizer would bring its own parameter groups, clipping and checkpoint layout (a
+second format beside the one every other layout, export and ``initFrom`` read), and on CPU it
+runs only through a patch of ``device="cuda"`` in several modules, so the equivalence tests would
+exercise the patch rather than the GPU code path.
 
 Layout (as megatron's): the trainable LLM parameters are laid end to end in one fp32 gradient
 buffer, cut into buckets (each padded to a multiple of the group size); rank r of the group owns
