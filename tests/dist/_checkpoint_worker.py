@@ -19,13 +19,16 @@ import torch.distributed as dist
 def full_state(trainer) -> dict[str, torch.Tensor]:
     """Parameters and optimizer slots by global name, TP shards gathered, each once globally."""
     from omni_trainer.checkpoint.state import ModelState
+    from omni_trainer.models.init import global_llm_names
 
     state = ModelState.from_trainer(trainer)
-    opt = state.optimizer.state  # whole per-parameter state (gathered under ZeRO-1)
+    opt = state.optimizer.state
+    whole = trainer.main.full_state(trainer.optimizer)  # gathered under ZeRO-1
+    models = {n: p for c in trainer.chunks for n, p in global_llm_names(c).items()}
     tp, tp_group = trainer.groups.dims.tp, trainer.groups.tp
     out: dict[str, torch.Tensor] = {}
     for name, p in state.llm.items():
-        for key, t in {"param": p.detach(), **opt.get(p, {})}.items():
+        for key, t in whole.get(id(models[name]), {"param": p.detach()}).items():
             if tp > 1 and getattr(p, "tensor_model_parallel", False) and t.shape == p.shape:
                 shards = [torch.empty_like(t) for _ in range(tp)]
                 dist.all_gather(shards, t.contiguous(), group=tp_group)

@@ -17,7 +17,8 @@
   reduce-scatter, each copy in a bucket of its own) equals the tied single process.
 - ``precision: bf16`` (bf16 weights and activations, fp32 main weights and gradients) at pp2 and
   tp2 follows the fp32 single process over 10 steps within ``BF16_TOLERANCE`` per step (measured:
-  see the constant), and its loss falls.
+  see the constant), and its loss falls; so does dp2 ZeRO-1 with fp32 weights whose gradients
+  travel in bf16 (``parallelism.gradReduceDtype``).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ LAUNCHES = {
         "dp2-plain": scenario(parallelism={"distributedOptimizer": False}),
         "bf16-pp2": scenario(pp=2, precision="bf16"),
         "bf16-tp2": scenario(tp=2, precision="bf16"),
+        "dp2-zero1-bf16-reduce": scenario(parallelism=ZERO1 | {"gradReduceDtype": "bf16"}),
     },
     4: {
         "pp2xdp2-zero1-selective": scenario(pp=2, parallelism=ZERO1, recompute="selective"),
@@ -95,7 +97,7 @@ def test_layouts_equal_one_process(launched) -> None:
     world, out = launched
     for name in LAUNCHES[world]:
         ref = reference(STEPS[world], tied=name.endswith("tied"))
-        if name.startswith("bf16"):
+        if name.startswith("bf16") or name.endswith("bf16-reduce"):
             losses = json.loads((out / name / "losses.json").read_text())
             deviation = max(abs(a - b) for a, b in zip(losses, ref["losses"], strict=True))
             assert deviation <= BF16_TOLERANCE, (name, losses, ref["losses"])
@@ -108,7 +110,7 @@ def test_layouts_equal_one_process(launched) -> None:
         for r in ranks:  # SP really ran where TP does, and only there; bf16 weights where asked
             assert set(r["sequence_parallel"]) == {tp > 1}, name
             assert (r["sequence_parallel_params"] > 0) == (tp > 1), name
-            bf16 = name.startswith("bf16")
+            bf16 = LAUNCHES[world][name]["spec"]["trainer"]["train"].get("precision") == "bf16"
             assert r["llm_dtypes"] == ["torch.bfloat16" if bf16 else "torch.float32"], name
 
 

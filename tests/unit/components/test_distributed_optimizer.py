@@ -147,3 +147,10 @@ def test_overlap_needs_the_distributed_optimizer() -> None:
     assert not sync.overlap_grad_reduce_on(2)
     with pytest.raises(ValueError, match=r"overlapGradReduce.*distributedOptimizer: true"):
         ParallelismConfig.model_validate({"overlapGradReduce": True, "distributedOptimizer": False})
+
+
+def test_gradient_reduction_precision_is_fp32_unless_asked() -> None:
+    assert ParallelismConfig().grad_reduce_dtype == "fp32"
+    assert ParallelismConfig.model_validate({"gradReduceDtype": "bf16"}).grad_reduce_dtype == "bf16"
+    with pytest.raises(ValueError, match="gradReduceDtype"):
+        ParallelismConfig.model_validate({"gradReduceDtype": "fp16"})

@@ -11,7 +11,10 @@ Each rank writes only its own shard (no gather, no P2P) and each byte is written
 * LLM tensors: data-parallel rank 0 of each (TP, PP) position; TP-replicated ones (norms,
   biases of row-parallel layers) by TP rank 0 only;
 * encoders and projectors (replicated on every rank): rank 0; their optimizer state: rank 0,
-  or each parameter's owner under ZeRO-2.
+  or each parameter's owner under ZeRO-2;
+* LLM parameters under the distributed optimizer (ZeRO-1): every data-parallel rank its own
+  flat range of the fp32 main weights and Adam moments (``checkpoint/flat_shards.py``), so
+  no rank gathers more than it holds.
 
 Optimizer state (AdamW ``exp_avg``, ``exp_avg_sq``, ``step``) uses the same names and sharding:
 ``optim.<name>.<key>``. Hyper-parameters (lr, betas, weight decay) are not saved: they come from
@@ -21,7 +24,7 @@ the config, and the trainer sets the LR of every step itself.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -33,6 +36,8 @@ from torch.distributed._shard.sharded_tensor.metadata import (
     ShardedTensorMetadata,
     TensorProperties,
 )
+
+from omni_trainer.checkpoint.flat_shards import MODEL_SLOT, FlatShard, flat_targets, staged_flat
 
 MODEL = "model."
 OPTIM = "optim."
@@ -51,8 +56,10 @@ class ModelState:
         tp_rank, tp_size, dp_rank: this rank's LLM position.
         owned: names in ``replicated`` whose optimizer state lives on this rank (ZeRO-2), or
             None when every rank holds all of it (rank 0 then writes it).
-        loaded: called once a load has filled these tensors (ZeRO-1 scatters them into its
-            slices; bf16 copies the fp32 main weights into the model).
+        loaded: called once a load has filled these tensors (ZeRO-1 gathers its slices into
+            the model weights; bf16 copies the fp32 main weights into the model).
+        flat: LLM name -> this rank's range of a parameter split flat under ZeRO-1; such a
+            parameter's weight and optimizer state are saved and loaded from the range only.
     """
 
     llm: Mapping[str, nn.Parameter]
@@ -64,18 +71,23 @@ class ModelState:
     dp_rank: int = 0
     owned: frozenset[str] | None = None
     loaded: Callable[[], None] | None = None
+    flat: Mapping[str, FlatShard] = field(default_factory=dict)
 
     @classmethod
     def from_trainer(cls, trainer: Any) -> ModelState:
         """The state of an ``omni_trainer.trainer.Trainer`` (duck-typed: no import cycle)."""
         from omni_trainer.models.init import global_llm_names
 
-        # whole fp32 main weights and optimizer state (gathered under ZeRO-1: a collective), so
+        # fp32 main weights and optimizer state (this rank's ranges under ZeRO-1), so
         # checkpoints move across precisions and data-parallel layouts
         view = trainer.main.checkpoint_view(trainer.optimizer)
         llm: dict[str, nn.Parameter] = {}
+        flat: dict[str, FlatShard] = {}
         for chunk in trainer.chunks:
-            llm.update({n: view.full.get(id(p), p) for n, p in global_llm_names(chunk).items()})
+            for n, p in global_llm_names(chunk).items():
+                llm[n] = view.full.get(id(p), p)
+                if id(p) in view.flat:
+                    flat[n] = view.flat[id(p)]
         replicated = dict(
             [
                 *trainer.model.encoders.named_parameters(prefix="encoders"),
@@ -98,6 +110,7 @@ class ModelState:
             dp_rank=groups.dp_rank * groups.dims.cp + groups.cp_rank,
             owned=owned,
             loaded=view.loaded,
+            flat=flat,
         )
 
     # -- who holds what ------------------------------------------------------------------------
@@ -194,6 +207,13 @@ def staged_state_dict(state: ModelState) -> dict[str, torch.Tensor | ShardedTens
     optim_state = state.optimizer.state
     out: dict[str, torch.Tensor | ShardedTensor] = {}
     for name, p, is_llm in state._entries():
+        if is_llm and name in state.flat:
+            if _is_tp(p, state.tp_size) or state.tp_rank == 0:
+                staged = staged_flat(
+                    p, state.flat[name], optim_state, tp_rank=state.tp_rank, tp_size=state.tp_size
+                )
+                out.update({_key(name, slot): v for slot, v in staged.items()})
+            continue
         writes_value = state._writes_llm(p) if is_llm else state.rank == 0
         writes_optim = writes_value if is_llm else state._holds_replicated_optim(name)
         if writes_value:
@@ -224,22 +244,33 @@ def load_targets(
     targets: dict[str, torch.Tensor | ShardedTensor] = {}
     params: list[tuple[nn.Parameter, str]] = []
     slots_of: list[tuple[nn.Parameter, dict[str, str]]] = []
+    flat_applies: list[Callable[[], None]] = []
     for name, p, is_llm in state._entries():
         key = MODEL + name
         if key not in available:
             raise KeyError(f"checkpoint has no {key}")
+        if is_llm and name in state.flat:
+            entries = {MODEL_SLOT: available[key], **_slots(available, name)}
+            mine, apply_flat = flat_targets(
+                p,
+                state.flat[name],
+                entries,
+                state.optimizer,
+                tp_rank=state.tp_rank,
+                tp_size=state.tp_size,
+            )
+            targets.update({_key(name, slot): t for slot, t in mine.items()})
+            flat_applies.append(apply_flat)
+            continue
         targets[key] = _value(state, torch.empty(p.shape, dtype=p.dtype), p, is_llm)
         params.append((p, key))
         if state.optimizer is None:
             continue  # weights only
         if not is_llm and state.owned is not None and name not in state.owned:
             continue  # ZeRO-2: another rank holds this parameter's optimizer state
-        prefix = f"{OPTIM}{name}."
         slots: dict[str, str] = {}
-        for k, (size, dtype) in sorted(available.items()):
-            slot = k[len(prefix) :]
-            if not k.startswith(prefix) or "." in slot:
-                continue  # another parameter's (a longer name sharing the prefix)
+        for slot, (size, dtype) in _slots(available, name).items():
+            k = _key(name, slot)
             shaped_like_param = len(size) == p.ndim and len(size) > 0
             shape = p.shape if shaped_like_param else size
             targets[k] = _value(state, torch.empty(shape, dtype=dtype), p, is_llm)
@@ -255,10 +286,30 @@ def load_targets(
             state.optimizer.state[p] = {
                 slot: _local(targets[k], p).to(p.device) for slot, k in slots.items()
             }
+        for apply_flat in flat_applies:
+            apply_flat()
         if state.loaded is not None:
             state.loaded()
 
     return targets, apply
+
+
+def _key(name: str, slot: str) -> str:
+    """The checkpoint key of parameter ``name``'s weight (``MODEL_SLOT``) or optimizer slot."""
+    return MODEL + name if slot == MODEL_SLOT else f"{OPTIM}{name}.{slot}"
+
+
+def _slots(
+    available: Mapping[str, tuple[torch.Size, torch.dtype]], name: str
+) -> dict[str, tuple[torch.Size, torch.dtype]]:
+    """Optimizer slot -> (size, dtype) of parameter ``name`` in a checkpoint."""
+    prefix = f"{OPTIM}{name}."
+    return {
+        k[len(prefix) :]: v
+        for k, v in sorted(available.items())
+        # not another parameter's (a longer name sharing the prefix)
+        if k.startswith(prefix) and "." not in k[len(prefix) :]
+    }
 
 
 def _local(target: torch.Tensor | ShardedTensor, param: nn.Parameter) -> torch.Tensor:

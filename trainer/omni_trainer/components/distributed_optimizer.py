@@ -5,7 +5,10 @@ Why our own rather than megatron-core's ``DistributedDataParallel`` + ``Distribu
 the step keeps one torch AdamW over the LLM shards and the encoders (LR multipliers per module,
 ZeRO-2 encoders, frozen parameters), one gradient norm clipped jointly over LLM and encoders,
 and the per-parameter checkpoint format (``checkpoint/state.py``) that loads in any layout;
-megatron's optimizer would bring its own parameter groups, clipping and checkpoint layout.
+megatron's optimizer would bring its own parameter groups, clipping and checkpoint layout (a
+second format beside the one every other layout, export and ``initFrom`` read), and on CPU it
+runs only through a patch of ``device="cuda"`` in several modules, so the equivalence tests would
+exercise the patch rather than the GPU code path.
 
 Layout (as megatron's): the trainable LLM parameters are laid end to end in one fp32 gradient
 buffer, cut into buckets (each padded to a multiple of the group size); rank r of the group owns
@@ -27,8 +30,10 @@ over the first and last stage) are added after the reduce-scatter: sums commute,
 slices line up across those groups (TP ranks have equal shapes; a tied weight takes a bucket
 of its own, so both stages own the same rows of it).
 
-Checkpoints stay per parameter: :meth:`DistributedMainParams.checkpoint_view` gathers full
-weights and optimizer state for the save and scatters them back after a load.
+Checkpoints stay per parameter (one logical tensor per name, loadable in any layout), but each
+rank saves and loads only its own ranges (:meth:`DistributedMainParams.checkpoint_view`,
+``checkpoint/flat_shards.py``): no rank materialises whole fp32 weights or Adam moments; after
+a load the model weights are all-gathered bucket by bucket, as after a step.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from omni_trainer.checkpoint.flat_shards import FlatShard
 from omni_trainer.components.precision import CheckpointView, copy_sharding_attrs
 from omni_trainer.distributed import comm
 
@@ -125,10 +131,13 @@ class DistributedMainParams:
         bucket_numel: int,
         overlap: bool = False,
         alone: frozenset[int] = frozenset(),
+        reduce_dtype: torch.dtype = torch.float32,
     ) -> None:
         """``overlap``: reduce-scatter each bucket behind the last backward; ``alone``: ids of
-        parameters that take a bucket of their own (tied embedding copies)."""
+        parameters that take a bucket of their own (tied embedding copies); ``reduce_dtype``:
+        what the buckets travel in (the sums land in the fp32 buffer)."""
         self.model_params = params
+        self.reduce_dtype = reduce_dtype
         self.group = group
         self.shards = comm.size(group)
         self.rank = dist.get_rank(group) if self.shards > 1 else 0
@@ -157,6 +166,11 @@ class DistributedMainParams:
         self._origin = {
             id(m): params[pc.index] for m, pc in zip(self.main, self.pieces, strict=True)
         }
+        if self.shards > 1:
+            ranks = dist.get_process_group_ranks(group)
+            self._peer = ranks[(self.rank + 1) % self.shards]  # where checkpoints place the rest
+        else:
+            self._peer = dist.get_rank() if dist.is_initialized() else 0
 
     def _main_slice(self, piece: Piece) -> nn.Parameter:
         """fp32 main slice: a view of an fp32 weight (updated in place), a copy of a bf16 one."""
@@ -200,6 +214,10 @@ class DistributedMainParams:
         bucket = self.buckets[b]
         return self.grad_buffer[bucket.start : bucket.start + bucket.size]
 
+    def wire_view(self, b: int) -> torch.Tensor:
+        """Bucket ``b`` as it travels: the fp32 buffer itself, or a ``reduce_dtype`` copy."""
+        return self.bucket_view(b).to(self.reduce_dtype)
+
     def reduce_gradients(self) -> None:
         """Bucket by bucket, the group's summed gradient of this rank's slices (reduce-scatter):
         the ones the overlap started are waited for, the rest run now."""
@@ -209,7 +227,7 @@ class DistributedMainParams:
             reduced = self._overlap.finish()
         else:
             reduced = [
-                comm.reduce_scatter(self.bucket_view(b), group=self.group)
+                comm.reduce_scatter(self.wire_view(b), group=self.group)
                 for b in range(len(self.buckets))
             ]
         for b, mine in enumerate(reduced):
@@ -225,6 +243,7 @@ class DistributedMainParams:
             for i in bucket.members:
                 at = self.offsets[i] - bucket.start
                 self.model_params[i].view(-1).copy_(full[at : at + self.numels[i]])
+            del full  # one bucket in flight: freed before the next one's buffer
 
     def _local_slice(self, b: int, values: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
         """This rank's slice of bucket ``b`` filled from per-piece ``values`` (padding zero)."""
@@ -269,81 +288,43 @@ class DistributedMainParams:
         return {id(p): g for p, g in zip(self.model_params, grads, strict=True)}
 
     def checkpoint_view(self, optimizer: torch.optim.Optimizer) -> CheckpointView:
-        """Whole fp32 weights and optimizer state per parameter (gathered now), and the hook that
-        scatters a load back into the slices, the model and ``optimizer``."""
-        fp32 = all(p.dtype == torch.float32 for p in self.model_params)
-        if fp32:  # the model weights are the main weights: save and load them directly
-            full = list(self.model_params)
-        else:
-            full = [
-                copy_sharding_attrs(p, nn.Parameter(t, requires_grad=False))
-                for p, t in zip(
-                    self.model_params, self._gather(self.main, torch.float32), strict=True
-                )
-            ]
-        view = _OptimizerView(_full_state(self, optimizer, full))
-        ours = {id(t) for t in full}
-        for p, s in optimizer.state.items():  # the encoders' state, as it is
-            if id(p) not in self._origin:
-                view.state[p] = s
+        """This rank's ranges of the main weights (and their state in ``optimizer``) per
+        parameter; a load fills them, then the model weights are gathered bucket by bucket."""
+        mine = {pc.index: (pc, m) for pc, m in zip(self.pieces, self.main, strict=True)}
+        flat = {}
+        for i, p in enumerate(self.model_params):
+            piece, main = mine.get(i, (None, None))
+            flat[id(p)] = FlatShard(
+                lo=piece.lo if piece else 0,
+                hi=piece.hi if piece else 0,
+                main=main,
+                peer=self._peer,
+            )
+        return CheckpointView(full={}, optimizer=optimizer, loaded=self.step_done, flat=flat)
 
-        @torch.no_grad()
-        def loaded() -> None:
-            for main, piece in zip(self.main, self.pieces, strict=True):
-                if not fp32:
-                    main.copy_(full[piece.index].view(-1)[piece.lo : piece.hi])
-                state = view.state.get(full[piece.index])
-                if state is not None:
-                    optimizer.state[main] = {
-                        k: v.view(-1)[piece.lo : piece.hi].clone() if v.ndim else v.clone()
-                        for k, v in state.items()
-                    }
-            if not fp32:
-                for p, t in zip(self.model_params, full, strict=True):
-                    p.copy_(t)
-            for p, s in view.state.items():
-                if id(p) not in ours:
-                    optimizer.state[p] = s
-
-        return CheckpointView(
-            full={id(p): t for p, t in zip(self.model_params, full, strict=True)},
-            optimizer=view,
-            loaded=loaded,
+    def full_state(self, optimizer: torch.optim.Optimizer) -> dict[int, dict[str, torch.Tensor]]:
+        """id(model param) -> its whole fp32 main weight (``param``) and optimizer slots,
+        gathered over the group (tests compare layouts with it; checkpoints never gather)."""
+        out: dict[int, dict[str, torch.Tensor]] = {}
+        for p, t in zip(self.model_params, self._gather(self.main, torch.float32), strict=True):
+            out[id(p)] = {"param": t}
+        mine = [optimizer.state.get(m) for m in self.main]
+        local = next((s for s in mine if s), {})
+        everyone = comm.all_gather_object(
+            {k: (v.ndim, float(v) if v.ndim == 0 else None) for k, v in local.items()},
+            group=self.group,
         )
-
-
-class _OptimizerView:
-    """What a checkpoint sees of the optimizer: ``state`` keyed by whole parameters."""
-
-    def __init__(self, state: dict) -> None:
-        self.state = state
-
-
-def _full_state(
-    params: DistributedMainParams, optimizer: torch.optim.Optimizer, full: list[torch.Tensor]
-) -> dict:
-    """Whole per-parameter optimizer state (elementwise slots gathered, scalars copied)."""
-    mine = [optimizer.state.get(m) for m in params.main]
-    local = next((s for s in mine if s), {})
-    everyone = comm.all_gather_object(
-        {k: (v.ndim, float(v) if v.ndim == 0 else None) for k, v in local.items()},
-        group=params.group,
-    )
-    slots = {k: v for keys in everyone for k, v in keys.items()}
-    if not slots:  # no step taken yet
-        return {}
-    out: dict = {t: {} for t in full}
-    for key, (ndim, scalar) in sorted(slots.items()):
-        if ndim == 0:
-            for t in full:
-                out[t][key] = torch.tensor(scalar, dtype=torch.float32)
-            continue
-        values = [
-            s[key] if s else torch.zeros_like(m) for s, m in zip(mine, params.main, strict=True)
-        ]
-        for t, v in zip(full, params._gather(values, torch.float32), strict=True):
-            out[t][key] = v
-    return out
+        for key, (ndim, scalar) in sorted({k: v for e in everyone for k, v in e.items()}.items()):
+            if ndim == 0:
+                for entry in out.values():
+                    entry[key] = torch.tensor(scalar, dtype=torch.float32)
+                continue
+            values = [
+                s[key] if s else torch.zeros_like(m) for s, m in zip(mine, self.main, strict=True)
+            ]
+            for p, v in zip(self.model_params, self._gather(values, torch.float32), strict=True):
+                out[id(p)][key] = v
+        return out
 
 
 class _BucketOverlap:
@@ -385,7 +366,7 @@ class _BucketOverlap:
 
     def _start(self, b: int) -> None:
         self.pending[b] = comm.reduce_scatter_start(
-            self.params.bucket_view(b), group=self.params.group
+            self.params.wire_view(b), group=self.params.group
         )
         self.next = b - 1
 

@@ -134,6 +134,7 @@ def build_model_parts(cfg: TrainerConfig, groups: ProcessGroups) -> ModelParts:
         ),
     ).to(groups.device)
     trainable = [p for p in model.llm_parameters() if p.requires_grad]
+    reduce_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[par.grad_reduce_dtype]
     main = (
         DistributedMainParams(
             trainable,
@@ -141,9 +142,10 @@ def build_model_parts(cfg: TrainerConfig, groups: ProcessGroups) -> ModelParts:
             bucket_numel=par.bucket_size,
             overlap=par.overlap_grad_reduce_on(dims.dp),
             alone=frozenset(id(p) for p in tied_embedding_copies(model.llm_chunks)),
+            reduce_dtype=reduce_dtype,
         )
         if par.distributed_optimizer_on(dims.dp)
-        else MainParams(trainable, group=groups.dp_cp)
+        else MainParams(trainable, group=groups.dp_cp, reduce_dtype=reduce_dtype)
     )
     encoder_params = [p for p in model.encoder_parameters() if p.requires_grad]
     for p in encoder_params:

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 from torch import nn
 
+from omni_trainer.checkpoint.flat_shards import FlatShard
 from omni_trainer.components.optim import all_reduce_grads
 
 # the megatron attributes that say how a parameter is sharded (read by clipping and checkpoints)
@@ -46,18 +47,21 @@ def copy_sharding_attrs(source: nn.Parameter, target: nn.Parameter) -> nn.Parame
 
 @dataclass(frozen=True)
 class CheckpointView:
-    """What a checkpoint saves and loads of the LLM: whole fp32 weights per parameter.
+    """What a checkpoint saves and loads of the LLM: fp32 weights per parameter, whole or
+    (ZeRO-1) this rank's flat range.
 
     Attributes:
         full: id(model parameter) -> the whole fp32 tensor standing for it in a checkpoint.
         optimizer: its ``state`` maps those tensors (and the encoders') to their slots.
         loaded: call after a load fills ``full`` and ``optimizer.state``: the values reach the
             model, the main weights and the real optimizer.
+        flat: id(model parameter) -> this rank's range of it (ZeRO-1; then not in ``full``).
     """
 
     full: Mapping[int, nn.Parameter]
     optimizer: Any
     loaded: Callable[[], None]
+    flat: Mapping[int, FlatShard] = field(default_factory=dict)
 
 
 def compute_dtype(precision: Literal["auto", "fp32", "bf16"], device: torch.device) -> torch.dtype:
@@ -77,9 +81,17 @@ def encoder_autocast(dtype: torch.dtype, device: torch.device) -> AbstractContex
 class MainParams:
     """fp32 main parameters (and gradients) of low-precision model parameters."""
 
-    def __init__(self, params: list[nn.Parameter], *, group: Any = None) -> None:
+    def __init__(
+        self,
+        params: list[nn.Parameter],
+        *,
+        group: Any = None,
+        reduce_dtype: torch.dtype = torch.float32,
+    ) -> None:
+        """``reduce_dtype``: what the gradients travel in over ``group``."""
         self.model_params = params
         self.group = group
+        self.reduce_dtype = reduce_dtype
         self.main: list[nn.Parameter] = []
         self._main_of: dict[int, nn.Parameter] = {}
         for p in params:
@@ -121,7 +133,7 @@ class MainParams:
 
     def reduce_gradients(self) -> None:
         """Sum the main gradients over the data- (and context-) parallel group."""
-        all_reduce_grads([m.grad for m in self.main], self.group)
+        all_reduce_grads([m.grad for m in self.main], self.group, dtype=self.reduce_dtype)
 
     def step_done(self) -> None:
         self.copy_to_model()
@@ -133,6 +145,13 @@ class MainParams:
         """The main weights and the optimizer as they are; a load is copied into the model."""
         full = {id(p): m for p, m in zip(self.model_params, self.main, strict=True)}
         return CheckpointView(full=full, optimizer=optimizer, loaded=self.copy_to_model)
+
+    def full_state(self, optimizer: torch.optim.Optimizer) -> dict[int, dict[str, torch.Tensor]]:
+        """id(model param) -> its fp32 main weight (``param``) and optimizer slots (tests)."""
+        return {
+            id(p): {"param": m.detach(), **optimizer.state.get(m, {})}
+            for p, m in zip(self.model_params, self.main, strict=True)
+        }
 
     def main_of(self, param: nn.Parameter) -> nn.Parameter:
         """The fp32 main parameter of ``param`` (``param`` itself: fp32, or frozen)."""

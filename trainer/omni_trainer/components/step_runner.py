@@ -108,7 +108,8 @@ class StepRunner:
             )
         loss_sum = torch.zeros(1, dtype=torch.float64)
         if self.chunks[-1].post_process and self.groups.tp_rank == 0:
-            loss_sum += sum(float(o["loss_sum"]) for o in outputs)
+            # summed where the losses are: one host copy per step, not one per micro-batch
+            loss_sum += torch.stack([o["loss_sum"] for o in outputs]).sum().cpu()
         with self.timer.span("sync"):
             comm.all_reduce(loss_sum)
         return float(loss_sum.item()) / self._global_tokens

@@ -80,9 +80,9 @@ def all_gather_flat(tensor: Tensor, *, group: Group) -> Tensor:
         out = staged.new_empty(staged.numel() * size(group))
         dist.all_gather_into_tensor(out, staged, group=group)
         return out.to(tensor.device)
-    parts = [torch.empty_like(staged) for _ in range(size(group))]
-    dist.all_gather(parts, staged, group=group)  # gloo has no all_gather_into_tensor
-    return torch.cat(parts).to(tensor.device)
+    out = staged.new_empty(staged.numel() * size(group))
+    dist.all_gather(list(out.chunk(size(group))), staged, group=group)  # gloo: no _into_tensor
+    return out.to(tensor.device)
 
 
 def reduce_scatter(tensor: Tensor, *, group: Group) -> Tensor:

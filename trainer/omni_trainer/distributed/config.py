@@ -111,6 +111,12 @@ class ParallelismConfig(Spec):
         "rest of the backward (megatron's overlap_grad_reduce); needs distributedOptimizer; "
         "default: on with it",
     )
+    grad_reduce_dtype: Literal["fp32", "bf16"] = Field(
+        "fp32",
+        description="the precision the LLM's gradients travel in over the data- (and context-) "
+        "parallel group: fp32 (exact sums) or bf16 (half the bytes; each rank accumulates its "
+        "micro-batches and keeps the reduced gradients in fp32 either way)",
+    )
     encoder: EncoderParallelConfig = EncoderParallelConfig()
 
     @model_validator(mode="after")
