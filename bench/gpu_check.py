@@ -585,7 +585,8 @@ def part_train(
     s = json.loads(summary.read_text())
     keys = ("tokens_per_second", "mfu", "peak_flops", "peak_flops_source", "mean_step_time_s",
             "parameters", "memory", "initial_loss", "final_loss", "tokens_per_second_curve",
-            "mfu_curve", "step_time_curve", "samples_per_modality", "wall_time_s")  # fmt: skip
+            "mfu_curve", "mfu_convention", "step_time_curve", "samples_per_modality",
+            "wall_time_s")  # fmt: skip
     out.update({k: s.get(k) for k in keys})
     out["phases_s"] = {k: v for k, v in s["breakdown"][0].items() if k.endswith("_s")}
     print(
