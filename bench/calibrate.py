@@ -178,7 +178,7 @@ def _rates_worker(threads, shapes, attn, barrier, out) -> None:
     def attention():
         F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
 
-    per = attention_flops(num_layers=1, num_heads=heads, head_dim=hd, seq_lengths=[s])
+    per = attention_flops(num_layers=1, num_heads=heads, head_dim=hd, seq_lengths=[s], causal=True)
     out.put((flops / seconds, 3.0 * per * MICRO_BATCH / _timed(attention)))
 
 

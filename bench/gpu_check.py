@@ -20,6 +20,11 @@ d. ``warm``: in-place restarts fork the trainer from a pre-imported zygote (``om
    safe only if importing the trainer (TransformerEngine included) initialised no CUDA: whether
    the zygote forks or declines here, and a tiny bf16 run forked from it beside the same run
    cold (exit codes, wall times, losses equal).
+e. ``layouts``: one rank of tp2 + sequence parallel, pp2 and dp8 + distributed optimizer (world
+   8, a 7B LLM at 4K) through PyTorch's fake process group (``bench/fake_layouts.py``): build,
+   two steps, one checkpoint save and its load, each phase's peak memory beside the planner's
+   prediction for that rank. The trainer takes TE's layer spec where TE works, the local one
+   elsewhere.
 
 GPU-only parts report ``skipped`` with the reason where CUDA or TransformerEngine is missing; with
 ``--cpu-smoke`` every part runs what the CPU can at tiny shapes (local spec on both sides of (a)
@@ -585,7 +590,8 @@ def part_train(
     s = json.loads(summary.read_text())
     keys = ("tokens_per_second", "mfu", "peak_flops", "peak_flops_source", "mean_step_time_s",
             "parameters", "memory", "initial_loss", "final_loss", "tokens_per_second_curve",
-            "mfu_curve", "step_time_curve", "samples_per_modality", "wall_time_s")  # fmt: skip
+            "mfu_curve", "mfu_convention", "step_time_curve", "samples_per_modality",
+            "wall_time_s")  # fmt: skip
     out.update({k: s.get(k) for k in keys})
     out["phases_s"] = {k: v for k, v in s["breakdown"][0].items() if k.endswith("_s")}
     print(
@@ -594,6 +600,16 @@ def part_train(
         flush=True,
     )
     return out
+
+
+def part_layouts(smoke: bool, tmp: Path) -> dict:
+    """Single ranks of multi-GPU layouts in a fake world (tiny shapes in the CPU smoke run)."""
+    from fake_layouts import CPU_LAYOUTS, GPU_LAYOUTS
+    from fake_layouts import part_layouts as run_layouts
+
+    if not torch.cuda.is_available() and not smoke:
+        raise _Skip("no CUDA: the 7B layouts need a GPU (--cpu-smoke runs them tiny)")
+    return run_layouts(CPU_LAYOUTS if smoke else GPU_LAYOUTS, tmp)
 
 
 def _run_tiny(manifest: Path, *, env: dict, timeout: float) -> tuple[int, float, str]:
@@ -666,7 +682,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=450.0, help="whole-run time budget")
     parser.add_argument(
         "--parts",
-        default="encoder_varlen,te_vs_local,checkpoint,train,warm",
+        default="encoder_varlen,te_vs_local,checkpoint,layouts,train,warm",
         help="comma-separated; train:selective / train:full run the training part with that "
         "train.recompute (LLM and encoders)",
     )
@@ -685,6 +701,7 @@ def main(argv: list[str] | None = None) -> int:
             "encoder_varlen": (lambda: part_encoder_varlen(shapes), 20, 60),
             "te_vs_local": (lambda: part_te_vs_local(shapes, args.cpu_smoke), 60, 150),
             "checkpoint": (lambda: part_checkpoint(shapes, args.cpu_smoke, tmp / "ckpt"), 60, 120),
+            "layouts": (lambda: part_layouts(args.cpu_smoke, tmp / "layouts"), 100, 200),
             "warm": (lambda: part_warm(tmp / "warm"), 40, 150),
         }
         for mode in ("none", "selective", "full"):

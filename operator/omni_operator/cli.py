@@ -22,11 +22,13 @@ def register(app: typer.Typer) -> None:
     app.add_typer(sandbox, name="sandbox")
 
 
-def check_job(doc: Any, local_world_size: int | None, defer_hf: bool) -> None:
-    """The operator's validation of a whole job (:func:`omni_operator.spec.parse_job`)."""
-    from omni_operator.spec import parse_job
+def check_job(doc: Any, local_world_size: int | None, defer_hf: bool) -> list[str]:
+    """The operator's validation of a whole job (:func:`omni_operator.spec.parse_job`) and its
+    warnings (:func:`omni_operator.spec.spec_warnings`)."""
+    from omni_operator.spec import format_warnings, parse_job, spec_warnings
 
-    parse_job(doc, local_world_size=local_world_size, defer_hf=defer_hf)
+    job = parse_job(doc, local_world_size=local_world_size, defer_hf=defer_hf)
+    return format_warnings(spec_warnings(job.spec))
 
 
 sandbox = typer.Typer(
@@ -220,7 +222,7 @@ def render(
     """
     from omni_operator.placement import PlacementError, place
     from omni_operator.render import render_all
-    from omni_operator.spec import parse_job
+    from omni_operator.spec import format_warnings, parse_job, spec_warnings
     from omni_trainer.config import ManifestError
 
     try:
@@ -230,6 +232,8 @@ def render(
         job = parse_job(doc)
     except ManifestError as err:
         _fail(f"{manifest}: invalid OmniTrainingJob\n{err}", code=2)
+    for line in format_warnings(spec_warnings(job.spec)):
+        typer.echo(f"warning: {line}", err=True)
     try:
         node_objs = load_nodes(nodes)
     except ValueError as err:

@@ -218,7 +218,7 @@ def job_dashboard() -> DashboardSpec:
                         ],
                     ),
                     PanelSpec(
-                        "MFU (encoder FLOPs counted)",
+                        "MFU (Megatron-LM count, encoder FLOPs included)",
                         [
                             Query(
                                 f"max by (training_job) (omni_trainer_mfu_ratio{j})",

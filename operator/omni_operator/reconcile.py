@@ -47,7 +47,7 @@ from omni_operator.render import (
     render_rendezvous_service,
     render_service,
 )
-from omni_operator.spec import OmniTrainingJob
+from omni_operator.spec import OmniTrainingJob, format_warnings, spec_warnings
 from omni_operator.status import (
     CheckpointStatus,
     Condition,
@@ -384,6 +384,20 @@ class _Step:
             self.actions.delete.append(Delete(pod, 0 if lost else None))
 
 
+def _transport_condition(s: _Step) -> None:
+    """Condition InterNodeRDMA on multi-node GPU jobs: whether NCCL may use InfiniBand/RoCE
+    between nodes, or TCP sockets (then with the field to set), never silently."""
+    if s.spec.nodes < 2 or not s.spec.gpus_per_node:
+        return
+    if s.spec.resources.rdma is not None:
+        rdma = s.spec.resources.rdma
+        s.condition("InterNodeRDMA", "True", "RDMA", f"{rdma.count} {rdma.resource_name} per pod")
+        return
+    why = format_warnings(spec_warnings(s.spec))
+    chosen = "nccl.env sets NCCL_IB_DISABLE"
+    s.condition("InterNodeRDMA", "False", "TCPSockets", why[0] if why else chosen)
+
+
 def reconcile(obs: Observed) -> Actions:
     """The actions that move the job one step towards its spec (see the module docstring).
 
@@ -401,6 +415,7 @@ def reconcile(obs: Observed) -> Actions:
     if s.st.restart_budget_left is None:
         s.set(restart_budget_left=s.spec.restart_policy.budget)
     s.condition("Valid", "True", "SpecValid", "the spec passed validation")
+    _transport_condition(s)
 
     keep = s.attempt_pods() + s.standby() + s.unrecorded()
     s.delete_pods([p for p in s.pods() if p not in keep])

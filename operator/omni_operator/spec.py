@@ -445,6 +445,35 @@ def _trainer_problems(
     return [(("trainer", *path.split(".")), msg) for path, msg in problems]
 
 
+def spec_warnings(spec: OmniTrainingJobSpec) -> list[tuple[Loc, str]]:
+    """What a valid spec lets through but the user should know, each with the path (relative to
+    ``spec``) to set: printed by ``omni validate``, ``render`` and ``train``; the operator keeps
+    them in the job's conditions."""
+    out: list[tuple[Loc, str]] = []
+    if (
+        spec.nodes > 1
+        and spec.gpus_per_node > 0
+        and spec.resources.rdma is None
+        and "NCCL_IB_DISABLE" not in spec.nccl.env
+    ):
+        out.append(
+            (
+                ("resources", "rdma"),
+                f"unset on a {spec.nodes}-node GPU job: pods get NCCL_IB_DISABLE=1 and NCCL "
+                "talks between nodes over TCP sockets (a fraction of InfiniBand's bandwidth); "
+                "set resources.rdma (the RDMA device plugin's resource, e.g. resourceName "
+                "rdma/ib, count 1) for InfiniBand/RoCE, or nccl.env.NCCL_IB_DISABLE '1' to "
+                "choose TCP",
+            )
+        )
+    return out
+
+
+def format_warnings(problems: list[tuple[Loc, str]]) -> list[str]:
+    """``spec.<path>: <message>`` lines (paths as the manifest spells its fields)."""
+    return [".".join(["spec", *map(str, loc)]) + f": {msg}" for loc, msg in problems]
+
+
 class OmniTrainingJob(Spec):
     """A whole OmniTrainingJob object as the operator validates it."""
 

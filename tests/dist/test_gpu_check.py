@@ -45,6 +45,7 @@ def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
         "encoder_varlen": "ok",
         "te_vs_local": "ok",
         "checkpoint": "ok",
+        "layouts": "ok",
         "train": "ok",
         "warm": "ok",
     }
@@ -56,6 +57,14 @@ def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
     trips = parts["checkpoint"]
     for trip in ("local_to_other", "other_to_local", "local_bf16_to_other_fp32"):
         assert trips[trip]["params"] > 0 and trips[trip]["params_not_equal"] == []
+    layouts = parts["layouts"]  # one rank of each world-8 layout, fake process group
+    assert [layouts[n]["layout"] for n in ("tp2_sp", "pp2", "dp8_zero1")] == [
+        "tp2xdp4",
+        "pp2xdp4",
+        "dp8",
+    ]
+    for r in (layouts[n] for n in ("tp2_sp", "pp2", "dp8_zero1")):
+        assert r["save"]["step"] == r["load"]["step"] == 2 and r["predicted_bytes"]["total"] > 0
     train = parts["train"]
     assert train["tokens_per_second"] > 0 and train["mfu"] > 0 and len(train["steps"]) == 2
     assert result["environment"]["te_usable"] is False
@@ -64,13 +73,14 @@ def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
 
 
 def test_without_a_gpu_the_gpu_parts_say_why_they_skipped(tmp_path: Path) -> None:
-    code, result, _ = _check(tmp_path, "--parts", "te_vs_local,train")
+    code, result, _ = _check(tmp_path, "--parts", "te_vs_local,train,layouts")
     assert code == 0 and result["mode"] == "gpu" and "no CUDA" in result["note"]
     parts = result["parts"]
     assert (
         parts["te_vs_local"]["status"] == "skipped" and "no CUDA" in parts["te_vs_local"]["reason"]
     )
     assert parts["train"]["status"] == "skipped" and "needs a GPU" in parts["train"]["reason"]
+    assert parts["layouts"]["status"] == "skipped" and "no CUDA" in parts["layouts"]["reason"]
 
 
 def test_a_part_that_does_not_fit_the_budget_is_skipped(tmp_path: Path) -> None:

@@ -42,11 +42,12 @@ def _load(
         raise _fail(str(err)) from None
 
 
-def _warn(cfg) -> None:
-    """What the manifest lets through but changes the data, said before anything runs."""
+def _warn(job) -> None:
+    """What the manifest lets through but changes the data or the network, said before anything
+    runs."""
     from omni_trainer.distributed.layout import manifest_warnings
 
-    for line in manifest_warnings(cfg):
+    for line in [*manifest_warnings(job.spec.trainer), *job.job_warnings]:
         err_console.print("[bold yellow]warning:[/bold yellow] ", end="")
         err_console.print(line, markup=False)
 
@@ -74,7 +75,7 @@ def validate(
     # Without --sources nothing is opened, the HF model either (as the operator cannot).
     job = _load(manifest, whole=True, local_world_size=nproc, defer_hf=not sources)
     cfg = job.spec.trainer
-    _warn(cfg)
+    _warn(job)
     for field, part in cfg.model.unread_hf():
         err_console.print("[bold yellow]note:[/bold yellow] ", end="")
         err_console.print(
@@ -129,7 +130,7 @@ def train(
     with _fatal_to_termination_log():
         job = load_manifest(manifest, whole=True, local_world_size=world)
         if not inside_torchrun():
-            _warn(job.spec.trainer)
+            _warn(job)
         # Once per machine (a pod, or this launcher), before the process group forms.
         if os.environ.get("LOCAL_RANK", "0") == "0" and not os.environ.get(SOURCES_CHECKED):
             _check_sources(job.spec.trainer)

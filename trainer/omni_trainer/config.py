@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
 from omni_trainer.checkpoint.config import CheckpointConfig
 from omni_trainer.config_base import Spec
@@ -200,6 +200,12 @@ class JobManifest(Spec):
     kind: Literal["OmniTrainingJob"]
     metadata: Metadata
     spec: JobSpecTrainerView
+    _job_warnings: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def job_warnings(self) -> list[str]:
+        """Lines of :data:`JOB_CHECKS` (whole-manifest checks) for what they let through."""
+        return self._job_warnings
 
 
 class ManifestError(ValueError):
@@ -244,11 +250,12 @@ def parse_manifest(doc: Any, *, defer_hf: bool = False) -> JobManifest:
         raise ManifestError(format_errors(err)) from None
 
 
-JobCheck = Callable[[Any, int | None, bool], None]
+JobCheck = Callable[[Any, int | None, bool], list[str]]
 """Validates a whole manifest document (cluster fields included) for a run on this machine
 with that many processes (None: where the manifest's cluster fields put it), reading
 ``model.llm.hf`` unless the flag defers it; raises :class:`ManifestError` listing every
-problem."""
+problem, and returns warning lines (``spec.<path>: <what happens and what to set>``) for what
+it lets through."""
 
 JOB_CHECKS: list[JobCheck] = []
 """Whole-manifest checks of other installed parts: the operator adds its own (the one
@@ -277,8 +284,10 @@ def load_manifest(
     except yaml.YAMLError as err:
         raise ManifestError(f"{path}: not valid YAML: {err}") from None
     try:
-        for check in JOB_CHECKS if whole else ():
-            check(doc, local_world_size, defer_hf)
-        return parse_manifest(doc, defer_hf=defer_hf)
+        checks = JOB_CHECKS if whole else []
+        warnings = [line for check in checks for line in check(doc, local_world_size, defer_hf)]
+        job = parse_manifest(doc, defer_hf=defer_hf)
+        job.job_warnings.extend(warnings)
+        return job
     except ManifestError as err:
         raise ManifestError(f"{path}: invalid OmniTrainingJob\n{err}") from None

@@ -139,3 +139,90 @@ def test_flops_module_is_torch_free() -> None:
         "sys.exit('torch' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def megatron_num_floating_point_operations(
+    *,
+    batch_size: int,
+    seq_length: int,
+    num_layers: int,
+    hidden_size: int,
+    ffn_hidden_size: int,
+    num_attention_heads: int,
+    num_query_groups: int,
+    kv_channels: int,
+    swiglu: bool,
+    padded_vocab_size: int,
+) -> float:
+    """Megatron-LM's ``num_floating_point_operations`` (``megatron/training/training.py``,
+    NVIDIA/Megatron-LM commit 001b00c2734d8f0fad096fe48a382fedf755d321, ``transformer_flops()``),
+    transcribed for a dense GPT: no MoE, no MTP, no MLA, no attention output gate. An independent
+    reference: it shares no code with ``components.flops``."""
+    forward_backward_expansion_factor = 3
+    fma_expansion_factor = 2
+    ffn_expansion_factor = 3 if swiglu else 2
+    query_projection_size = kv_channels * num_attention_heads
+    key_projection_size = kv_channels * num_query_groups
+    value_projection_size = kv_channels * num_query_groups
+    standard_self_attn_term = (
+        forward_backward_expansion_factor
+        * fma_expansion_factor
+        * (
+            hidden_size * (query_projection_size + key_projection_size + value_projection_size)
+            + query_projection_size * seq_length / 2 * 2  # causal mask; QK^T and (QK^T)V
+            + query_projection_size * hidden_size
+        )
+    )
+    return (
+        batch_size
+        * seq_length
+        * (
+            forward_backward_expansion_factor
+            * fma_expansion_factor
+            * hidden_size
+            * (ffn_hidden_size * ffn_expansion_factor)
+            * num_layers
+            + standard_self_attn_term * num_layers
+            + forward_backward_expansion_factor
+            * fma_expansion_factor
+            * hidden_size
+            * padded_vocab_size
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("shape", "seq_length"),
+    [
+        # LLaMA-3-8B: GQA (8 K/V groups) + SwiGLU, 128K vocabulary.
+        ({"num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+          "num_query_groups": 8, "ffn_hidden_size": 14336, "gated_mlp": True,
+          "vocab_size": 128256}, 8192),
+        # Plain GPT: multi-head attention, GELU MLP.
+        ({"num_layers": 4, "hidden_size": 256, "num_attention_heads": 4, "num_query_groups": 4,
+          "ffn_hidden_size": 1024, "gated_mlp": False, "vocab_size": 512}, 300),
+    ],
+)  # fmt: skip
+def test_llm_training_flops_equal_megatron_lm(shape: dict, seq_length: int) -> None:
+    """The LLM's FLOPs (what the summary, metrics, planner and calibration count) equal
+    Megatron-LM's on the same config: causal attention counts half of each square."""
+    from omni_trainer.components.flops import MFU_CONVENTION
+    from omni_trainer.models.config import LLMConfig
+
+    llm = LLMConfig(**shape, normalization="RMSNorm")
+    batch = 3
+    ours = training_flops(llm.flops([seq_length] * batch))
+    reference = megatron_num_floating_point_operations(
+        batch_size=batch,
+        seq_length=seq_length,
+        num_layers=llm.num_layers,
+        hidden_size=llm.hidden_size,
+        ffn_hidden_size=llm.ffn_hidden_size,
+        num_attention_heads=llm.num_attention_heads,
+        num_query_groups=llm.num_query_groups,
+        kv_channels=llm.head_dim,
+        swiglu=bool(llm.gated_mlp),
+        padded_vocab_size=llm.vocab_size,
+    )
+    assert ours == pytest.approx(reference, rel=1e-12)
+    assert MFU_CONVENTION == "megatron-lm"

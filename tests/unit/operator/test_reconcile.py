@@ -23,6 +23,7 @@ from omni_operator.spec import OmniTrainingJob, parse_job
 from omni_operator.status import Condition, OmniTrainingJobStatus, RestartRecord
 
 from ...conftest import EXAMPLES
+from ...jobs import job_manifest
 from .nodes import node
 
 NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
@@ -130,6 +131,25 @@ def test_first_reconcile_creates_everything_and_starts() -> None:
     assert a.status["restartBudgetLeft"] == 10 and a.status["startTime"] == T
     assert _cond(a.status, "Placed")["status"] == "True"
     assert [e.reason for e in a.events] == ["PodsCreated"]
+
+
+def test_multi_node_gpu_job_states_its_inter_node_transport() -> None:
+    """Condition InterNodeRDMA: TCP sockets named with the field to set, never silent."""
+    tcp = _cond(reconcile(_obs(parse_job(job_manifest()))).status, "InterNodeRDMA")
+    assert (tcp["status"], tcp["reason"]) == ("False", "TCPSockets")
+    assert (
+        tcp["message"].startswith("spec.resources.rdma: ") and "NCCL_IB_DISABLE=1" in tcp["message"]
+    )
+    ib = _cond(
+        reconcile(_obs(parse_job(job_manifest(resources={"rdma": {"count": 2}})))).status,
+        "InterNodeRDMA",
+    )
+    assert (ib["status"], ib["reason"], ib["message"]) == ("True", "RDMA", "2 rdma/ib per pod")
+    chosen = parse_job(job_manifest(nccl={"env": {"NCCL_IB_DISABLE": "1"}}))
+    said = _cond(reconcile(_obs(chosen)).status, "InterNodeRDMA")
+    assert (said["status"], said["message"]) == ("False", "nccl.env sets NCCL_IB_DISABLE")
+    cpu = reconcile(_obs(_job())).status  # CPU pods: no NCCL
+    assert all(c["type"] != "InterNodeRDMA" for c in cpu["conditions"])
 
 
 def test_reconcile_is_idempotent_once_running() -> None:

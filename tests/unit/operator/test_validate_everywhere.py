@@ -107,4 +107,33 @@ def test_seq_length_that_cuts_samples_is_a_warning_with_figures(tmp_path: Path) 
     assert result.exit_code == 0, result.output
     warnings = [x for x in result.stderr.splitlines() if x.startswith("warning:")]
     assert any("'openimages' samples are longer than data.seqLength (64" in w for w in warnings)
-    assert all("samples per step" in w for w in warnings), warnings
+    trainer = [w for w in warnings if w.startswith("warning: spec.trainer.")]
+    assert trainer and all("samples per step" in w for w in trainer), warnings
+
+
+def test_multi_node_gpu_job_without_rdma_is_warned_of_tcp_everywhere(
+    tmp_path: Path, no_launch: None
+) -> None:
+    """validate, render and train say that NCCL will use TCP between nodes, naming the field;
+    resources.rdma, or NCCL_IB_DISABLE chosen in nccl.env, silence it."""
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job_manifest()))  # 2 nodes x 2 GPUs, no resources.rdma
+    runner = CliRunner()
+    for args in (
+        ["validate", str(path)],
+        ["render", str(path), "--nodes", str(NODES)],
+        ["train", str(path), "--nproc", "2", "--steps", "1"],
+    ):
+        result = runner.invoke(app, args)
+        tcp = [x for x in result.stderr.splitlines() if "spec.resources.rdma: " in x]
+        assert len(tcp) == 1 and tcp[0].startswith("warning: "), (args, result.stderr)
+        assert "NCCL_IB_DISABLE=1" in tcp[0] and "TCP" in tcp[0]
+        if args[0] != "train":  # train stops at the monkeypatched launch
+            assert result.exit_code == 0, result.output
+    for spec in (
+        {"resources": {"rdma": {"count": 1}}},
+        {"nccl": {"env": {"NCCL_IB_DISABLE": "1"}}},
+    ):
+        path.write_text(yaml.safe_dump(job_manifest(**spec)))
+        result = runner.invoke(app, ["validate", str(path)])
+        assert result.exit_code == 0 and "spec.resources.rdma" not in result.stderr, spec

@@ -32,11 +32,11 @@ from omni_trainer.planner.workloads import Workload
 from .llms import plain_llm
 
 # cpu_profile(1e9): GEMM at 1 GFLOP/s, attention at 0.5, no overhead; plus a host link of
-# 8 MB/s without latency, so one layer's copy takes 34 * 128 * 64 / 8e6 = 0.034816 s.
-SLOW_HOST = Link(name="test host", alpha_s=0.0, bandwidth=8e6)
-LAYER_F = 2 * 12 * 64 * 64 * 128 / 1e9 + 4 * 4 * 16 * 128 * 128 / 0.5e9  # 0.02097152 s
+# 10 MB/s without latency, so one layer's copy takes 34 * 128 * 64 / 10e6 = 0.0278528 s.
+SLOW_HOST = Link(name="test host", alpha_s=0.0, bandwidth=10e6)
+LAYER_F = 2 * 12 * 64 * 64 * 128 / 1e9 + 2 * 4 * 16 * 128 * 128 / 0.5e9  # 0.016777216 s
 LAYER_ACT = 34 * 128 * 64  # selective bytes per layer, tp 1
-COPY = LAYER_ACT / 8e6
+COPY = LAYER_ACT / 10e6
 
 
 def _seq() -> list[PackedSequence]:
@@ -47,8 +47,8 @@ def test_offload_exposes_only_the_copy_time_beyond_the_layer() -> None:
     device = replace(cpu_profile(1e9), host=SLOW_HOST)
     sel = llm_op_costs(plain_llm(), _seq(), Layout(pp=2), device)
     off = llm_op_costs(plain_llm(), _seq(), Layout(pp=2, recompute="offload"), device)
-    # 2 layers per stage. F: the copy (0.0348 s) outlasts the layer (0.0210 s), so each layer
-    # takes the copy's time. B: 2 x 0.0210 = 0.0419 s hides the copy back entirely.
+    # 2 layers per stage. F: the copy (0.0279 s) outlasts the layer (0.0168 s), so each layer
+    # takes the copy's time. B: 2 x 0.0168 = 0.0336 s hides the copy back entirely.
     assert COPY > LAYER_F and COPY < 2 * LAYER_F
     assert off[0].forward == pytest.approx(2 * COPY)
     assert off[0].forward - sel[0].forward == pytest.approx(2 * (COPY - LAYER_F))

@@ -60,7 +60,7 @@ def test_llm_op_cost_hand_computed_on_cpu_profile() -> None:
     costs = llm_op_costs(llm, [seq], Layout(pp=2), device)
     # per layer: attn q,k,v,o 4h^2 + MLP 2*h*4h = 12 h^2 = 49152 params; 2*P*128 tokens
     gemm = 2 * 12 * 64 * 64 * 128
-    attn = 4 * 4 * 16 * 128 * 128  # 4 * heads * head_dim * s^2
+    attn = 4 * 4 * 16 * 128 * 128 / 2  # 4 * heads * head_dim * s^2, causal: half
     layer = gemm / 1e9 + attn / 0.5e9
     head = 2 * 64 * 100 * 128 / 1e9
     assert costs[0].forward == pytest.approx(2 * layer)

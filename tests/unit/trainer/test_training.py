@@ -42,6 +42,7 @@ def test_tiny_example_learns(tiny_manifest: dict, tmp_path) -> None:
     assert written["world_size"] == 1 and written["layout"]["name"] == "single"
     assert set(written["samples_per_modality"]) == {"image", "text"}  # audio ramps in later
     assert 0 < written["mfu"] < 1 and written["tokens_per_second"] > 0
+    assert written["mfu_convention"] == "megatron-lm"  # causal LLM attention counted half
 
 
 def test_same_seed_same_curve_other_seed_differs(tiny_manifest: dict) -> None:

@@ -78,8 +78,8 @@ def cost_from_llm_config(llm: LLMConfig, *, causal: bool = False) -> EncoderCost
 
     Args:
         llm: the backbone's shape (preset already applied by validation).
-        causal: count half the attention square (FlashAttention's useful work) instead of the
-            full square that the MFU convention uses.
+        causal: count half the attention square, as the MFU convention does; the balancer's
+            default weighs the full square.
 
     Returns:
         The cost over the sample's LLM positions (media tokens + text), LM head included.

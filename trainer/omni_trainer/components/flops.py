@@ -1,13 +1,13 @@
 """Model FLOPs and MFU accounting, shared by the encoders and the LLM (pure Python, no torch).
 
-Convention (PAPER.md, as VeOmni's ``count_flops`` does it): model FLOPs = 2 x matmul params x tokens
-per forward, plus the attention score/value matmuls (QK^T and AV, 2 x 2 x s^2 x h per layer per
-sequence), encoders included; training = 3 x forward (backward costs twice the forward). Samples
-never attend to each other, so the attention term is a sum of per-sequence squares.
+Convention (:data:`MFU_CONVENTION`, Megatron-LM's ``num_floating_point_operations``): model FLOPs =
+2 x matmul params x tokens per forward, plus the attention score/value matmuls (QK^T and AV,
+2 x 2 x s^2 x h per layer per sequence), encoders included; training = 3 x forward (backward costs
+twice the forward). Samples never attend to each other, so the attention term is a sum of
+per-sequence squares.
 
-The attention term counts the full s^2 square by default, for encoders (bidirectional) and the
-causal LLM alike, as VeOmni and Megatron-LM's ``num_floating_point_operations`` do; ``causal=True``
-halves it for FlashAttention-style "useful work" accounting. Norms, biases, activations, softmax and
+The causal LLM counts half of each square (only the lower triangle is computed), as Megatron-LM
+does; bidirectional encoders count the full square. Norms, biases, activations, softmax and
 embedding lookups are not counted (they are not matmuls and are well under 1%).
 """
 
@@ -16,6 +16,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
+
+MFU_CONVENTION = "megatron-lm"
+"""How model FLOPs are counted (reported beside every MFU figure): Megatron-LM's
+``num_floating_point_operations`` for the LLM (causal attention halved), full squares for the
+bidirectional encoders."""
 
 # Dense (no sparsity) peak per device from the public NVIDIA datasheets, (bf16, fp32) in FLOP/s.
 # bf16: tensor cores; the datasheets print "with sparsity" figures, halved here. fp32: the plain
@@ -88,7 +93,8 @@ def attention_flops(
         num_heads: query heads (GQA broadcasts K/V heads: the work follows the query heads).
         head_dim: channels per head.
         seq_lengths: length of each independent sequence (samples never attend to each other).
-        causal: count only the lower triangle (half); False counts the full square, as VeOmni does.
+        causal: count only the lower triangle (half), as Megatron-LM counts causal attention;
+            False counts the full square (bidirectional encoders).
 
     Returns:
         ``num_layers * 2 matmuls * 2 * s^2 * heads * head_dim`` summed over sequences.
@@ -142,7 +148,7 @@ def transformer_flops(
         gated_mlp: SwiGLU-style MLP with three ``hidden x ffn`` matrices instead of two.
         vocab_size: adds the LM head over every token; 0 for encoders.
         seq_lengths: tokens of each sequence.
-        causal: see :func:`attention_flops`; default counts the full square.
+        causal: see :func:`attention_flops`; the LLM passes True (``LLMConfig.flops``).
 
     Returns:
         ``2 * matmul params * tokens + attention`` (multiply by 3 for training, see

@@ -173,7 +173,8 @@ class TrainerMetrics(MetricsEndpoint):
         )
         self.mfu = gauge(
             "mfu_ratio",
-            "Model FLOPs utilisation of the last step (encoder FLOPs counted), 0..1.",
+            "Model FLOPs utilisation of the last step, 0..1 (Megatron-LM's count: causal "
+            "attention halved; encoder FLOPs counted).",
         )
         self.step_seconds = Histogram(
             PREFIX + "step_duration_seconds",

@@ -1,7 +1,8 @@
 """What a run reports: per step (:class:`StepResult`) and for the run (:class:`RunSummary`,
 ``--summary``), every figure measured; the global work and sample fingerprint of a step.
 
-MFU is ``components.flops.mfu`` everywhere (steps, Prometheus, the summary, the planner).
+MFU is ``components.flops.mfu`` everywhere (steps, Prometheus, the summary, the planner), over
+model FLOPs counted as ``components.flops.MFU_CONVENTION`` says (the summary names it).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from omni_trainer.components.flops import mfu
+from omni_trainer.components.flops import MFU_CONVENTION, mfu
 from omni_trainer.components.metrics import TRAINER_PHASES as PHASES
 from omni_trainer.components.model_flops import StepFlops
 from omni_trainer.data.packing import PackedSequence
@@ -90,6 +91,8 @@ class RunSummary:
     mfu_curve: list[float]
     peak_flops: float
     peak_flops_source: str
+    mfu_convention: str
+    """How model FLOPs are counted: ``components.flops.MFU_CONVENTION``."""
     samples_per_modality: dict[str, int]
     tokens_per_modality: dict[str, int]
     world_size: int
@@ -191,6 +194,7 @@ def summarize(
         mfu_curve=[mfu(r.flops / r.seconds, peak_flops) for r in results],
         peak_flops=peak_flops,
         peak_flops_source=peak_source,
+        mfu_convention=MFU_CONVENTION,
         samples_per_modality=dict(sorted(counters["samples_per_modality"].items())),
         tokens_per_modality=dict(sorted(counters["tokens_per_modality"].items())),
         world_size=dims.world_size,

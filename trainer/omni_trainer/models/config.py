@@ -182,8 +182,9 @@ class LLMConfig(Spec):
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
-    def flops(self, seq_lengths: Sequence[int], *, causal: bool = False) -> float:
-        """Forward FLOPs over independent sequences (packed samples), LM head included."""
+    def flops(self, seq_lengths: Sequence[int], *, causal: bool = True) -> float:
+        """Forward FLOPs over independent sequences (packed samples), LM head included; causal
+        attention counts half of each square, as ``components.flops.MFU_CONVENTION`` says."""
         return transformer_flops(
             num_layers=self.num_layers,
             hidden_size=self.hidden_size,

@@ -167,8 +167,8 @@ def llm_op_costs(
     """Costs of one micro-batch on every virtual stage (index ``chunk * pp + stage``).
 
     FLOPs per layer: ``2 x matmul params x tokens`` (GEMM) plus ``4 x heads x head_dim x sum s^2``
-    (attention, full square as the MFU convention counts it; FlashAttention skips the masked
-    half, which the attention efficiency absorbs). The LM head (``h x vocab``) runs on the last
+    (attention, half of each causal square as the MFU convention counts it and FlashAttention
+    computes it). The LM head (``h x vocab``) runs on the last
     virtual stage. TP+SP moves four ``tokens x h`` bf16 tensors per layer and direction (two
     all-gathers, two reduce-scatters); ``tp_overlap`` hides that fraction of it behind GEMMs.
 
@@ -188,7 +188,11 @@ def llm_op_costs(
     width = h / math.sqrt(tp)
     gemm = 2.0 * _layer_matmul_params(llm) * tokens / tp
     attn = attention_flops(
-        num_layers=1, num_heads=llm.num_attention_heads, head_dim=llm.head_dim, seq_lengths=seg
+        num_layers=1,
+        num_heads=llm.num_attention_heads,
+        head_dim=llm.head_dim,
+        seq_lengths=seg,
+        causal=True,
     )
     attn /= tp
     layer_f = device.compute_time(gemm, "gemm", width=width) + device.compute_time(
