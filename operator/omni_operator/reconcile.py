@@ -15,6 +15,9 @@ Phases::
       │          │                        └ user error / budget spent: Failed
       └─ spec.suspend: Suspended (pods deleted) ─ resume: a new attempt
 
+Placing/Queued: a job that fits the nodes but not beside what runs there now waits in ``Queued``
+(``omni_operator.admission``: free capacity, first come first served within a priority).
+
 ``Starting`` means the attempt's pods exist but not all trainers run yet: condition
 ``PodsRunning`` names what the scheduler or the kubelet says (Unschedulable, ErrImagePull...),
 and ``restartPolicy.startTimeoutSeconds`` bounds the time to the trainer's first step.
@@ -34,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from omni_operator import recovery, spares, stragglers
+from omni_operator import admission, recovery, spares, stragglers
 from omni_operator.placement import PlacedNode, PlacementError, place
 from omni_operator.render import (
     LABEL_ATTEMPT,
@@ -101,6 +104,11 @@ class Observed:
     tracks_progress: bool = False
     """A progress source is configured: hang detection and "crash before the first step" need it."""
     generation: int | None = None
+    cluster_pods: Sequence[Obj] | None = None
+    """Every pod of the cluster when the job is to be placed (None: unknown; placed on the
+    nodes' allocatable alone, with no queue)."""
+    queue_ahead: Sequence[tuple[str, str]] = ()
+    """Queued jobs served before this one (``admission.queue_ahead``)."""
 
 
 @dataclass(frozen=True)
@@ -460,11 +468,14 @@ def _suspend(s: _Step) -> Actions:
 
 
 def _start_attempt(s: _Step) -> Actions:
-    """No pods for this attempt yet: place, render and create them."""
-    try:
-        placement = place(s.obs.nodes, s.spec, quarantined=s.st.quarantined_nodes)
-    except PlacementError as err:
-        msg = str(err)
+    """No pods for this attempt yet: place, render and create them (or queue the job)."""
+    verdict = admission.admit(s.obs.nodes, s.job, quarantined=s.st.quarantined_nodes,
+                              cluster_pods=s.obs.cluster_pods, ahead=s.obs.queue_ahead)  # fmt: skip
+    placement = verdict.placement
+    if verdict.queued:
+        return _queue(s, verdict)
+    if placement is None:
+        msg = verdict.message
         s.condition("Placed", "False", "Unschedulable", msg)
         s.phase(
             "Placing",
@@ -472,6 +483,8 @@ def _start_attempt(s: _Step) -> Actions:
             event=Event("Warning", "Unschedulable", msg),
         )
         return s.finish()
+    if admission.was_queued(s.st.conditions):
+        s.condition("Queued", "False", "Admitted", "free capacity found")
     desired = render_all(s.job, placement, attempt=s.st.attempt)
     d = diff(desired, s.obs.owned)
     s.actions.create += d.create
@@ -493,6 +506,16 @@ def _start_attempt(s: _Step) -> Actions:
             f"attempt {s.st.attempt}: {len(names)} pods on " + _nodes_str(placement.nodes),
         ),
     )
+    return s.finish()
+
+
+def _queue(s: _Step, verdict: admission.Decision) -> Actions:
+    """The job fits the cluster but not beside what runs now: it waits, creating nothing."""
+    summary = verdict.message.splitlines()[0]
+    s.condition("Queued", "True", verdict.reason, verdict.message)
+    s.condition("Placed", "False", verdict.reason, summary)
+    s.phase("Queued", f"queued: {summary}",
+            event=Event("Normal", "Queued", verdict.message))  # fmt: skip
     return s.finish()
 
 
