@@ -7,7 +7,8 @@ on the cluster's nodes but not beside what runs there now creates no pods and wa
 served within a priority (the value of ``scheduling.priorityClassName``'s PriorityClass): a job
 starts only when no queued job of a higher priority, or of the same priority and created
 earlier, waits before it (no overtaking, so a large job is not starved by small ones). A job that
-cannot fit even on empty nodes is not queued (phase ``Placing``) and holds nobody back.
+cannot fit even on empty nodes is not queued (phase ``Placing``) and holds nobody back. With
+``scheduling.kueueQueue`` Kueue is the queue: the pods are created at once and Kueue admits them.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def admit(
         anyway = place(nodes, spec, quarantined=avoid)
     except PlacementError as err:
         return Decision(None, "Unschedulable", str(err))
-    if cluster_pods is None:
+    if cluster_pods is None or spec.scheduling.kueue_queue:  # Kueue admits (omni_operator.kueue)
         return Decision(anyway, "Placed", "")
     if ahead:
         names = ", ".join(f"{ns}/{name}" for ns, name in ahead[:5])
