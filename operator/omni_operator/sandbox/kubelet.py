@@ -7,7 +7,7 @@ like the real components do and:
   or ``nodeSelector`` names, if that node is Ready and its allocatable, less the requests of
   the pods bound to it (:mod:`omni_operator.capacity`: GPUs, CPU, memory...), holds the pod's
   requests; else it stays Pending, PodScheduled=False reason Unschedulable, as kube-scheduler
-  leaves it;
+  leaves it (reason SchedulingGated while it carries a scheduling gate);
 * runs: a bound pod's container command starts as a process group in the sandbox's working
   directory (a shared filesystem for every node), with the pod's environment, its ConfigMap
   volumes written to files, and its status reported through ``/status`` (Running with a pod IP,
@@ -91,6 +91,8 @@ POD_MARKER = "OMNI_SANDBOX_POD_UID"
 """Set in every pod process's environment: descendants inherit it, so a pod's processes are
 found even after torchrun's workers lost their parent (what a container's cgroup gives)."""
 GPU = "nvidia.com/gpu"
+GATED_MESSAGE = "Scheduling is blocked due to non-empty scheduling gates"
+"""kube-scheduler's PodScheduled message for a pod with scheduling gates."""
 THROTTLE_PERIOD_S = 0.1
 """Short beside a step, so the stops land in every phase of it (a period near the step time
 would stop the same phase of every step)."""
@@ -362,7 +364,8 @@ class Kubelet:
     """A kubelet's ``syncFrequency``: how often a running pod's ConfigMap and downwardAPI
     volumes are refreshed when nothing else makes the kubelet sync it."""
     _http: aiohttp.ClientSession | None = None
-    _unschedulable: set[str] = field(default_factory=set)
+    _unschedulable: dict[str, str] = field(default_factory=dict)
+    """Pending pods' PodScheduled reason as last reported (Unschedulable, SchedulingGated)."""
     _held: dict[str, capacity.Resources] = field(default_factory=dict)
     """What the pods bound to each node request (this tick's bindings included)."""
     _pulls: dict[str, _Pull] = field(default_factory=dict)
@@ -575,7 +578,10 @@ class Kubelet:
         sim = self._sim(name) if name else None
         why = None
         want = capacity.pod_requests(pod)
-        if sim is None:
+        reason = "Unschedulable"
+        if (pod.get("spec") or {}).get("schedulingGates"):
+            reason, why = "SchedulingGated", GATED_MESSAGE
+        elif sim is None:
             why = f"node {name!r} is not a sandbox node" if name else "no node affinity"
         elif (
             sim.lost
@@ -590,14 +596,14 @@ class Kubelet:
             short = capacity.shortfall(want, left)
             why = f"node {name}: insufficient resources ({short})" if short else None
         if why is not None:
-            if key not in self._unschedulable:
-                self._unschedulable.add(key)
-                cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            if self._unschedulable.get(key) != reason:
+                self._unschedulable[key] = reason
+                cond = {"type": "PodScheduled", "status": "False", "reason": reason,
                         "message": why, "lastTransitionTime": now_iso()}  # fmt: skip
                 await self._patch(_pod_path(pod, "status"), {"status": {"phase": "Pending",
                                   "conditions": [cond]}})  # fmt: skip
             return
-        self._unschedulable.discard(key)
+        self._unschedulable.pop(key, None)
         held = self._held.setdefault(sim.name, {})  # later pods of this tick see this one
         for k, v in want.items():
             held[k] = held.get(k, 0.0) + v
