@@ -5,13 +5,16 @@ Thin on purpose: each handler reads the job and what it owns, calls the pure
 :func:`omni_operator.reconcile.reconcile`, and applies the result. Every job has one daemon, its
 reconcile loop: it wakes when a pod of the job or a Node it runs on changes (watch events), when
 the reconcile asked to look again (a backoff, a node's grace or the hang timeout ends), and at the
-latest every resync period (the trainer's progress is polled, not pushed). Create, resume and spec
+latest every resync period (the trainer's progress is polled, not pushed); a job queued for
+capacity also wakes when any job's pod changes. Create, resume and spec
 updates (suspend/resume included) reconcile at once. All of them run the same level-based
 reconcile, serialized per job by a lock, so whichever comes first does the work and the others find
 nothing to do; bursts of events (512 pods turning Running) coalesce into one wake-up. The status
 is written with a merge patch inside that lock (not through kopf's ``patch``, which lands after the
 handler returns): the next reconcile must see what this one decided, or a restart could be
-decided twice.
+decided twice. A reconcile that may place pods holds one operator-wide lock from its observation
+(every pod of the cluster, the queued jobs) to its writes, so two jobs never place onto the same
+free capacity.
 
 Configuration (environment): ``OMNI_RESYNC_SECONDS`` (the longest a job goes unreconciled,
 default 10), ``OMNI_API_SERVER`` (talk to this URL without credentials, e.g. the sandbox

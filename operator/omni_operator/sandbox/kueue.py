@@ -144,14 +144,14 @@ class KueueEmulator:
             await self._patch(_pod_path(pod), {"spec": {"schedulingGates": gates or None}})
 
     async def _evict(self, victim: Workload, by: Workload) -> None:
-        log.warning(f"sandbox kueue: {by.key[1]} preempts {victim.key[1]}")
+        live = [p for p in victim.pods if not p["metadata"].get("deletionTimestamp")]
+        if live:
+            log.warning(f"sandbox kueue: {by.key[1]} preempts {victim.key[1]}")
         now = dt.datetime.now(tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         cond = {"type": "DisruptionTarget", "status": "True", "reason": PREEMPTED,
                 "message": "Preempted to accommodate a higher priority Workload",
                 "lastTransitionTime": now}  # fmt: skip
-        for pod in victim.pods:
-            if pod["metadata"].get("deletionTimestamp"):
-                continue
+        for pod in live:
             conds = [c for c in (pod.get("status") or {}).get("conditions") or []
                      if c.get("type") != cond["type"]]  # fmt: skip
             await self._patch(_pod_path(pod, "status"), {"status": {"conditions": [*conds, cond]}})
