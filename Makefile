@@ -69,6 +69,12 @@ BEFORE ?= /tmp/omni-before
 bench-core: setup
 	$(BIN)/python bench/core.py --before $(BEFORE)
 
+.PHONY: bench-shared-cluster
+# 48 jobs of 1-8 nodes arriving over time on 32 nodes: the operator's admission code on a
+# simulated clock; queue wait and GPU utilisation per policy, no node overcommitted.
+bench-shared-cluster: setup
+	$(BIN)/python bench/shared_cluster.py $(BENCH_ARGS)
+
 .PHONY: bench-data
 # Data time per step with vs without prefetch (llava-tiny, real files), decoded images/s per core.
 bench-data: setup

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from omni_operator.capacity import default_requests, resources, shortfall
 from omni_operator.spec import OmniTrainingJobSpec, Toleration
 
 Node = Mapping[str, Any]
@@ -79,6 +80,7 @@ def place(
     spec: OmniTrainingJobSpec,
     *,
     quarantined: Iterable[str] = (),
+    free: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Placement:
     """Choose ``spec.nodes`` nodes and their ranks, or raise :class:`PlacementError` explaining
     per domain how many usable nodes there are and why the others are not usable.
@@ -87,33 +89,20 @@ def place(
         nodes: Node objects as dicts (``kubectl get nodes -o yaml`` items).
         spec: the validated job spec.
         quarantined: node names the operator must avoid (repeated failures).
+        free: each node's free capacity (:func:`omni_operator.capacity.free`); a node that
+            cannot hold the job's pod beside what runs there is not usable. None: the nodes'
+            allocatable (whether the job could ever fit).
 
     Returns:
         The placement, deterministic for the same inputs (in any order).
     """
     labels = tuple(spec.topology.network_domain_labels)
-    avoid = set(quarantined)
-    usable: dict[Domain, list[str]] = {}
-    skipped: dict[str, str] = {}
-    domain_of: dict[str, Domain] = {}
     nodes = list(nodes)
     allocatable = {
         n["metadata"]["name"]: dict((n.get("status") or {}).get("allocatable") or {}) for n in nodes
     }
-    for node in sorted(nodes, key=lambda n: _natural(n["metadata"]["name"])):
-        name = node["metadata"]["name"]
-        node_labels = node["metadata"].get("labels") or {}
-        missing = [k for k in labels if k not in node_labels]
-        if missing:
-            skipped[name] = f"no label {', '.join(missing)}"
-            continue
-        domain = tuple(node_labels[k] for k in labels)
-        domain_of[name] = domain
-        reason = _unusable(node, spec, avoid)
-        if reason:
-            skipped[name] = reason
-        else:
-            usable.setdefault(domain, []).append(name)
+    scan = usable_nodes(nodes, spec, quarantined=quarantined, free=free)
+    usable, skipped, domain_of = scan.usable, scan.skipped, scan.domain_of
 
     G, N = spec.group_size, spec.nodes
     need = N // G
@@ -149,6 +138,73 @@ def place(
                 )
             )
     return Placement(nodes=tuple(placed), domain_labels=labels, skipped=skipped)
+
+
+@dataclass(frozen=True)
+class Scan:
+    """The nodes that could host a pod of the job, by network domain, and why the others not."""
+
+    usable: dict[Domain, list[str]]
+    skipped: dict[str, str]
+    domain_of: dict[str, Domain]
+
+
+def usable_nodes(
+    nodes: Iterable[Node],
+    spec: OmniTrainingJobSpec,
+    *,
+    quarantined: Iterable[str] = (),
+    free: Mapping[str, Mapping[str, float]] | None = None,
+) -> Scan:
+    """Usable nodes per domain in name order (``free``: as :func:`place`)."""
+    labels = tuple(spec.topology.network_domain_labels)
+    avoid = set(quarantined)
+    usable: dict[Domain, list[str]] = {}
+    skipped: dict[str, str] = {}
+    domain_of: dict[str, Domain] = {}
+    for node in sorted(nodes, key=lambda n: _natural(n["metadata"]["name"])):
+        name = node["metadata"]["name"]
+        node_labels = node["metadata"].get("labels") or {}
+        missing = [k for k in labels if k not in node_labels]
+        if missing:
+            skipped[name] = f"no label {', '.join(missing)}"
+            continue
+        domain = tuple(node_labels[k] for k in labels)
+        domain_of[name] = domain
+        reason = _unusable(node, spec, avoid)
+        if reason is None and free is not None:
+            reason = _busy(node, spec, free.get(name, {}))
+        if reason:
+            skipped[name] = reason
+        else:
+            usable.setdefault(domain, []).append(name)
+    return Scan(usable, skipped, domain_of)
+
+
+def node_requests(spec: OmniTrainingJobSpec, allocatable: Mapping[str, str]) -> dict[str, str]:
+    """The requests of the job's pod on a node with ``allocatable``: its GPUs and RDMA devices,
+    ``resources.cpu``/``memory`` or else the default share of the node
+    (:func:`omni_operator.capacity.default_requests`)."""
+    res = spec.resources
+    out: dict[str, str] = {}
+    if spec.gpus_per_node:
+        out[res.gpu_resource_name] = str(spec.gpus_per_node)
+    if res.rdma is not None:
+        out[res.rdma.resource_name] = str(res.rdma.count)
+    if res.cpu is not None:
+        out["cpu"] = str(res.cpu)
+    if res.memory is not None:
+        out["memory"] = str(res.memory)
+    for key, value in default_requests(allocatable).items():
+        out.setdefault(key, value)  # never BestEffort: the first evicted under pressure
+    return out
+
+
+def _busy(node: Node, spec: OmniTrainingJobSpec, free: Mapping[str, float]) -> str | None:
+    """What the job's pod would lack on ``node`` beside the pods already there, or None."""
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    short = shortfall(resources(node_requests(spec, allocatable)), free)
+    return f"busy ({short})" if short else None
 
 
 def _choose(

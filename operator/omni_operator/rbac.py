@@ -15,10 +15,10 @@ Rule = tuple[str, str, str]  # (apiGroup, resource, verb)
 
 _OWNED = ("pods", "services", "configmaps")
 HANDLER_RULES: frozenset[Rule] = frozenset(
-    {("omni.megascale.io", "omnitrainingjobs", "get")}
+    {("omni.megascale.io", r, v) for r in ("omnitrainingjobs",) for v in ("get", "list")}
     | {("omni.megascale.io", "omnitrainingjobs/status", "patch")}
     | {("", r, v) for r in _OWNED for v in ("list", "create", "patch", "delete")}
-    | {("", "nodes", "list")}
+    | {("", "nodes", "list"), ("scheduling.k8s.io", "priorityclasses", "list")}
     | {("scheduling.volcano.sh", "podgroups", v) for v in ("list", "create", "patch", "delete")}
 )
 """What ``handlers/kube.py`` may call. Volcano PodGroups only when gang scheduling is on."""

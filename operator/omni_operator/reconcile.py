@@ -15,6 +15,9 @@ Phases::
       │          │                        └ user error / budget spent: Failed
       └─ spec.suspend: Suspended (pods deleted) ─ resume: a new attempt
 
+Placing/Queued: a job that fits the nodes but not beside what runs there now waits in ``Queued``
+(``omni_operator.admission``: free capacity, first come first served within a priority).
+
 ``Starting`` means the attempt's pods exist but not all trainers run yet: condition
 ``PodsRunning`` names what the scheduler or the kubelet says (Unschedulable, ErrImagePull...),
 and ``restartPolicy.startTimeoutSeconds`` bounds the time to the trainer's first step.
@@ -34,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from omni_operator import recovery, spares, stragglers
+from omni_operator import admission, kueue, recovery, spares, stragglers
 from omni_operator.placement import PlacedNode, PlacementError, place
 from omni_operator.render import (
     LABEL_ATTEMPT,
@@ -101,6 +104,11 @@ class Observed:
     tracks_progress: bool = False
     """A progress source is configured: hang detection and "crash before the first step" need it."""
     generation: int | None = None
+    cluster_pods: Sequence[Obj] | None = None
+    """Every pod of the cluster when the job is to be placed (None: unknown; placed on the
+    nodes' allocatable alone, with no queue)."""
+    queue_ahead: Sequence[tuple[str, str]] = ()
+    """Queued jobs served before this one (``admission.queue_ahead``)."""
 
 
 @dataclass(frozen=True)
@@ -447,7 +455,12 @@ def reconcile(obs: Observed) -> Actions:
     pods = s.attempt_pods()
     if s.st.phase == "Restarting" and pods and s.st.pod_attempt is not None:
         return _restart_in_place(s, pods)
-    if not pods or s.st.phase not in ("Starting", "Running"):
+    if s.st.phase == "Queued" and not pods and (going := s.stopping_pods()):
+        why = f"waiting for {', '.join(going)} to stop (emergency checkpoint)"  # preempted
+        s.condition("PodsRunning", "False", "Stopping", why)
+        s.actions.requeue_after = 1.0
+        return s.finish()
+    if not pods or s.st.phase not in ("Starting", "Running", "Queued"):
         # Also when some pods exist but the status never recorded the attempt as started (the
         # operator stopped between creating pods and writing the status): placement is
         # deterministic, so the diff adopts what exists and creates only what is missing.
@@ -475,11 +488,14 @@ def _suspend(s: _Step) -> Actions:
 
 
 def _start_attempt(s: _Step) -> Actions:
-    """No pods for this attempt yet: place, render and create them."""
-    try:
-        placement = place(s.obs.nodes, s.spec, quarantined=s.st.quarantined_nodes)
-    except PlacementError as err:
-        msg = str(err)
+    """No pods for this attempt yet: place, render and create them (or queue the job)."""
+    verdict = admission.admit(s.obs.nodes, s.job, quarantined=s.st.quarantined_nodes,
+                              cluster_pods=s.obs.cluster_pods, ahead=s.obs.queue_ahead)  # fmt: skip
+    placement = verdict.placement
+    if verdict.queued:
+        return _queue(s, verdict)
+    if placement is None:
+        msg = verdict.message
         s.condition("Placed", "False", "Unschedulable", msg)
         s.phase(
             "Placing",
@@ -487,6 +503,8 @@ def _start_attempt(s: _Step) -> Actions:
             event=Event("Warning", "Unschedulable", msg),
         )
         return s.finish()
+    if admission.was_queued(s.st.conditions):
+        s.condition("Queued", "False", "Admitted", "free capacity found")
     desired = render_all(s.job, placement, attempt=s.st.attempt)
     d = diff(desired, s.obs.owned)
     s.actions.create += d.create
@@ -508,6 +526,16 @@ def _start_attempt(s: _Step) -> Actions:
             f"attempt {s.st.attempt}: {len(names)} pods on " + _nodes_str(placement.nodes),
         ),
     )
+    return s.finish()
+
+
+def _queue(s: _Step, verdict: admission.Decision) -> Actions:
+    """The job fits the cluster but not beside what runs now: it waits, creating nothing."""
+    summary = verdict.message.splitlines()[0]
+    s.condition("Queued", "True", verdict.reason, verdict.message)
+    s.condition("Placed", "False", verdict.reason, summary)
+    s.phase("Queued", f"queued: {summary}",
+            event=Event("Normal", "Queued", verdict.message))  # fmt: skip
     return s.finish()
 
 
@@ -604,6 +632,8 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
     """Pods of this attempt exist: record progress, detect completion and failures."""
     spec, st = s.spec, s.st
     _ensure_shared_objects(s)
+    if spec.scheduling.kueue_queue and (held := _kueue_admission(s, pods)) is not None:
+        return held
     phases = [(p.get("status") or {}).get("phase") or "Pending" for p in pods]
     if len(pods) >= spec.nodes and all(ph == "Succeeded" for ph in phases):
         final = final_progress(pods)
@@ -720,6 +750,38 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
     )
     s.actions.requeue_after = decision.delay_seconds
     return s.finish()
+
+
+def _kueue_admission(s: _Step, pods: list[Obj]) -> Actions | None:
+    """Kueue gates the attempt (Queued; its start deadline counts from admission) or stopped it
+    (preempted: a graceful stop, no restart counted, Queued until admitted again); None when
+    it runs admitted (a gated attempt just admitted turns Starting)."""
+    queue = s.spec.scheduling.kueue_queue
+    stop = kueue.evicted(pods)
+    if stop is not None:
+        msg = (f"preempted: {stop.describe()}; resumes from its latest checkpoint when Kueue "
+               "admits it again (no restart counted)")  # fmt: skip
+        s.delete_pods(pods)  # Kueue deletes them too, with their grace: emergency checkpoint
+        s.set(attempt=s.st.attempt + 1, pod_attempt=None, placement=[], last_progress_time=None,
+              attempt_start_time=None, first_step_time=None)  # fmt: skip
+        s.condition("Queued", "True", stop.reason, msg)
+        s.condition("PodsRunning", "False", "Preempted", stop.describe())
+        s.phase("Queued", msg, event=Event("Warning", "Preempted", msg))
+        s.actions.requeue_after = 1.0
+        return s.finish()
+    gate = kueue.waiting(pods)
+    if gate is not None:
+        msg = gate.describe(str(queue), len(pods))
+        s.set(attempt_start_time=s.now_s)  # the start deadline counts from admission
+        s.condition("Queued", "True", gate.reason, msg)
+        s.condition("PodsRunning", "False", gate.reason, msg)
+        s.phase("Queued", f"queued: {msg}")
+        return s.finish()
+    if s.st.phase == "Queued":  # admitted since the last look: the start deadline runs
+        s.set(attempt_start_time=s.now_s)
+        s.condition("Queued", "False", "Admitted", f"admitted by Kueue (LocalQueue {queue})")
+        s.phase("Starting", f"attempt {s.st.attempt} admitted by Kueue (LocalQueue {queue})")
+    return None
 
 
 def _swap_in(s: _Step, swap: spares.Swap, *, pods_of: int) -> None:

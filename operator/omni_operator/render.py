@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from omni_operator.placement import PlacedNode, Placement
+from omni_operator.placement import PlacedNode, Placement, node_requests
 from omni_operator.pod_access import render_access
 from omni_operator.spec import GROUP, VERSION, OmniTrainingJob
 from omni_trainer.failure_report import HEALTH_PATH, REPORT_PORT
@@ -359,13 +359,9 @@ def render_pod(
         limits[res.gpu_resource_name] = str(spec.gpus_per_node)
     if res.rdma is not None:
         limits[res.rdma.resource_name] = str(res.rdma.count)
-    requests = dict(limits)
-    if res.cpu is not None:
-        requests["cpu"] = str(res.cpu)
     if res.memory is not None:
-        requests["memory"] = limits["memory"] = str(res.memory)
-    for key, value in default_requests(node.allocatable).items():
-        requests.setdefault(key, value)  # never BestEffort: the first evicted under pressure
+        limits["memory"] = str(res.memory)
+    requests = node_requests(spec, node.allocatable)
 
     env = [{"name": k, "value": v} for k, v in rank_env(job, node, attempt=attempt).items()]
     env += [{"name": k, "value": v} for k, v in nccl_env(job).items()]
@@ -475,46 +471,6 @@ def termination_grace_seconds(job: OmniTrainingJob) -> int:
     """From SIGTERM to SIGKILL: the trainer's stop grace plus torchrun's and the container's
     exit (every deletion but a forced one, on a lost node, gives the trainer this long)."""
     return job.spec.restart_policy.stop_grace_seconds + STOP_MARGIN_SECONDS
-
-
-REQUEST_FRACTION = 0.9
-"""Default CPU/memory requests: this share of the node's allocatable (one pod per node; the
-rest stays for daemons such as device plugins and log shippers)."""
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
-_DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
-
-
-def quantity(value: str) -> float | None:
-    """A Kubernetes quantity (``96``, ``500m``, ``1Ti``, ``64G``) as a number, or None."""
-    text = str(value).strip()
-    for suffixes in (_BINARY, _DECIMAL):
-        for suffix, factor in suffixes.items():
-            if text.endswith(suffix):
-                text, scale = text[: -len(suffix)], factor
-                break
-        else:
-            continue
-        break
-    else:
-        scale = 1
-        if text.endswith("m"):
-            text, scale = text[:-1], 1e-3
-    try:
-        return float(text) * scale
-    except ValueError:
-        return None
-
-
-def default_requests(allocatable: Mapping[str, str]) -> dict[str, str]:
-    """CPU and memory requests from a node's allocatable (:data:`REQUEST_FRACTION` of it)."""
-    out = {}
-    cpu = quantity(allocatable.get("cpu", ""))
-    if cpu:
-        out["cpu"] = f"{int(cpu * 1000 * REQUEST_FRACTION)}m"
-    memory = quantity(allocatable.get("memory", ""))
-    if memory:
-        out["memory"] = f"{int(memory * REQUEST_FRACTION) // 2**20}Mi"
-    return out
 
 
 def _tolerations(job: OmniTrainingJob) -> list[Obj]:

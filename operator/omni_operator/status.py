@@ -12,7 +12,15 @@ from pydantic import Field
 from omni_trainer.config_base import Spec
 
 Phase = Literal[
-    "Pending", "Placing", "Starting", "Running", "Restarting", "Succeeded", "Failed", "Suspended"
+    "Pending",
+    "Placing",
+    "Queued",
+    "Starting",
+    "Running",
+    "Restarting",
+    "Succeeded",
+    "Failed",
+    "Suspended",
 ]
 """``Starting``: the attempt's pods exist but not all trainers run yet (scheduling, image
 pulls); ``Running``: every trainer container runs."""

@@ -15,7 +15,7 @@ from .conftest import NAMESPACE, VALUE_SETS, by_kind, render
 
 Rule = tuple[str, str, str]  # (apiGroup, resource, verb)
 
-NODES: set[Rule] = {r for r in HANDLER_RULES | KOPF_RULES if r[1] == "nodes"}
+NODES: set[Rule] = {r for r in HANDLER_RULES | KOPF_RULES if r[1] in ("nodes", "priorityclasses")}
 VOLCANO: set[Rule] = {r for r in HANDLER_RULES if r[0] == "scheduling.volcano.sh"}
 NAMESPACED: set[Rule] = (HANDLER_RULES | KOPF_RULES | ADMISSION_RULES) - NODES - VOLCANO
 PEERING = ["get", "list", "watch", "patch"]

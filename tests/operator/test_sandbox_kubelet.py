@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -144,10 +145,34 @@ async def test_exit_codes_and_gpu_accounting(env: Env) -> None:
     await asyncio.sleep(0.3)  # node-0 has 1 GPU: never scheduled
     cond = env.pod("big")["status"]["conditions"][0]
     assert "nodeName" not in env.pod("big")["spec"]
-    assert (
-        cond["reason"] == "Unschedulable" and "2 GPUs requested, 1 allocatable" in cond["message"]
-    )
+    assert cond["reason"] == "Unschedulable" and "1 of 2 nvidia.com/gpu free" in cond["message"]
     await env.delete(f"/api/v1/namespaces/{NS}/pods/big")
+
+
+async def test_bound_pods_hold_their_gpus_and_cpu_until_they_end(env: Env) -> None:
+    """Two 1-GPU pods created together for node-1 (1 GPU): one binds, the other waits until
+    the first ends; a pod asking more CPU than the node has left never binds."""
+    cpus = os.cpu_count() or 1
+    for name in ("g1", "g2"):
+        await env.post(f"/api/v1/namespaces/{NS}/pods", _pod(name, "node-1", SLEEPER, gpus=1))
+
+    def bound() -> list[str]:
+        pods = [env.emu.stored("v1/pods", NS, n) for n in ("g1", "g2")]
+        return [p["metadata"]["name"] for p in pods if p and p["spec"].get("nodeName")]
+
+    await env.wait("one bound", lambda: len(bound()) == 1 and len(env.kubelet.containers) == 1)
+    await asyncio.sleep(0.3)
+    (first,) = bound()
+    other = "g2" if first == "g1" else "g1"
+    cond = env.pod(other)["status"]["conditions"][0]
+    assert cond["reason"] == "Unschedulable" and "0 of 1 nvidia.com/gpu free" in cond["message"]
+    cpu = _pod("cpu", "node-1", "print(1)")
+    cpu["spec"]["containers"][0]["resources"] = {"requests": {"cpu": f"{cpus * 1000 + 1}m"}}
+    await env.post(f"/api/v1/namespaces/{NS}/pods", cpu)
+    await env.wait("cpu unschedulable", lambda: env.pod("cpu").get("status", {}).get("conditions"))
+    assert "cpu free" in env.pod("cpu")["status"]["conditions"][0]["message"]
+    await env.delete(f"/api/v1/namespaces/{NS}/pods/{first}")
+    await env.wait("the other bound", lambda: bound() == [other], timeout=20)
 
 
 async def test_hang_stops_the_processes_and_deletion_ends_them(env: Env) -> None:

@@ -5,13 +5,16 @@ Thin on purpose: each handler reads the job and what it owns, calls the pure
 :func:`omni_operator.reconcile.reconcile`, and applies the result. Every job has one daemon, its
 reconcile loop: it wakes when a pod of the job or a Node it runs on changes (watch events), when
 the reconcile asked to look again (a backoff, a node's grace or the hang timeout ends), and at the
-latest every resync period (the trainer's progress is polled, not pushed). Create, resume and spec
+latest every resync period (the trainer's progress is polled, not pushed); a job queued for
+capacity also wakes when any job's pod changes. Create, resume and spec
 updates (suspend/resume included) reconcile at once. All of them run the same level-based
 reconcile, serialized per job by a lock, so whichever comes first does the work and the others find
 nothing to do; bursts of events (512 pods turning Running) coalesce into one wake-up. The status
 is written with a merge patch inside that lock (not through kopf's ``patch``, which lands after the
 handler returns): the next reconcile must see what this one decided, or a restart could be
-decided twice.
+decided twice. A reconcile that may place pods holds one operator-wide lock from its observation
+(every pod of the cluster, the queued jobs) to its writes, so two jobs never place onto the same
+free capacity.
 
 Configuration (environment): ``OMNI_RESYNC_SECONDS`` (the longest a job goes unreconciled,
 default 10), ``OMNI_API_SERVER`` (talk to this URL without credentials, e.g. the sandbox
@@ -32,6 +35,7 @@ from typing import Any, TypeVar
 import kopf
 
 from omni_operator import reconcile as rec
+from omni_operator.admission import queue_ahead
 from omni_operator.handlers.kube import JOB_API, ApiError, Kube, obj_path, url_path
 from omni_operator.metrics import Fleet, NullOperatorMetrics, OperatorMetrics
 from omni_operator.progress import MetricsProgress
@@ -48,6 +52,10 @@ EVENT_MESSAGE_LIMIT = 1000  # the API server rejects longer Event messages
 RETRY_SECONDS = 2.0  # after a reconcile failed (API server unreachable)
 CONFLICT_RETRIES = 5  # reconciles in a row whose status write met a newer job (409)
 T = TypeVar("T")
+PLACED = ("Starting", "Running")
+"""Phases whose attempt's pods exist: their reconcile places nothing."""
+WAITING = ("Placing", "Queued")
+"""Phases of jobs waiting for nodes: a Node change wakes them."""
 
 ProgressSource = Callable[
     [OmniTrainingJob, Sequence[dict[str, Any]]], Awaitable[rec.Progress | None]
@@ -109,6 +117,8 @@ class OperatorState:
     resync_seconds: float = 10.0
     """The longest a job goes unreconciled (progress polling, missed events)."""
     wakeups: dict[JobKey, Wakeup] = field(default_factory=dict)
+    placing: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held by a reconcile that may place pods, from its observation to its writes."""
     job_nodes: dict[JobKey, frozenset[str]] = field(default_factory=dict)
     """The nodes each job's pods are placed on, as its last reconcile saw them."""
     node_facts: dict[str, tuple[Any, ...]] = field(default_factory=dict)
@@ -306,6 +316,9 @@ async def pod_event(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: A
     key = (namespace, labels[LABEL_JOB])
     if key in st.wakeups:
         st.wakeups[key].poke("pod")
+    for other, wakeup in st.wakeups.items():  # capacity may have freed for the queue
+        if st.fleet.phases.get(other) == "Queued":
+            wakeup.poke("capacity")
 
 
 @kopf.on.event("", "v1", "nodes")
@@ -321,7 +334,7 @@ async def node_event(name: str, body: kopf.Body, type: str, memo: kopf.Memo, **_
     else:
         st.node_facts[name] = facts
     for key, wakeup in st.wakeups.items():
-        if st.fleet.phases.get(key) == "Placing" or name in st.job_nodes.get(key, ()):
+        if st.fleet.phases.get(key) in WAITING or name in st.job_nodes.get(key, ()):
             wakeup.poke("node")
 
 
@@ -420,9 +433,28 @@ async def _reconcile_once(st: OperatorState, namespace: str, name: str) -> Outco
             (namespace, name), phase="Failed", quarantined=0, now=st.clock().timestamp()
         )
         raise kopf.PermanentError(f"invalid OmniTrainingJob:\n{err}") from None
+    if status.phase in PLACED:
+        return await _observe_and_apply(st, raw, job, status, (namespace, name))
+    async with st.placing:  # one placement at a time sees the pods the others created
+        return await _observe_and_apply(st, raw, job, status, (namespace, name), placing=True)
+
+
+async def _observe_and_apply(
+    st: OperatorState,
+    raw: dict[str, Any],
+    job: OmniTrainingJob,
+    status: OmniTrainingJobStatus,
+    key: JobKey,
+    *,
+    placing: bool = False,
+) -> Outcome:
+    """Observe (``placing``: also every pod of the cluster and the queue), reconcile, apply."""
+    kube, (namespace, name) = st.kube, key
+    job_path = url_path(JOB_API, "OmniTrainingJob", namespace=namespace, name=name)
     owned, nodes = await asyncio.gather(
         _owned(st, namespace, name), kube.list(url_path("v1", "Node"))
     )
+    cluster_pods, ahead = await _queue_view(st.kube, raw, namespace) if placing else (None, [])
     pods = [o for o in owned if o["kind"] == "Pod"]
     current = [p for p in pods if p["metadata"]["labels"].get(LABEL_ATTEMPT) == str(status.pods_of)]
     progress, reports = await asyncio.gather(
@@ -441,6 +473,8 @@ async def _reconcile_once(st: OperatorState, namespace: str, name: str) -> Outco
             progress=progress,
             tracks_progress=st.progress is not None,
             generation=raw["metadata"].get("generation"),
+            cluster_pods=cluster_pods,
+            queue_ahead=ahead,
         )
     )
     await _apply(kube, raw, job_path, actions)
@@ -468,6 +502,29 @@ async def _reconcile_once(st: OperatorState, namespace: str, name: str) -> Outco
 
 async def _none() -> None:
     return None
+
+
+async def _queue_view(
+    kube: Kube, raw: dict[str, Any], namespace: str
+) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+    """Every pod of the cluster and the queued jobs served before this one (those of the job's
+    namespace when the operator is granted only its namespaces)."""
+    pods, jobs, classes = await asyncio.gather(
+        _list_wide(kube, "v1", "Pod", namespace),
+        _list_wide(kube, JOB_API, "OmniTrainingJob", namespace),
+        kube.list(url_path("scheduling.k8s.io/v1", "PriorityClass")),
+    )
+    return pods, queue_ahead(raw, jobs, classes)
+
+
+async def _list_wide(kube: Kube, api: str, kind: str, namespace: str) -> list[dict[str, Any]]:
+    """All namespaces' objects, else (403: a namespaced install) the namespace's."""
+    try:
+        return await kube.list(url_path(api, kind))
+    except ApiError as err:
+        if err.status != 403:
+            raise
+        return await kube.list(url_path(api, kind, namespace=namespace))
 
 
 def _stragglers(patch: dict[str, Any], status: OmniTrainingJobStatus) -> int:

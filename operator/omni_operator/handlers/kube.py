@@ -29,6 +29,7 @@ PLURALS = {
     "ConfigMap": "configmaps",
     "Node": "nodes",
     "PodGroup": "podgroups",
+    "PriorityClass": "priorityclasses",
     "OmniTrainingJob": PLURAL,
 }
 JOB_API = f"{GROUP}/{VERSION}"

@@ -2,7 +2,8 @@
 
 The kmock API emulator (:mod:`.emulator`) on 127.0.0.1 with the OmniTrainingJob CRD, N emulated
 GPU nodes labelled with a zone and a spine, the kubelet simulator (:mod:`.kubelet`) that really
-runs the pods, and the operator itself in the same process. A kubeconfig is written next to a
+runs the pods, an emulation of Kueue's pod integration (:mod:`.kueue`), and the operator itself
+in the same process. A kubeconfig is written next to a
 state file, so real ``kubectl`` and ``omni sandbox fault`` find it.
 """
 
@@ -25,6 +26,7 @@ import kmock
 import kopf
 import yaml
 
+from omni_operator.sandbox import kueue
 from omni_operator.sandbox.emulator import Emulator
 from omni_operator.sandbox.kubelet import (
     CRASH_BACKOFF_S,
@@ -167,6 +169,10 @@ class Sandbox:
                               sync_s=config.sync_seconds,
                               crash_backoff_s=config.crash_backoff_seconds)  # fmt: skip
             emu.pod_logs = kubelet.pod_log
+            for key, kind, namespaced, status, short in kueue.RESOURCES:
+                emu.declare(key, kind=kind, namespaced=namespaced, status=status,
+                            short_names=short)  # fmt: skip
+            emu.before_create = kueue.gate  # Kueue's webhook, emulated
             sb = cls(config=config, url=url, emulator=emu, kubelet=kubelet)
             async with aiohttp.ClientSession() as http:
                 await _post(http, url, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
@@ -177,6 +183,8 @@ class Sandbox:
                     await _post(http, url, "/api/v1/nodes",
                                 node_object(n.name, gpus=n.gpus, spine=spine))  # fmt: skip
             sb.tasks.append(asyncio.create_task(kubelet.run(), name="sandbox-kubelet"))
+            sb.tasks.append(asyncio.create_task(kueue.KueueEmulator(url).run(),
+                                                name="sandbox-kueue"))  # fmt: skip
             memo = kopf.Memo(api_server=url, resync_seconds=config.resync_seconds)
             sb.tasks.append(
                 asyncio.create_task(

@@ -69,6 +69,7 @@ RESOURCES: list[tuple[str, str, bool, bool, tuple[str, ...]]] = [
     ("apiextensions.k8s.io/v1/customresourcedefinitions", "CustomResourceDefinition", False, True,
      ("crd", "crds")),
     ("scheduling.volcano.sh/v1beta1/podgroups", "PodGroup", True, True, ("pg",)),
+    ("scheduling.k8s.io/v1/priorityclasses", "PriorityClass", False, False, ("pc",)),
 ]  # fmt: skip
 VERBS = {"create", "delete", "get", "list", "patch", "update", "watch"}
 

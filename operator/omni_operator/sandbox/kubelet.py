@@ -4,7 +4,10 @@ One :class:`Kubelet` plays every emulated node. Each tick it reads Nodes and Pod
 like the real components do and:
 
 * schedules: a pending pod is bound (``spec.nodeName``) to the node its required node affinity
-  or ``nodeSelector`` names, if that node is Ready and has the GPUs the pod asks for;
+  or ``nodeSelector`` names, if that node is Ready and its allocatable, less the requests of
+  the pods bound to it (:mod:`omni_operator.capacity`: GPUs, CPU, memory...), holds the pod's
+  requests; else it stays Pending, PodScheduled=False reason Unschedulable, as kube-scheduler
+  leaves it (reason SchedulingGated while it carries a scheduling gate);
 * runs: a bound pod's container command starts as a process group in the sandbox's working
   directory (a shared filesystem for every node), with the pod's environment, its ConfigMap
   volumes written to files, and its status reported through ``/status`` (Running with a pod IP,
@@ -75,6 +78,8 @@ from typing import Any
 import aiohttp
 import psutil
 
+from omni_operator import capacity
+from omni_operator.capacity import pinned_node
 from omni_operator.recovery import node_not_ready_since
 from omni_operator.sandbox import degrade, downward
 from omni_operator.sandbox.probes import ReadinessProbe
@@ -86,6 +91,8 @@ POD_MARKER = "OMNI_SANDBOX_POD_UID"
 """Set in every pod process's environment: descendants inherit it, so a pod's processes are
 found even after torchrun's workers lost their parent (what a container's cgroup gives)."""
 GPU = "nvidia.com/gpu"
+GATED_MESSAGE = "Scheduling is blocked due to non-empty scheduling gates"
+"""kube-scheduler's PodScheduled message for a pod with scheduling gates."""
 THROTTLE_PERIOD_S = 0.1
 """Short beside a step, so the stops land in every phase of it (a period near the step time
 would stop the same phase of every step)."""
@@ -96,34 +103,6 @@ log = logging.getLogger("omni.sandbox")
 
 def now_iso() -> str:
     return dt.datetime.now(tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def requested_gpus(pod: Obj) -> int:
-    total = 0
-    for c in (pod.get("spec") or {}).get("containers") or []:
-        limits = (c.get("resources") or {}).get("limits") or {}
-        total += int(limits.get(GPU, 0))
-    return total
-
-
-def target_node(pod: Obj) -> str | None:
-    """The one node a pod may run on: required affinity on ``metadata.name`` or the hostname
-    label in ``nodeSelector`` (what the operator renders), else None."""
-    spec = pod.get("spec") or {}
-    terms = (
-        ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-            "requiredDuringSchedulingIgnoredDuringExecution"
-        )
-        or {}
-    ).get("nodeSelectorTerms") or []
-    for term in terms:
-        for expr in term.get("matchFields") or []:
-            if expr.get("key") == "metadata.name" and expr.get("operator") == "In":
-                values = expr.get("values") or []
-                if len(values) == 1:
-                    return str(values[0])
-    host = (spec.get("nodeSelector") or {}).get("kubernetes.io/hostname")
-    return str(host) if host else None
 
 
 def ready_condition(ready: bool) -> list[Obj]:
@@ -344,7 +323,6 @@ class Container:
     proc: subprocess.Popen[bytes]
     log_path: Path
     grace_s: float
-    gpus: int = 0
     hung: bool = False
     throttle: asyncio.Task[None] | None = None
     """The duty cycle of a ``throttle`` fault (None: not throttled)."""
@@ -386,7 +364,10 @@ class Kubelet:
     """A kubelet's ``syncFrequency``: how often a running pod's ConfigMap and downwardAPI
     volumes are refreshed when nothing else makes the kubelet sync it."""
     _http: aiohttp.ClientSession | None = None
-    _unschedulable: set[str] = field(default_factory=set)
+    _unschedulable: dict[str, str] = field(default_factory=dict)
+    """Pending pods' PodScheduled reason as last reported (Unschedulable, SchedulingGated)."""
+    _held: dict[str, capacity.Resources] = field(default_factory=dict)
+    """What the pods bound to each node request (this tick's bindings included)."""
     _pulls: dict[str, _Pull] = field(default_factory=dict)
     _restarts: dict[str, _Restart] = field(default_factory=dict)
     _backoffs: dict[str, _Backoff] = field(default_factory=dict)
@@ -412,6 +393,7 @@ class Kubelet:
             if sim.name in nodes:
                 await self._node_faults(sim, nodes[sim.name])
         pods = await self._list("/api/v1/pods")
+        self._held = capacity.used(p for p in pods if (p.get("spec") or {}).get("nodeName"))
         live = set()
         for pod in pods:
             key = _key(pod)
@@ -592,10 +574,14 @@ class Kubelet:
 
     async def _schedule(self, pod: Obj, nodes: Mapping[str, Obj]) -> None:
         key = _key(pod)
-        name = target_node(pod)
+        name = pinned_node(pod)
         sim = self._sim(name) if name else None
         why = None
-        if sim is None:
+        want = capacity.pod_requests(pod)
+        reason = "Unschedulable"
+        if (pod.get("spec") or {}).get("schedulingGates"):
+            reason, why = "SchedulingGated", GATED_MESSAGE
+        elif sim is None:
             why = f"node {name!r} is not a sandbox node" if name else "no node affinity"
         elif (
             sim.lost
@@ -603,21 +589,25 @@ class Kubelet:
             or node_not_ready_since(nodes[name], dt.datetime.now(tz=dt.UTC)) is not None
         ):
             why = f"node {name} is not Ready"
-        elif self._gpus_used(sim.name) + requested_gpus(pod) > sim.gpus:
-            why = f"node {name}: {requested_gpus(pod)} GPUs requested, {sim.gpus} allocatable"
+        else:
+            (left,) = capacity.free([nodes[name]], []).values()
+            for k, v in self._held.get(sim.name, {}).items():
+                left[k] = left.get(k, 0.0) - v
+            short = capacity.shortfall(want, left)
+            why = f"node {name}: insufficient resources ({short})" if short else None
         if why is not None:
-            if key not in self._unschedulable:
-                self._unschedulable.add(key)
-                cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            if self._unschedulable.get(key) != reason:
+                self._unschedulable[key] = reason
+                cond = {"type": "PodScheduled", "status": "False", "reason": reason,
                         "message": why, "lastTransitionTime": now_iso()}  # fmt: skip
                 await self._patch(_pod_path(pod, "status"), {"status": {"phase": "Pending",
                                   "conditions": [cond]}})  # fmt: skip
             return
-        self._unschedulable.discard(key)
+        self._unschedulable.pop(key, None)
+        held = self._held.setdefault(sim.name, {})  # later pods of this tick see this one
+        for k, v in want.items():
+            held[k] = held.get(k, 0.0) + v
         await self._patch(_pod_path(pod), {"spec": {"nodeName": name}})
-
-    def _gpus_used(self, node: str) -> int:
-        return sum(c.gpus for c in self.containers.values() if c.node == node and not c.lost)
 
     async def _start(self, pod: Obj, sim: SimNode, *, restart: _Restart | None = None) -> None:
         """Start the pod's container (again, in the same pod and address, for ``restart``)."""
@@ -662,7 +652,7 @@ class Kubelet:
         count = restart.count if restart else 0
         self.containers[key] = Container(
             key, meta["uid"], sim.name, container["name"], proc, log_path, _grace(spec),
-            gpus=requested_gpus(pod), termination_log=termination_log,
+            termination_log=termination_log,
             message_policy=container.get("terminationMessagePolicy", "File"),
             restart_policy=spec.get("restartPolicy", "Always"), restarts=count, mounts=mounts,
             synced_at=loop_now, synced_meta=downward.metadata_version(meta), readiness=readiness,

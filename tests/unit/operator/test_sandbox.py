@@ -8,6 +8,7 @@ from pathlib import Path
 
 import yaml
 
+from omni_operator.capacity import pinned_node, pod_requests
 from omni_operator.crd import crd
 from omni_operator.placement import place
 from omni_operator.render import CONFIG_DIR, CONFIG_PATH, render_all
@@ -16,8 +17,6 @@ from omni_operator.sandbox.kubelet import (
     crash_backoff,
     localize,
     map_service_ports,
-    requested_gpus,
-    target_node,
 )
 from omni_operator.sandbox.tables import age, as_table, printer_columns
 from omni_operator.spec import OmniTrainingJobSpec, parse_job
@@ -38,12 +37,12 @@ def _pods() -> list[dict]:
 
 def test_the_kubelet_reads_the_node_and_gpus_the_operator_rendered() -> None:
     pods = _pods()
-    assert [target_node(p) for p in pods] == [
+    assert [pinned_node(p) for p in pods] == [
         p["metadata"]["annotations"]["omni.megascale.io/placed-node"] for p in pods
     ]
-    assert [requested_gpus(p) for p in pods] == [2, 2]
-    assert target_node({"spec": {"nodeSelector": {"kubernetes.io/hostname": "n7"}}}) == "n7"
-    assert target_node({"spec": {}}) is None
+    assert [pod_requests(p)["nvidia.com/gpu"] for p in pods] == [2, 2]
+    assert pinned_node({"spec": {"nodeSelector": {"kubernetes.io/hostname": "n7"}}}) == "n7"
+    assert pinned_node({"spec": {}}) is None
 
 
 def test_mounts_and_cluster_names_become_local(tmp_path: Path) -> None:
