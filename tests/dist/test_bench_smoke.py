@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -63,16 +64,21 @@ def runs(request: pytest.FixtureRequest) -> Iterator[dict[str, Future[tuple[int,
 
     def run(script: str) -> tuple[int, str, float]:
         t0 = time.perf_counter()
-        proc = subprocess.run(
+        proc = subprocess.Popen(
             [sys.executable, str(BENCH / script), "--smoke"],
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             text=True,
-            timeout=TIMEOUT_S,
             cwd=ROOT,
             env={**os.environ, "OMNI_NUM_THREADS": "1"},
-            check=False,
+            start_new_session=True,  # a timeout ends the script's own subprocesses too
         )
-        return proc.returncode, proc.stdout + "\n" + proc.stderr, time.perf_counter() - t0
+        try:
+            out, _ = proc.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out = proc.communicate()[0] + f"\n(killed after {TIMEOUT_S} s)"
+        return proc.returncode, out, time.perf_counter() - t0
 
     pool = ThreadPoolExecutor(AT_ONCE)
     futures = {script: pool.submit(run, script) for script in SMOKE if script in selected}
