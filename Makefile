@@ -51,10 +51,15 @@ format: setup
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache
 
+# Every bench target takes BENCH_ARGS; BENCH_ARGS=--smoke is its smoke run (seconds, the smallest
+# sizes, the whole path: what tests/dist/test_bench_smoke.py runs in CI; gpu-check's is
+# GPU_CHECK_ARGS=--cpu-smoke).
+BENCH_ARGS ?=
+
 # Policies interleaved, 5 repeats, one thread per process: pp2 on 2 processes, pp4 on 4.
 bench-multiplex: setup
-	$(BIN)/python bench/multiplex.py --pipeline 2 --nproc 2
-	$(BIN)/python bench/multiplex.py --pipeline 4 --nproc 4
+	$(BIN)/python bench/multiplex.py --pipeline 2 --nproc 2 $(BENCH_ARGS)
+	$(BIN)/python bench/multiplex.py --pipeline 4 --nproc 4 $(BENCH_ARGS)
 
 # The CRD is generated from the operator's pydantic models; tests fail when crds/ is stale.
 .PHONY: crds
@@ -67,7 +72,7 @@ crds: setup
 # bf16 and recompute memory figures on this tree.
 BEFORE ?= /tmp/omni-before
 bench-core: setup
-	$(BIN)/python bench/core.py --before $(BEFORE)
+	$(BIN)/python bench/core.py --before $(BEFORE) $(BENCH_ARGS)
 
 .PHONY: bench-shared-cluster
 # 48 jobs of 1-8 nodes arriving over time on 32 nodes: the operator's admission code on a
@@ -84,7 +89,7 @@ bench-data: setup
 
 # Grouped Karmarkar-Karp reordering vs greedy and no reordering (PAPER.md technique 7).
 bench-balance: setup
-	$(BIN)/python bench/balance.py
+	$(BIN)/python bench/balance.py $(BENCH_ARGS)
 
 .PHONY: bench-freeze
 
@@ -103,7 +108,6 @@ bench-interop: setup
 
 # Async loader snapshot vs synchronous save (1 MB, 100 MB; BENCH_ARGS=--big adds 1 GB) and
 # first vs later DCP saves with plan caching on and off (PAPER.md techniques 8, 13-15).
-BENCH_ARGS ?=
 bench-checkpoint: setup
 	$(BIN)/python bench/checkpoint.py $(BENCH_ARGS)
 
@@ -140,12 +144,13 @@ images:
 # Predicted throughput of workloads A-D (PAPER.md) on H100 profiles: uniform multiplexing vs
 # stage0, front_loaded and disaggregated, image:text 1:9..9:1, plus PP stage 0 memory (issue 8).
 bench-paper: setup
-	$(BIN)/python bench/paper.py
+	$(BIN)/python bench/paper.py $(BENCH_ARGS)
 
 .PHONY: bench-operator
 
-# The real kopf operator against the API emulator: job -> all pods and node lost -> all pods
-# recreated for 8, 64 and 512 nodes, with the operator's API requests per reconcile.
+# The real kopf operator against the API emulator: job -> all pods, node lost -> all pods
+# recreated and a crashed trainer restarted in place, for 8, 64 and 512 nodes, with the
+# operator's API requests per reconcile.
 bench-operator: setup
 	$(BIN)/python bench/operator_scale.py $(BENCH_ARGS)
 

@@ -8,6 +8,7 @@ alone, and forward + backward where the variant has a backward (torch 2.13's fle
 none on CPU, so it cannot train there). Each output is checked against the per-sample one.
 
     python bench/attention.py --lengths 300,700,200,848 --heads 8 --dim 64
+    python bench/attention.py --smoke    # 3 short samples, 2 heads, one repeat, no compile
 """
 
 from __future__ import annotations
@@ -52,7 +53,11 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-compile", action="store_true", help="skip compiled flex attention")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes, one repeat, no compile")
     args = parser.parse_args()
+    if args.smoke:
+        args.lengths, args.heads, args.dim, args.repeats = "30,70,20", 2, 16, 1
+        args.no_compile = True
     lengths = [int(n) for n in args.lengths.split(",")]
     s = sum(lengths)
     torch.manual_seed(0)

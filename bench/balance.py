@@ -141,9 +141,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--per-rank", type=int, default=8, help="samples per rank per step")
     parser.add_argument("--steps", type=int, default=50, help="steps averaged per cell")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="16 ranks, 3 steps: a smoke run")
+    parser.add_argument("--quick", action="store_true", help="16 ranks, 3 steps")
+    parser.add_argument("--smoke", action="store_true", help="4 ranks, 1 step: every path, fast")
     args = parser.parse_args(argv)
-    ranks, steps_n = (16, 3) if args.quick else (args.ranks, args.steps)
+    ranks, steps_n = (16, 3) if args.quick else (4, 1) if args.smoke else (args.ranks, args.steps)
     costs = {m: cost_from_config(e) for m, e in ENCODERS.items()}
     sizes = [g for g in (1, 2, 4, 8, 16, 32, 64) if g <= ranks and ranks % g == 0]
 

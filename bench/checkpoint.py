@@ -152,12 +152,19 @@ def main() -> None:
     parser.add_argument("--kb", type=int, default=8, help="KiB per tensor (part 2)")
     parser.add_argument("--saves", type=int, default=5)
     parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument(
+        "--smoke", action="store_true", help="a 1 MB state, 2 x 20 tensors, 2 saves"
+    )
     parser.add_argument("--plan-worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plan_worker:
         plan_worker(args.plan_worker, args.tensors, args.kb, args.saves)
         return
-    sizes = [1, 10] if args.quick else [1, 100] + ([1024] if args.big else [])
+    if args.smoke:
+        args.tensors, args.kb, args.saves = 20, 4, 2
+    sizes = (
+        [1, 10] if args.quick else [1] if args.smoke else [1, 100] + ([1024] if args.big else [])
+    )
     with tempfile.TemporaryDirectory(prefix="bench-ckpt-") as tmp:
         root = Path(tmp)
         print("Loader state: training-loop blocking time, async snapshot vs synchronous save")

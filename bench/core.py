@@ -95,7 +95,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--overlap-rounds", type=int, default=0)
     ap.add_argument("--llm-layers", type=int, default=4)
+    ap.add_argument(
+        "--smoke", action="store_true", help="this tree as both, pp2, 2 steps, one variant"
+    )
     args = ap.parse_args()
+    if args.smoke:
+        args.before = args.before or REPO
+        args.layouts, args.steps, args.rounds = ["pp2"], 2, 1
     if args.overlap_rounds:
         compare_overlap(rounds=args.overlap_rounds, steps=args.steps, layers=args.llm_layers)
         return
@@ -113,14 +119,14 @@ def main() -> None:
                     rates[lay, label].append(s["tokens_per_second"])
         variants = {}
         for label, pipeline, train, parallelism in [
+            ("dp2 ZeRO-1 bf16", 1, {"precision": "bf16"}, {"distributedOptimizer": True}),
             ("pp2 fp32", 2, {}, {}),
             ("pp2 bf16", 2, {"precision": "bf16"}, {}),
             ("pp2 selective", 2, {"recompute": "selective"}, {}),
             ("pp2 full", 2, {"recompute": "full"}, {}),
             ("dp2 plain", 1, {}, {"distributedOptimizer": False}),
             ("dp2 ZeRO-1", 1, {}, {"distributedOptimizer": True}),
-            ("dp2 ZeRO-1 bf16", 1, {"precision": "bf16"}, {"distributedOptimizer": True}),
-        ]:
+        ][: 1 if args.smoke else None]:
             d = bench_job(pipeline)
             d["spec"]["trainer"]["train"].update(train)
             d["spec"]["trainer"]["parallelism"].update(parallelism)

@@ -58,7 +58,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--images", type=int, default=400)
     ap.add_argument("--image-size", type=int, default=448, help="side of the drawn images")
+    ap.add_argument("--smoke", action="store_true", help="2 steps, 10 images of 64 px")
     args = ap.parse_args()
+    if args.smoke:
+        args.steps, args.images, args.image_size = 2, 10, 64
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         data = out / "data"

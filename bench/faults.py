@@ -128,7 +128,14 @@ def _args() -> argparse.Namespace:
     p.add_argument("--outage-seconds", type=float, default=20.0,
                    help="how long the storage-outage fault keeps S3 down")  # fmt: skip
     p.add_argument("--dir", type=Path, help="keep the sandbox, logs and checkpoints here")
-    return p.parse_args()
+    p.add_argument("--smoke", action="store_true",
+                   help="by default in-place, one crash 1 step past a checkpoint every 2; exit "
+                   "1 unless every fault was measured")  # fmt: skip
+    args = p.parse_args()
+    if args.smoke:  # the smoke run's defaults; options given still apply
+        p.set_defaults(modes=["in-place"], faults=["crash"], interval=2, past=1, timeout=120.0)
+        args = p.parse_args()
+    return args
 
 
 @dataclass
@@ -624,6 +631,8 @@ def main() -> None:
                 sb.close()
             print(f"{mode}: done ({len(costs)} faults so far)", flush=True)
     print_table(costs, args.modes)
+    if args.smoke and any(c.lost_s is None for c in costs):
+        sys.exit("a fault's cost was not measured (see the notes)")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ and the optimizer state each holds. Run: ``make bench-freeze`` or
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
 from pathlib import Path
 
@@ -24,10 +23,12 @@ from omni_trainer.trainer import Trainer
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny-cpu.yaml"
 
 
-def manifest(*, projector_only: bool) -> dict:
+def manifest(*, projector_only: bool, wide: bool = True) -> dict:
+    """The example with a wider LLM (``wide``: else the example's own), all three modalities."""
     doc = yaml.safe_load(EXAMPLE.read_text())
     trainer = doc["spec"]["trainer"]
-    trainer["model"]["llm"].update(numLayers=4, hiddenSize=256, ffnHiddenSize=688)
+    if wide:
+        trainer["model"]["llm"].update(numLayers=4, hiddenSize=256, ffnHiddenSize=688)
     trainer["data"]["mixture"] = [{"atTokens": 0, "weights": {"image": 1, "audio": 1, "text": 1}}]
     if projector_only:
         trainer["model"]["llm"]["freeze"] = True
@@ -48,13 +49,18 @@ def state_bytes(trainer: Trainer) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8, help="timed steps of each (after one)")
+    parser.add_argument(
+        "--smoke", action="store_true", help="one timed step of each, the example's own LLM"
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.steps = 1
     _, world, device = init_distributed()
     groups = build_process_groups(ParallelDims(world_size=world), device)
     runs = {
         name: Trainer(
             parse_manifest(
-                copy.deepcopy(manifest(projector_only=name == "projector-only"))
+                manifest(projector_only=name == "projector-only", wide=not args.smoke)
             ).spec.trainer,
             groups=groups,
             steps=args.steps + 1,

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 SIZES = {
+    "smoke": dict(hidden=64, layers=1, heads=4, kv=2, ffn=128, vocab=256),
     "small": dict(hidden=512, layers=4, heads=8, kv=2, ffn=1408, vocab=32000),
     "1b": dict(hidden=2048, layers=16, heads=32, kv=8, ffn=8192, vocab=128256),
 }
@@ -162,8 +163,11 @@ def worker(model: str, out: Path, export_dir: str | None) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="1b")
+    parser.add_argument("--smoke", action="store_true", help="--size smoke: one tiny layer")
     parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.smoke:
+        args.size = "smoke"
     if args.worker:
         model, out, export_dir = args.worker
         worker(model, Path(out), None if export_dir == "-" else export_dir)

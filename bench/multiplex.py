@@ -613,11 +613,18 @@ def main() -> None:
         type=Path,
         help="keep the runs in PATH.x<scale>.json; when it exists, analyse it instead of training",
     )
+    ap.add_argument(
+        "--smoke", action="store_true", help="2 steps per run, once; auto and uniform by default"
+    )
     ap.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         worker(args.worker)
         return
+    if args.smoke:
+        args.steps, args.repeats = 2, 1
+        if args.policies == ",".join(POLICIES):
+            args.policies = "auto,uniform"
     from omni_trainer.planner.budget import cores_are_shared
 
     policies = tuple(args.policies.split(","))

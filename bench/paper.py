@@ -158,7 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", nargs="*", default=["A", "B", "C", "C32K", "D"])
     ap.add_argument("--max-microbatches", type=int, default=32)
+    ap.add_argument("--smoke", action="store_true", help="workload A, at most 4 micro-batches")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.workloads, args.max_microbatches = ["A"], 4
     device = H100
     started = time.perf_counter()
     print(header(device, args.max_microbatches))

@@ -24,9 +24,9 @@ def worker(size_mb: float, late_s: float) -> None:
 
     from omni_trainer.distributed.netcheck import run_preflight
     from omni_trainer.distributed.netcheck_rules import PreflightConfig
-    from omni_trainer.mcore.parallel import init_distributed
 
-    rank, _, _ = init_distributed()
+    dist.init_process_group("gloo")  # from the env measure() sets (megatron is not needed)
+    rank = dist.get_rank()
     if rank == 1 and late_s:
         exchange = dist.batch_isend_irecv
 
@@ -59,7 +59,10 @@ def measure(size_mb: float, late_s: float) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", type=float, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--smoke", action="store_true", help="one size of 0.1 MiB")
     args = parser.parse_args()
+    if args.smoke:
+        args.sizes = [0.1]
     print(f"{'MiB':>5} {'case':>8} {'seconds':>8} {'all-reduce':>11} {'all-gather':>11} "
           f"{'n0':>7} {'n1':>7} {'n2':>7} {'n1/median':>9} failed")  # fmt: skip
     for size in args.sizes:

@@ -5,6 +5,7 @@ ones, as a storage outage or a network partition to the object store looks to a 
 Used by ``bench/faults.py`` (the ``storage-outage`` fault) and runnable alone:
 
     python bench/storage_outage.py --seconds 60     # prints the endpoint, down every other 10 s
+    python bench/storage_outage.py --smoke   # a client's requests before, during, after 1 s down
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ class FlakyS3:
         if record:
             self.outages.append((time.time(), 0.0))
         if self._listener is not None:
+            with contextlib.suppress(OSError):  # wakes the accept() in flight (close does not)
+                self._listener.shutdown(socket.SHUT_RDWR)
             self._listener.close()
         with self._lock:
             conns, self._conns = self._conns, set()
@@ -100,6 +103,9 @@ class FlakyS3:
                 client, _ = listener.accept()
             except OSError:
                 return
+            if not self._up.is_set():  # accepted as the outage began: refused
+                client.close()
+                return
             try:
                 upstream = socket.create_connection(("127.0.0.1", self._moto_port))
             except OSError:
@@ -125,10 +131,47 @@ class FlakyS3:
                 self._conns.discard(dst)
 
 
+def client_view(s3: FlakyS3, seconds: float) -> None:
+    """What an S3 client sees: a write served, the endpoint refusing during an outage of
+    ``seconds``, then serving again (how long after the outage's start)."""
+    import boto3
+    import botocore.config
+
+    once = botocore.config.Config(retries={"total_max_attempts": 1}, connect_timeout=2)
+    client = boto3.client("s3", endpoint_url=s3.endpoint, region_name="us-east-1",
+                          aws_access_key_id="x", aws_secret_access_key="x",
+                          config=once)  # fmt: skip
+    client.create_bucket(Bucket="outage")
+    client.put_object(Bucket="outage", Key="before", Body=b"1")
+    t0 = time.time()
+    back = s3.outage(seconds)
+    try:
+        client.put_object(Bucket="outage", Key="during", Body=b"1")
+        during = "served (the proxy was not down)"
+    except Exception as err:  # whatever botocore raises for a refused connection
+        during = f"refused ({type(err).__name__})"
+    back.join()
+    while True:
+        try:
+            client.put_object(Bucket="outage", Key="after", Body=b"1")
+            break
+        except Exception:
+            time.sleep(0.05)
+    print(f"outage of {seconds:g} s: a write during it {during}; served again "
+          f"{time.time() - t0:.2f} s after its start")  # fmt: skip
+    if not during.startswith("refused"):
+        raise SystemExit("the endpoint served a write during the outage")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--smoke", action="store_true", help="one outage of 1 s seen by a client")
     args = ap.parse_args()
+    if args.smoke:
+        with FlakyS3() as s3:
+            client_view(s3, 1.0)
+        return
     with FlakyS3() as s3:
         print(f"endpoint {s3.endpoint}", flush=True)
         end = time.time() + args.seconds

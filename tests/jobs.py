@@ -1,41 +1,13 @@
-"""Job manifests shared by tests: a small valid job, and bad ones, each with the field its
-rejection must name. The operator (tests/operator), `omni validate`, `omni train` and `omni render`
-(tests/unit/operator/test_validate_everywhere.py) must all reject every bad one, before any pod or
-process exists, naming the same field.
+"""Bad job manifests (variants of ``omni_operator.sandbox.testbed.job_manifest``), each with the
+field its rejection must name. The operator (tests/operator), `omni validate`, `omni train` and
+`omni render` (tests/unit/operator/test_validate_everywhere.py) must all reject every bad one,
+before any pod or process exists, naming the same field.
 """
 
 from __future__ import annotations
 
 import copy
 from typing import Any
-
-import yaml
-
-from omni_operator.sandbox.cluster import SPINE, ZONE
-
-from .conftest import EXAMPLES
-
-NS = "ml"
-
-
-def job_manifest(name: str = "train", **spec: Any) -> dict[str, Any]:
-    """examples/tiny-cpu.yaml on 2 nodes x 2 GPUs, reorder groups of 2 inside one spine."""
-    doc = yaml.safe_load((EXAMPLES / "tiny-cpu.yaml").read_text())
-    doc["metadata"] = {"name": name, "namespace": NS}
-    doc["spec"].update(
-        nodes=2,
-        gpusPerNode=2,
-        topology={"networkDomainLabels": [ZONE, SPINE], "reorderGroupSize": 2},
-        restartPolicy={"backoffSeconds": {"base": 0, "max": 0}, "nodeLostGraceSeconds": 30},
-    )
-    doc["spec"]["trainer"]["data"]["microBatchSize"] = 2
-    for key, value in spec.items():
-        if isinstance(value, dict) and isinstance(doc["spec"].get(key), dict):
-            doc["spec"][key] = {**doc["spec"][key], **value}
-        else:
-            doc["spec"][key] = value
-    return doc
-
 
 INVALID: dict[str, tuple[dict[str, Any], str]] = {
     # name: (spec overrides, the field the message must name)

@@ -14,9 +14,7 @@ import kopf
 import pytest
 
 from omni_operator.handlers.kube import Kube
-
-from ..jobs import job_manifest
-from .conftest import Cluster
+from omni_operator.sandbox.testbed import Cluster, job_manifest
 
 pytestmark = pytest.mark.asyncio
 

@@ -11,9 +11,9 @@ import pytest
 from omni_operator.metrics import OperatorMetrics
 from omni_operator.reconcile import Progress
 from omni_operator.render import ANNOTATION_NODE, LABEL_ATTEMPT, LABEL_JOB
+from omni_operator.sandbox.testbed import NS, Cluster, job_manifest
 
-from ..jobs import INVALID, invalid_job, job_manifest
-from .conftest import NS, Cluster
+from ..jobs import INVALID, invalid_job
 
 pytestmark = pytest.mark.asyncio
 

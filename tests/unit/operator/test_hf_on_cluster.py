@@ -13,11 +13,11 @@ from typer.testing import CliRunner
 
 import omni_trainer.interop.source as hf_source
 from omni_operator.render import render_config_map
+from omni_operator.sandbox.testbed import job_manifest
 from omni_operator.spec import parse_job
 from omni_trainer.cli import app
 from omni_trainer.config import ManifestError
 
-from ...jobs import job_manifest
 from ..interop.hf_models import save_llm
 
 

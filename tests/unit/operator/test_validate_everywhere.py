@@ -10,11 +10,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from omni_operator.sandbox.testbed import job_manifest
 from omni_operator.spec import parse_job
 from omni_trainer.cli import app
 from omni_trainer.config import ManifestError
 
-from ...jobs import INVALID, invalid_job, job_manifest
+from ...jobs import INVALID, invalid_job
 
 NODES = Path(__file__).parent / "data" / "nodes-16.yaml"
 LOCAL = {"unknown", "nodes", "budget", "micro", "typo", "kvheads", "layers", "batch", "seqlen"}
