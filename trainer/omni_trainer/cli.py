@@ -6,13 +6,16 @@ import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from omni_trainer.config import ManifestError, load_manifest
+
+if TYPE_CHECKING:
+    from omni_trainer.checkpoint.config import CheckpointConfig
 
 app = typer.Typer(
     help="MegaScale-Omni: multimodal LLM training.",
@@ -104,12 +107,14 @@ def train(
     nproc: Annotated[int, typer.Option(min=1, help="local processes (one per GPU on GPUs)")] = 1,
     summary: Annotated[Path | None, typer.Option(help="write a JSON summary here")] = None,
     resume: Annotated[
-        str,
+        str | None,
         typer.Option(
             envvar="OMNI_RESUME",
-            help="auto: continue from the latest complete checkpoint (if any); none: start fresh",
+            help="auto: continue from the latest complete checkpoint (if any); none: start "
+            "fresh, over an earlier run's checkpoints; unset, a run whose checkpoint.path "
+            "holds an earlier run's checkpoints stops and asks which",
         ),
-    ] = "none",
+    ] = None,
     metrics_port: Annotated[
         int | None,
         typer.Option(
@@ -121,7 +126,7 @@ def train(
     """Train the manifest's job on this machine (torchrun: gloo on CPU, NCCL on GPUs)."""
     from omni_trainer.launch import inside_torchrun, launch_torchrun, run_worker
 
-    if resume not in ("auto", "none"):
+    if resume not in ("auto", "none", None):
         raise _fail(f"--resume must be 'auto' or 'none', not {resume!r}")
     # Every rank of torchrun re-enters here: the manifest is checked at the world it runs in,
     # and before torchrun starts at --nproc, so a bad manifest is reported once.
@@ -133,12 +138,14 @@ def train(
         # Once per machine (a pod, or this launcher), before the process group forms.
         if os.environ.get("LOCAL_RANK", "0") == "0" and not os.environ.get(SOURCES_CHECKED):
             _check_sources(job.spec.trainer)
+        if resume is None and not inside_torchrun():  # pods and workers always say which
+            _refuse_overwrite(job.spec.trainer.checkpoint)
         if nproc > 1 and not inside_torchrun():
             forwarded = [
                 *(["--steps", str(steps)] if steps else []),
                 *(["--summary", str(summary)] if summary else []),
                 "--resume",
-                resume,
+                resume or "none",
             ]
             os.environ[SOURCES_CHECKED] = "1"  # the local workers need not check again
             raise typer.Exit(launch_torchrun(manifest, nproc=nproc, forwarded=forwarded))
@@ -157,6 +164,15 @@ def train(
 
 
 SOURCES_CHECKED = "OMNI_SOURCES_CHECKED"
+
+
+def _refuse_overwrite(cfg: CheckpointConfig | None) -> None:
+    """A fresh local run stops before it overwrites an earlier run's checkpoints."""
+    from omni_trainer.checkpoint.earlier_run import earlier_run
+
+    problem = earlier_run(cfg)
+    if problem is not None:
+        raise ManifestError(problem)
 
 
 def _check_sources(cfg) -> None:
@@ -265,18 +281,28 @@ def export_cmd(
         str | None,
         typer.Option(
             help="a checkpoint root or one step-NNNNNNNN directory (default: the latest "
-            "complete checkpoint under checkpoint.path, else the model as initialised)"
+            "complete checkpoint under checkpoint.path)"
         ),
     ] = None,
+    initial_weights: Annotated[
+        bool,
+        typer.Option(
+            "--initial-weights",
+            help="with no checkpoint, write the untrained weights the job starts from",
+        ),
+    ] = False,
 ) -> None:
     """Write the model as a Hugging Face model (safetensors, config.json, tokenizer files) in
     the family it was imported from (Llama for presets), from a checkpoint of any layout."""
+    from omni_trainer.checkpoint.earlier_run import no_checkpoint
     from omni_trainer.interop.export import check_export, write_hf
-    from omni_trainer.interop.runtime import single_process_model
+    from omni_trainer.interop.runtime import resolve_checkpoint, single_process_model
 
     cfg = _load(manifest).spec.trainer
     try:
         check_export(cfg, out)  # before any weight is allocated
+        if not initial_weights and resolve_checkpoint(cfg, checkpoint) is None:
+            raise _fail(no_checkpoint(cfg.checkpoint))
         with single_process_model(cfg, checkpoint=checkpoint) as (model, step):
             result = write_hf(model, cfg, out, step=step)
     except (ValueError, OSError) as err:
