@@ -92,7 +92,7 @@ def test_llm_with_an_imported_tower_exports_as_llava(tmp_path) -> None:
     config = transformers.AutoConfig.from_pretrained(out)
     token = transformers.AutoTokenizer.from_pretrained(out).convert_tokens_to_ids("<image>")
     assert (config.image_token_id, config.vision_feature_layer) == (token, -1)
-    assert config.vision_feature_select_strategy == "full"
+    assert config.vision_feature_select_strategy == "full" and config.image_seq_length == 17
     processor = transformers.AutoProcessor.from_pretrained(out)  # as serving loads it
     image = np.random.default_rng(0).integers(0, 256, (40, 30, 3), dtype=np.uint8)
     inputs = processor(text="hi <image>", images=[image], return_tensors="pt")
