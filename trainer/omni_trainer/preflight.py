@@ -123,9 +123,9 @@ def _missing_placeholders(cfg: TrainerConfig, tok: Any) -> list[str]:
 
 def _survey(source: Any, where: str, seq_length: int, out: SourceCheck) -> None:
     """Read up to :data:`SURVEY_SAMPLES` samples as training would: an error when none is
-    usable (naming the reasons and one example each), a warning with the share of samples
-    skipped by reason, and of readable samples longer than ``seqLength`` (media: skipped; text:
-    split into chunks)."""
+    usable (naming the reasons, one example each), a warning with the share of samples skipped
+    as broken (missing, corrupt, placeholder_mismatch...), and one with the share of the
+    readable samples longer than ``seqLength`` (media: skipped as too_long; text: split)."""
     from omni_trainer.data.sample import Skipped
 
     n = source.num_samples or SURVEY_SAMPLES
@@ -142,35 +142,36 @@ def _survey(source: Any, where: str, seq_length: int, out: SourceCheck) -> None:
             elif s.num_tokens > seq_length:
                 split += 1
     name, read = source.name, len(picks)
-    readable = read - sum(skipped.values())
-    if skipped["too_long"] == read:
-        out.problems.append(
-            f"{where} ({name}): all {read} samples read are longer than data.seqLength "
-            f"({seq_length}) and would be skipped as too_long; raise seqLength"
-        )
-        return
+    too_long = skipped.pop("too_long", 0)
+    readable = read - sum(skipped.values())  # what seqLength is measured against
     reasons = "; ".join(
-        f"{reason} {count} (e.g. {example[reason]})" for reason, count in skipped.most_common()
+        f"{why} {count} (e.g. {example[why]})" for why, count in skipped.most_common()
     )
     if readable == 0:
+        fix = _FIXES.get(skipped.most_common(1)[0][0], "see the reasons")
         out.problems.append(
             f"{where} ({name}): none of the {read} samples read is usable, every one would be "
-            f"skipped: {reasons}; {_FIXES.get(skipped.most_common(1)[0][0], 'see the reasons')}"
+            f"skipped: {reasons}; {fix}"
         )
         return
-    share = sum(skipped.values()) / read
-    if share >= WARN_FRACTION:
-        long = f"; longer than data.seqLength ({seq_length}): raise it to keep them"
-        out.warnings.append(
-            f"{where} ({name}): {read - readable} of {read} samples read ({share:.0%}) would "
-            f"be skipped: {reasons}{long if skipped['too_long'] else ''}"
+    if too_long == readable:
+        out.problems.append(
+            f"{where} ({name}): all {readable} readable samples are longer than "
+            f"data.seqLength ({seq_length}) and would be skipped as too_long; raise seqLength"
         )
-    if split / readable >= WARN_FRACTION:
+        return
+    if (read - readable) / read >= WARN_FRACTION:
         out.warnings.append(
-            f"{where} ({name}): {split} of {readable} readable samples ({split / readable:.0%}) "
-            f"are longer than data.seqLength ({seq_length}) and are split into chunks; raise "
-            "seqLength to keep them whole"
+            f"{where} ({name}): {read - readable} of {read} samples read "
+            f"({(read - readable) / read:.0%}) would be skipped: {reasons}"
         )
+    for count, what in ((too_long, "skipped as too_long"), (split, "split into chunks")):
+        if count / readable >= WARN_FRACTION:
+            out.warnings.append(
+                f"{where} ({name}): {count} of {readable} readable samples "
+                f"({count / readable:.0%}) are longer than data.seqLength ({seq_length}) and "
+                f"are {what}; raise seqLength to keep them whole"
+            )
 
 
 _FIXES = {
@@ -181,7 +182,6 @@ _FIXES = {
     "unsupported_media": "add an encoder for the media (model.encoders) or drop those samples",
     "malformed": "records need conversations or messages with an assistant turn",
     "template": "the tokenizer's chat template cannot be diffed turn by turn",
-    "too_long": "raise seqLength",
 }
 """What to do when every sample is skipped for the reason."""
 

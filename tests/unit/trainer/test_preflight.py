@@ -65,15 +65,14 @@ def test_sources_too_long_for_seq_length(tmp_path: Path, dataset: Path) -> None:
     code, err = _validate(tmp_path, dataset, **{"data.seqLength": 40})
     assert code == 2
     assert (
-        "spec.trainer.data.sources[0] (llava-tiny): all 24 samples read are longer than "
+        "spec.trainer.data.sources[0] (llava-tiny): all 24 readable samples are longer than "
         "data.seqLength (40) and would be skipped as too_long; raise seqLength"
     ) in err
     code, err = _validate(tmp_path, dataset, **{"data.seqLength": 100})
     assert code == 0
     assert (
-        "warning: spec.trainer.data.sources[0] (llava-tiny): 18 of 24 samples read (75%) would "
-        "be skipped: too_long 18 (e.g. llava-tiny/img-00000: 103 positions > seqLength 100); "
-        "longer than data.seqLength (100): raise it to keep them"
+        "warning: spec.trainer.data.sources[0] (llava-tiny): 18 of 24 readable samples (75%) "
+        "are longer than data.seqLength (100) and are skipped as too_long"
     ) in " ".join(err.split())
     assert "skipping" not in err  # the survey's skips are summed, not logged one by one
 

@@ -12,7 +12,6 @@ on every call, so skips are deterministic across restarts.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import threading
 from collections import OrderedDict
@@ -43,8 +42,6 @@ from omni_trainer.data.media import (
 from omni_trainer.data.record_layouts import describe, inline_bytes, local_path, media_of
 from omni_trainer.data.sample import MediaGeometry, MediaRef, MediaSpan, Sample, Skipped
 from omni_trainer.data.shards import _is_s3
-
-log = logging.getLogger(__name__)
 
 
 def load_records(url: str) -> list[dict[str, Any]]:
@@ -128,7 +125,6 @@ class ConversationSource:
         )
         self._frames: OrderedDict[tuple[int, int], list[np.ndarray]] = OrderedDict()
         self._frames_lock = threading.Lock()
-        self._logged: set[str] = set()
 
     # -- what a subclass changes: where records and media come from ------------------------------
 
@@ -304,7 +300,5 @@ class ConversationSource:
         return np.ascontiguousarray(array, dtype=np.float32)
 
     def _skip(self, sample_id: str, reason: str, detail: str) -> Skipped:
-        if sample_id not in self._logged:  # once per sample and process
-            self._logged.add(sample_id)
-            log.warning("source %s: skipping %s (%s): %s", self.name, sample_id, reason, detail)
+        """A skipped sample (the stream logs and counts it once, at its first draw)."""
         return Skipped(sample_id, reason, detail)
