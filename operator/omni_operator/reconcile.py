@@ -926,6 +926,8 @@ def _apply_progress(s: _Step, p: Progress, *, all_running: bool = False) -> None
         changes.update(first_step_time=s.now_s, restart_history=_restart_cost(s))
     if p.step is not None and p.step != st.step:
         changes.update(step=p.step, last_progress_time=s.now_s)
+    elif p.step is None and p.resumed_from is not None and p.resumed_from != st.step:
+        changes.update(step=p.resumed_from)  # resumed, no step trained yet: where it stands
     changes.update(throughput_status(p))
     known = st.last_checkpoint.step if st.last_checkpoint else 0
     for step in sorted({x for x in (p.resumed_from, p.checkpoint_step) if x and x > known}):
