@@ -908,13 +908,19 @@ def _watch_stragglers(s: _Step, p: Progress) -> None:
         if (x.node_rank, x.node) not in known:
             s.event("Warning", "Straggler", stragglers.describe(x))
     s.set(stragglers=now)
+    watched = "".join(  # status.stragglers' candidates, named too
+        f"; watching {stragglers.describe(x)} (not yet {cfg.persist_steps} steps)"
+        for x in now
+        if x.detected_step is None
+    )
     if detected:
-        s.condition("Straggler", "True", "SlowNode", "; ".join(map(stragglers.describe, detected)))
+        found = "; ".join(map(stragglers.describe, detected))
+        s.condition("Straggler", "True", "SlowNode", found + watched)
     else:
         n = len(p.node_busy)
         s.condition("Straggler", "False", "NoStraggler",
                     f"no node persistently over {cfg.margin:.0%} slower than the others' median "
-                    f"({n} node{'s' if n > 1 else ''} reporting)")  # fmt: skip
+                    f"({n} node{'s' if n > 1 else ''} reporting){watched}")  # fmt: skip
 
 
 def _apply_progress(s: _Step, p: Progress, *, all_running: bool = False) -> None:
