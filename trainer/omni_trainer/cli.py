@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from omni_trainer.config import ManifestError, load_manifest
+from omni_trainer.launch import silence_known_noise
 
 if TYPE_CHECKING:
     from omni_trainer.checkpoint.config import CheckpointConfig
@@ -559,6 +560,7 @@ def _add_data_commands() -> None:
 
 _add_data_commands()
 _register_plugins()
+silence_known_noise()  # before any command imports megatron-core
 
 if __name__ == "__main__":
     app()
