@@ -138,7 +138,7 @@ def train(
             _warn(job.spec.trainer)
         # Once per machine (a pod, or this launcher), before the process group forms.
         if os.environ.get("LOCAL_RANK", "0") == "0" and not os.environ.get(SOURCES_CHECKED):
-            _check_sources(job.spec.trainer)
+            _check_sources(job.spec.trainer, for_export=False)
         if resume is None and not inside_torchrun():  # pods and workers always say which
             _refuse_overwrite(job.spec.trainer.checkpoint)
         if nproc > 1 and not inside_torchrun():
@@ -176,11 +176,12 @@ def _refuse_overwrite(cfg: CheckpointConfig | None) -> None:
         raise ManifestError(problem)
 
 
-def _check_sources(cfg) -> None:
-    """Data sources and checkpoint storage reachable, or one ManifestError naming each cause."""
+def _check_sources(cfg, *, for_export: bool = True) -> None:
+    """Data sources and checkpoint storage reachable, or one ManifestError naming each cause
+    (``preflight.check_sources``)."""
     from omni_trainer.preflight import check_sources
 
-    found = check_sources(cfg)
+    found = check_sources(cfg, for_export=for_export)
     for line in found.warnings:
         err_console.print("[bold yellow]warning:[/bold yellow] ", end="")
         err_console.print(line, markup=False)

@@ -36,10 +36,12 @@ class SourceCheck:
     warnings: list[str] = field(default_factory=list)
 
 
-def check_sources(cfg: TrainerConfig) -> SourceCheck:
+def check_sources(cfg: TrainerConfig, *, for_export: bool = True) -> SourceCheck:
     """Every data source opened as the trainer opens it (shards listed, indexes read), the
     tokenizer loaded and checked against the model's vocabulary, the checkpoint storage listed,
-    and each source's sample lengths surveyed against ``seqLength``. Problems read
+    and each source's sample lengths surveyed against ``seqLength``. ``for_export``: a
+    tokenizer without an encoder's placeholder token is a problem (export and generation need
+    it), else a warning (training does not). Problems read
     ``spec.trainer.<field> (<location>): <ExceptionType>: <message>``."""
     from omni_trainer.checkpoint.storage import open_storage
     from omni_trainer.data.loader import build_source
@@ -47,6 +49,9 @@ def check_sources(cfg: TrainerConfig) -> SourceCheck:
 
     out = SourceCheck()
     tokenizer_ok = _check_tokenizer(cfg, out.problems)
+    if tokenizer_ok and cfg.tokenizer is not None:  # training runs without; export needs them
+        placeholders = _missing_placeholders(cfg)
+        (out.problems if for_export else out.warnings).extend(placeholders)
     out.problems += check_weights(cfg.model)
     for i, src in enumerate(cfg.data.sources):
         if isinstance(src, SyntheticSourceConfig):
@@ -87,22 +92,24 @@ def _check_tokenizer(cfg: TrainerConfig, problems: list[str]) -> bool:
     from omni_trainer.interop.tokenizer import load_checked_tokenizer
 
     try:
-        tok = load_checked_tokenizer(cfg)
+        load_checked_tokenizer(cfg)
     except HFModelError as err:  # names the field, both sizes and the fix
         problems.append(str(err))
         return False
     except Exception as err:
         problems.append(f"spec.trainer.tokenizer ({cfg.tokenizer}): {describe(err)}")
         return False
-    problems += _missing_placeholders(cfg, tok)
     return True
 
 
-def _missing_placeholders(cfg: TrainerConfig, tok: Any) -> list[str]:
+def _missing_placeholders(cfg: TrainerConfig) -> list[str]:
     """Each configured encoder's placeholder (``<image>``, ``<audio>``) must be one token of
     the tokenizer: export writes a LLaVA's tower and projector, and generation marks media, by
-    that token (training would run without it, and export would then drop the tower)."""
+    that token (training runs without it, and export would then drop the tower)."""
     from omni_trainer.interop.media_prompt import PLACEHOLDERS
+    from omni_trainer.interop.tokenizer import load_checked_tokenizer
+
+    tok = load_checked_tokenizer(cfg)
 
     if cfg.media_geometry().image_wrap is not None:  # Qwen2.5-VL: its own vision tokens
         return []
