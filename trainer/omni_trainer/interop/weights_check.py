@@ -6,6 +6,9 @@ is named in ``omni validate --sources``, not at start-up."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from omni_trainer.interop.source import HFModelError
 from omni_trainer.models.config import ModelConfig
 
@@ -29,7 +32,7 @@ def check_weights(model: ModelConfig) -> list[str]:
     return problems
 
 
-def _check(field: str, path: str, expected) -> list[str]:
+def _check(field: str, path: str, expected: Callable[[Any], dict[str, list[int]]]) -> list[str]:
     """Compare ``expected(reader)`` (HF name -> shape) with the headers under ``path``."""
     from omni_trainer.interop.safetensors_io import SafetensorsReader
     from omni_trainer.interop.source import local_dir
@@ -67,13 +70,13 @@ def _check(field: str, path: str, expected) -> list[str]:
     return out
 
 
-def _llm_shapes(reader, cfg) -> dict[str, list[int]]:
+def _llm_shapes(reader: Any, cfg: Any) -> dict[str, list[int]]:
     from omni_trainer.interop.llm import expected_hf_shapes, hf_names_of
 
     return expected_hf_shapes(cfg, hf_names_of(reader))
 
 
-def _tower(reader, cfg) -> dict[str, list[int]]:
+def _tower(reader: Any, cfg: Any) -> dict[str, list[int]]:
     """HF name -> shape of each tensor the tower reads (the tower built on the meta device)."""
     import torch
 
