@@ -985,13 +985,19 @@ def _watch_stragglers(s: _Step, p: Progress) -> None:
         if (x.node_rank, x.node) not in known:
             s.event("Warning", "Straggler", stragglers.describe(x))
     s.set(stragglers=now)
+    watched = "".join(  # status.stragglers' candidates, named too
+        f"; watching {stragglers.describe(x)} (not yet {cfg.persist_steps} steps)"
+        for x in now
+        if x.detected_step is None
+    )
     if detected:
-        s.condition("Straggler", "True", "SlowNode", "; ".join(map(stragglers.describe, detected)))
+        found = "; ".join(map(stragglers.describe, detected))
+        s.condition("Straggler", "True", "SlowNode", found + watched)
     else:
         n = len(p.node_busy)
         s.condition("Straggler", "False", "NoStraggler",
                     f"no node persistently over {cfg.margin:.0%} slower than the others' median "
-                    f"({n} node{'s' if n > 1 else ''} reporting)")  # fmt: skip
+                    f"({n} node{'s' if n > 1 else ''} reporting){watched}")  # fmt: skip
 
 
 def _apply_progress(s: _Step, p: Progress, *, all_running: bool = False) -> None:
@@ -1003,6 +1009,8 @@ def _apply_progress(s: _Step, p: Progress, *, all_running: bool = False) -> None
         changes.update(first_step_time=s.now_s, restart_history=_restart_cost(s))
     if p.step is not None and p.step != st.step:
         changes.update(step=p.step, last_progress_time=s.now_s)
+    elif p.step is None and p.resumed_from is not None and p.resumed_from != st.step:
+        changes.update(step=p.resumed_from)  # resumed, no step trained yet: where it stands
     changes.update(throughput_status(p))
     known = st.last_checkpoint.step if st.last_checkpoint else 0
     for step in sorted({x for x in (p.resumed_from, p.checkpoint_step) if x and x > known}):

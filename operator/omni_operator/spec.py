@@ -532,4 +532,4 @@ def parse_job(
         context = {LOCAL_WORLD: local_world_size, DEFER_HF: defer_hf}
         return OmniTrainingJob.model_validate(doc, context=context)
     except ValidationError as err:
-        raise ManifestError(format_errors(err)) from None
+        raise ManifestError(format_errors(err, OmniTrainingJob)) from None

@@ -6,13 +6,17 @@ import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from omni_trainer.config import ManifestError, load_manifest
+from omni_trainer.launch import silence_known_noise
+
+if TYPE_CHECKING:
+    from omni_trainer.checkpoint.config import CheckpointConfig
 
 app = typer.Typer(
     help="MegaScale-Omni: multimodal LLM training.",
@@ -105,12 +109,14 @@ def train(
     nproc: Annotated[int, typer.Option(min=1, help="local processes (one per GPU on GPUs)")] = 1,
     summary: Annotated[Path | None, typer.Option(help="write a JSON summary here")] = None,
     resume: Annotated[
-        str,
+        str | None,
         typer.Option(
             envvar="OMNI_RESUME",
-            help="auto: continue from the latest complete checkpoint (if any); none: start fresh",
+            help="auto: continue from the latest complete checkpoint (if any); none: start "
+            "fresh, over an earlier run's checkpoints; unset, a run whose checkpoint.path "
+            "holds an earlier run's checkpoints stops and asks which",
         ),
-    ] = "none",
+    ] = None,
     metrics_port: Annotated[
         int | None,
         typer.Option(
@@ -122,7 +128,7 @@ def train(
     """Train the manifest's job on this machine (torchrun: gloo on CPU, NCCL on GPUs)."""
     from omni_trainer.launch import inside_torchrun, launch_torchrun, run_worker
 
-    if resume not in ("auto", "none"):
+    if resume not in ("auto", "none", None):
         raise _fail(f"--resume must be 'auto' or 'none', not {resume!r}")
     # Every rank of torchrun re-enters here: the manifest is checked at the world it runs in,
     # and before torchrun starts at --nproc, so a bad manifest is reported once.
@@ -133,13 +139,15 @@ def train(
             _warn(job)
         # Once per machine (a pod, or this launcher), before the process group forms.
         if os.environ.get("LOCAL_RANK", "0") == "0" and not os.environ.get(SOURCES_CHECKED):
-            _check_sources(job.spec.trainer)
+            _check_sources(job.spec.trainer, for_export=False)
+        if resume is None and not inside_torchrun():  # pods and workers always say which
+            _refuse_overwrite(job.spec.trainer.checkpoint)
         if nproc > 1 and not inside_torchrun():
             forwarded = [
                 *(["--steps", str(steps)] if steps else []),
                 *(["--summary", str(summary)] if summary else []),
                 "--resume",
-                resume,
+                resume or "none",
             ]
             os.environ[SOURCES_CHECKED] = "1"  # the local workers need not check again
             raise typer.Exit(launch_torchrun(manifest, nproc=nproc, forwarded=forwarded))
@@ -160,11 +168,21 @@ def train(
 SOURCES_CHECKED = "OMNI_SOURCES_CHECKED"
 
 
-def _check_sources(cfg) -> None:
-    """Data sources and checkpoint storage reachable, or one ManifestError naming each cause."""
+def _refuse_overwrite(cfg: CheckpointConfig | None) -> None:
+    """A fresh local run stops before it overwrites an earlier run's checkpoints."""
+    from omni_trainer.checkpoint.earlier_run import earlier_run
+
+    problem = earlier_run(cfg)
+    if problem is not None:
+        raise ManifestError(problem)
+
+
+def _check_sources(cfg, *, for_export: bool = True) -> None:
+    """Data sources and checkpoint storage reachable, or one ManifestError naming each cause
+    (``preflight.check_sources``)."""
     from omni_trainer.preflight import check_sources
 
-    found = check_sources(cfg)
+    found = check_sources(cfg, for_export=for_export)
     for line in found.warnings:
         err_console.print("[bold yellow]warning:[/bold yellow] ", end="")
         err_console.print(line, markup=False)
@@ -266,18 +284,28 @@ def export_cmd(
         str | None,
         typer.Option(
             help="a checkpoint root or one step-NNNNNNNN directory (default: the latest "
-            "complete checkpoint under checkpoint.path, else the model as initialised)"
+            "complete checkpoint under checkpoint.path)"
         ),
     ] = None,
+    initial_weights: Annotated[
+        bool,
+        typer.Option(
+            "--initial-weights",
+            help="with no checkpoint, write the untrained weights the job starts from",
+        ),
+    ] = False,
 ) -> None:
     """Write the model as a Hugging Face model (safetensors, config.json, tokenizer files) in
     the family it was imported from (Llama for presets), from a checkpoint of any layout."""
+    from omni_trainer.checkpoint.earlier_run import no_checkpoint
     from omni_trainer.interop.export import check_export, write_hf
-    from omni_trainer.interop.runtime import single_process_model
+    from omni_trainer.interop.runtime import resolve_checkpoint, single_process_model
 
     cfg = _load(manifest).spec.trainer
     try:
         check_export(cfg, out)  # before any weight is allocated
+        if not initial_weights and resolve_checkpoint(cfg, checkpoint) is None:
+            raise _fail(no_checkpoint(cfg.checkpoint))
         with single_process_model(cfg, checkpoint=checkpoint) as (model, step):
             result = write_hf(model, cfg, out, step=step)
     except (ValueError, OSError) as err:
@@ -534,6 +562,7 @@ def _add_data_commands() -> None:
 
 _add_data_commands()
 _register_plugins()
+silence_known_noise()  # before any command imports megatron-core
 
 if __name__ == "__main__":
     app()

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, PrivateAttr, ValidationError, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, ValidationError, model_validator
 
 from omni_trainer.checkpoint.config import CheckpointConfig
 from omni_trainer.config_base import Spec
@@ -212,8 +212,11 @@ class ManifestError(ValueError):
     """A manifest that cannot be used; the message lists every bad field by its YAML path."""
 
 
-def format_errors(err: ValidationError) -> str:
-    """One line per problem: ``spec.trainer.data.microBatchSize: <what is wrong and allowed>``."""
+def format_errors(err: ValidationError, model: type[BaseModel] | None = None) -> str:
+    """One line per problem: ``spec.trainer.data.microBatchSize: <what is wrong and allowed>``;
+    with the ``model`` validated, an unknown field names the closest known one."""
+    from omni_trainer.field_names import did_you_mean
+
     lines = []
     for e in err.errors():
         path = ""
@@ -224,7 +227,9 @@ def format_errors(err: ValidationError) -> str:
                 path += f".{part}" if path else str(part)
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown field (check the spelling; fields are camelCase)"
+            close = did_you_mean(model, e["loc"]) if model is not None else None
+            msg = f"unknown field; did you mean {close!r}?" if close else "unknown field"
+            msg += " (check the spelling; fields are camelCase)"
         elif e["type"] == "literal_error" and "expected" in e.get("ctx", {}):
             msg = f"must be one of {e['ctx']['expected']}"
         lines.append(f"{path or '<root>'}: {msg}")
@@ -247,7 +252,7 @@ def parse_manifest(doc: Any, *, defer_hf: bool = False) -> JobManifest:
     try:
         return JobManifest.model_validate(doc, context={DEFER_HF: defer_hf})
     except ValidationError as err:
-        raise ManifestError(format_errors(err)) from None
+        raise ManifestError(format_errors(err, JobManifest)) from None
 
 
 JobCheck = Callable[[Any, int | None, bool], list[str]]

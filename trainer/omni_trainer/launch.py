@@ -30,12 +30,19 @@ def launch_torchrun(manifest_path: Path, *, nproc: int, forwarded: list[str]) ->
     return subprocess.call([*cmd, *forwarded])
 
 
-# megatron-core warns on every start about optional kernels that CPU runs never have.
+# megatron-core warns on every import about optional kernels that CPU runs never have.
 _KNOWN_NOISE = (
     "Apex is not installed",
     "Transformer Engine and Apex are not installed",
     "full scope is deprecated",
 )
+
+
+def silence_known_noise() -> None:
+    """Hide megatron-core's import-time warnings about TE / Apex kernels (every ``omni``
+    command: they say nothing a CPU run or a run without TE can act on)."""
+    for message in _KNOWN_NOISE:
+        warnings.filterwarnings("ignore", message=f".*{message}.*", category=UserWarning)
 
 
 def compute_threads() -> int:
@@ -75,8 +82,7 @@ def run_worker(
     )
     from omni_trainer.trainer import Trainer
 
-    for message in _KNOWN_NOISE:
-        warnings.filterwarnings("ignore", message=f".*{message}.*", category=UserWarning)
+    silence_known_noise()
     torch.set_num_threads(compute_threads())
     cfg = manifest.spec.trainer
     rank, world_size, device = init_distributed()

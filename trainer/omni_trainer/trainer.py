@@ -148,6 +148,8 @@ class Trainer:
                 if decision is not None:
                     self._stop(step + 1, decision)
                     break
+            else:
+                self.checkpoints.finish(self.steps)
         finally:
             self.reporter.close()
             self.data.close()

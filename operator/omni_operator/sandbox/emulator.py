@@ -78,6 +78,28 @@ def _now() -> str:
     return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+API_TIMES = {"firstTimestamp": "%Y-%m-%dT%H:%M:%SZ", "lastTimestamp": "%Y-%m-%dT%H:%M:%SZ",
+             "eventTime": "%Y-%m-%dT%H:%M:%S.%fZ"}  # fmt: skip
+"""An Event's times as the API server stores them: RFC 3339 in UTC with ``Z`` (metav1.Time to
+the second, MicroTime to the microsecond), whatever offset or precision a client posted (kopf
+posts ``+00:00`` with microseconds); kubectl's ``--sort-by=.lastTimestamp`` reads these."""
+
+
+def api_times(obj: Obj) -> Obj:
+    """``obj`` with its :data:`API_TIMES` fields in the API server's form (others untouched)."""
+    for key, layout in API_TIMES.items():
+        value = obj.get(key)
+        if not isinstance(value, str):
+            continue
+        try:
+            then = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            continue
+        then = then.replace(tzinfo=datetime.UTC) if then.tzinfo is None else then
+        obj[key] = then.astimezone(datetime.UTC).strftime(layout)
+    return obj
+
+
 def _merge(base: Any, patch: Any) -> Any:
     """RFC 7386 JSON merge patch: dicts merge recursively, ``None`` removes, the rest replaces."""
     if not isinstance(patch, Mapping):
@@ -375,6 +397,7 @@ class Emulator(kmock.KubernetesEmulator):
         obj = copy.deepcopy(request.data)
         if not isinstance(obj, dict):
             raise kmock.KubernetesError(status=400, reason="BadRequest", message="not an object")
+        api_times(obj)
         meta = obj.setdefault("metadata", {})
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + secrets.token_hex(3)[:5]

@@ -85,7 +85,7 @@ def test_bad_files_are_skipped_by_reason_and_resume_is_exact(dataset):
         np.testing.assert_array_equal(ma.loss_mask, mb.loss_mask)
     # shard 1 reads the odd records: 3, 5 and 7 are bad (corrupt, missing, corrupt)
     skipped = first.counters["skipped_samples"]
-    assert set(skipped) == {"corrupt", "missing"} and skipped["corrupt"] == 2 * skipped["missing"]
+    assert skipped == {"corrupt": 2, "missing": 1}  # each bad file once
     assert again.counters["skipped_samples"] == skipped
 
 
@@ -151,3 +151,22 @@ def test_media_settings_default_to_the_models_processor_config(tmp_path, dataset
     assert sample.spans[0].tokens <= 9
     plain = _stream(_config(dataset["annotations"]), dataset["tokenizer"]).sources[0]
     assert plain.image.max_pixels == 14 * 14 * 64
+
+
+def test_bad_files_count_and_log_once_over_epochs_and_shards(dataset, caplog) -> None:
+    """Records 3 and 7 are corrupt, 5 is missing: over four epochs of two loader shards the
+    summed counts are 2 and 1, each logged once."""
+    import logging
+
+    cfg = _config(dataset["annotations"])
+    shards = [_stream(cfg, dataset["tokenizer"], shard=k, shards=2) for k in range(2)]
+    with caplog.at_level(logging.WARNING, logger="omni_trainer.data"):
+        for stream in shards:
+            while stream.cursors[0] * 2 < 4 * stream.sources[0].num_samples:
+                stream.next_batch()
+    total: dict[str, int] = {}
+    for stream in shards:
+        for reason, n in stream.counters["skipped_samples"].items():
+            total[reason] = total.get(reason, 0) + n
+    assert total == {"corrupt": 2, "missing": 1}
+    assert caplog.text.count("skipping") == 3

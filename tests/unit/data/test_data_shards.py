@@ -163,7 +163,7 @@ def test_oversized_media_is_skipped_and_long_text_chunked(
             ],
         }
     )
-    with caplog.at_level(logging.WARNING, logger="omni_trainer.data.shards"):
+    with caplog.at_level(logging.WARNING, logger="omni_trainer.data"):
         stream = MultimodalStream(cfg, seed=0, vocab_size=256, geometry=geometry)
         ids = [
             seg.sample_id for _ in range(6) for seq in stream.next_batch() for seg in seq.segments

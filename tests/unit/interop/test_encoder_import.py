@@ -47,6 +47,13 @@ def test_vision_tower_equals_transformers(tmp_path, family, dual, layer, select)
     _close(b[None], want_other)
 
 
+@pytest.mark.parametrize(("family", "select"), [("clip", "default"), ("siglip", "full")])
+def test_unset_feature_select_drops_only_a_class_token(tmp_path, family, select) -> None:
+    save_vision(tmp_path, family)
+    cfg = VisionEncoderConfig(hf=str(tmp_path))
+    assert cfg.feature_select == select and cfg.num_tokens(28, 28) == 16  # 4 x 4 patches
+
+
 def test_whisper_encoder_equals_transformers(tmp_path) -> None:
     ref = save_whisper(tmp_path)
     cfg = AudioEncoderConfig(hf=str(tmp_path))
@@ -166,14 +173,15 @@ def test_conversations_feed_the_tower_what_transformers_would(tmp_path, family) 
             if span.modality == "audio":  # cut to Whisper's 24 frames, 2 per position
                 assert pixels.shape == (24, 16) and span.tokens == 12
                 continue
-            assert span.tokens == image_cfg.num_tokens(28, 28) == 16 - (family == "siglip")
+            assert span.tokens == image_cfg.num_tokens(28, 28) == 16  # every patch
             rel = source.records[index]["image"]
             with Image.open(f"{source.root}/{rel}") as img:
                 want = hf_processor(images=[img], return_tensors="pt")["pixel_values"]
             torch.testing.assert_close(torch.from_numpy(pixels), want[0], atol=1e-5, rtol=0)
             with torch.no_grad():
                 features = tower([torch.from_numpy(pixels)])
-                expected = ref(want, output_hidden_states=True).hidden_states[-2][:, 1:]
+                hidden = ref(want, output_hidden_states=True).hidden_states[-2]
+                expected = hidden[:, 1:] if family == "clip" else hidden  # CLIP's class token
             assert features.shape[0] == span.tokens
             _close(features, expected[0])
     assert kinds == {"image", "audio"}

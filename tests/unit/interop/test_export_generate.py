@@ -50,7 +50,7 @@ def test_import_export_round_trip(family, overrides, tmp_path, monkeypatch) -> N
     save_tokenizer(src)
     job = write_job(tmp_path / "job.yaml", {"hf": str(src)})
     out = tmp_path / "exported"
-    printed = cli("export", job, "--out", out)
+    printed = cli("export", job, "--out", out, "--initial-weights")
     assert "exported initial weights" in printed
     files = {p.name for p in out.iterdir()}
     weights = "model.safetensors.index.json" if family == "llama" else "model.safetensors"
@@ -81,7 +81,7 @@ def test_preset_exports_as_llama_with_our_logits(tmp_path) -> None:
     llm = {"preset": "tiny", "ropeScaling": {"type": "llama3", "factor": 4.0}, "rotaryBase": 5e5}
     job = write_job(tmp_path / "job.yaml", llm, seed=11)
     out = tmp_path / "llama"
-    cli("export", job, "--out", out)
+    cli("export", job, "--out", out, "--initial-weights")
     assert json.loads((out / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
     tokens = torch.randint(0, 512, (1, 32), generator=torch.Generator().manual_seed(2))
     torch.testing.assert_close(hf_logits(out, tokens), our_logits(job, tokens), rtol=0, atol=1e-5)
@@ -102,13 +102,17 @@ def test_failed_export_leaves_nothing(tmp_path, monkeypatch) -> None:
 
     monkeypatch.setattr(export, "split_full", fail_fifth)
     monkeypatch.setattr(export, "SHARD_BYTES", 1 << 10)  # shards were flushed before the failure
-    result = CliRunner().invoke(app, ["export", str(job), "--out", str(tmp_path / "out")])
+    result = CliRunner().invoke(
+        app, ["export", str(job), "--out", str(tmp_path / "out"), "--initial-weights"]
+    )
     assert result.exit_code == 2 and "disk full" in result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml", "src"]
     # An existing non-empty --out is never overwritten.
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "x").write_text("keep")
-    result = CliRunner().invoke(app, ["export", str(job), "--out", str(tmp_path / "taken")])
+    result = CliRunner().invoke(
+        app, ["export", str(job), "--out", str(tmp_path / "taken"), "--initial-weights"]
+    )
     assert result.exit_code == 2 and "not empty" in result.output
 
 
@@ -166,7 +170,20 @@ def test_generate_checks_the_tokenizer_against_the_vocabulary(tmp_path) -> None:
 
 def test_gpt_shaped_preset_is_refused_before_building(tmp_path) -> None:
     job = write_job(tmp_path / "job.yaml", {"preset": "gpt-175b"})  # 175B: building would OOM
-    result = CliRunner().invoke(app, ["export", str(job), "--out", str(tmp_path / "out")])
+    result = CliRunner().invoke(
+        app, ["export", str(job), "--out", str(tmp_path / "out"), "--initial-weights"]
+    )
     assert result.exit_code == 2
     assert "only Llama-shaped LLMs (gatedMlp, RMSNorm, no QKV bias)" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("checkpoint", [True, False])
+def test_export_without_a_checkpoint_asks_for_initial_weights(checkpoint, tmp_path) -> None:
+    sections = {"checkpoint": {"path": str(tmp_path / "ckpt")}} if checkpoint else {}
+    job = write_job(tmp_path / "job.yaml", {"preset": "tiny"}, **sections)
+    result = CliRunner().invoke(app, ["export", str(job), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    where = "no complete checkpoint under checkpoint.path" if checkpoint else "no checkpoint sec"
+    assert where in result.output and "--initial-weights" in result.output
     assert not (tmp_path / "out").exists()

@@ -24,6 +24,15 @@ LLAVA_TEMPLATE = (
     "{{ c['text'] + ' ' }}{% endfor %}{% endfor %}"
     "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
 )
+# Qwen2's ChatML template as its tokenizer_config.json ships it: string content only (a list of
+# parts makes it raise TypeError).
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+TEMPLATES = {"chat-parts": LLAVA_TEMPLATE, "chat-string": CHAT_TEMPLATE, "chatml": CHATML_TEMPLATE}
 PROMPT = "the quick fox"
 NEW_TOKENS = 10
 
@@ -78,9 +87,9 @@ def transformers_greedy(model, processor, inputs) -> tuple[list[int], list[int],
     return ids[0].tolist(), new, [float(logprobs[at + i, t]) for i, t in enumerate(new)]
 
 
-@pytest.mark.parametrize("mode", ["raw", "chat-parts", "chat-string"])
+@pytest.mark.parametrize("mode", ["raw", "chat-parts", "chat-string", "chatml"])
 def test_generate_with_images_equals_transformers(tmp_path, mode) -> None:
-    template = CHAT_TEMPLATE if mode == "chat-string" else LLAVA_TEMPLATE
+    template = TEMPLATES.get(mode, LLAVA_TEMPLATE)
     src, model, processor = llava_dir(tmp_path / "src", template)
     images = [write_image(tmp_path / "a.png", 0), write_image(tmp_path / "b.png", 1, (28, 50))]
     pil = [__import__("PIL.Image").Image.open(p) for p in images]
@@ -98,7 +107,7 @@ def test_generate_with_images_equals_transformers(tmp_path, mode) -> None:
             return_tensors="pt",
         )  # fmt: skip
         assert processor.tokenizer.decode(inputs["input_ids"][0]).startswith("USER: <image>")
-    else:  # a template of strings only: LLaVA's "<image>\n" lines open the turn
+    else:  # a template of strings only: LLaVA's "<image>\n" lines open the user turn
         got = ours(tmp_path, src, PROMPT, *media)
         text = processor.tokenizer.apply_chat_template(
             [{"role": "user", "content": "<image>\n<image>\n" + PROMPT}],
@@ -193,3 +202,13 @@ def test_generate_with_audio_equals_transformers_parts(tmp_path) -> None:
         )  # fmt: skip
     assert got["output_ids"] == new and len(new) == NEW_TOKENS
     assert silent != new  # the audio decides the tokens
+
+
+def test_a_failing_template_is_one_line(tmp_path) -> None:
+    src, _, _ = llava_dir(tmp_path / "src", "{{ messages[0]['content'] + undefined_call() }}")
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(vlm_job(src)))
+    result = CliRunner().invoke(app, ["generate", str(job), "--prompt", "hi"])
+    assert result.exit_code == 2 and result.exception is not None, result.output
+    assert result.output.startswith("error: the chat template fails on a user turn given as a ")
+    assert "pass --raw" in result.output and "Traceback" not in result.output

@@ -45,7 +45,7 @@ def test_llava_round_trip(tmp_path, vision, text, monkeypatch) -> None:
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(vlm_job(tmp_path / "src")))
     out = tmp_path / "out"
-    result = CliRunner().invoke(app, ["export", str(job), "--out", str(out)])
+    result = CliRunner().invoke(app, ["export", str(job), "--out", str(out), "--initial-weights"])
     assert result.exit_code == 0, result.output + str(result.exception)
     assert "note:" not in result.output  # nothing skipped: the tower and projector went too
 
@@ -85,14 +85,14 @@ def test_llm_with_an_imported_tower_exports_as_llava(tmp_path) -> None:
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(doc))
     out = tmp_path / "out"
-    result = CliRunner().invoke(app, ["export", str(job), "--out", str(out)])
+    result = CliRunner().invoke(app, ["export", str(job), "--out", str(out), "--initial-weights"])
     assert result.exit_code == 0, result.output + str(result.exception)
     assert "note:" not in result.output
 
     config = transformers.AutoConfig.from_pretrained(out)
     token = transformers.AutoTokenizer.from_pretrained(out).convert_tokens_to_ids("<image>")
     assert (config.image_token_id, config.vision_feature_layer) == (token, -1)
-    assert config.vision_feature_select_strategy == "full"
+    assert config.vision_feature_select_strategy == "full" and config.image_seq_length == 17
     processor = transformers.AutoProcessor.from_pretrained(out)  # as serving loads it
     image = np.random.default_rng(0).integers(0, 256, (40, 30, 3), dtype=np.uint8)
     inputs = processor(text="hi <image>", images=[image], return_tensors="pt")
@@ -112,7 +112,9 @@ def test_parts_no_family_holds_are_named(tmp_path) -> None:
     doc["spec"]["trainer"]["model"]["encoders"] = {"image": {"preset": "vit-tiny"}}
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(doc))
-    result = CliRunner().invoke(app, ["export", str(job), "--out", str(tmp_path / "out")])
+    result = CliRunner().invoke(
+        app, ["export", str(job), "--out", str(tmp_path / "out"), "--initial-weights"]
+    )
     assert result.exit_code == 0, result.output
     assert "note: not exported: the image encoder and projector: the image encoder is this " in (
         " ".join(result.output.split())
@@ -177,7 +179,9 @@ def test_failed_llava_export_names_the_tensor_and_leaves_nothing(tmp_path, monke
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(vlm_job(src)))
     monkeypatch.setattr(export, "SHARD_BYTES", 20_000)  # shards are flushed before the failure
-    result = CliRunner().invoke(app, ["export", str(job), "--out", str(tmp_path / "out")])
+    result = CliRunner().invoke(
+        app, ["export", str(job), "--out", str(tmp_path / "out"), "--initial-weights"]
+    )
     assert result.exit_code == 2
     assert f"tensor {key!r}" in result.output and "has shape [32, 47]" in result.output
     assert "the model expects [32, 48]" in result.output
@@ -197,7 +201,7 @@ def test_llm_with_a_qwen_tower_exports_the_llm_and_names_the_tower(tmp_path) -> 
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(doc))
     out = tmp_path / "out"
-    result = CliRunner().invoke(app, ["export", str(job), "--out", str(out)])
+    result = CliRunner().invoke(app, ["export", str(job), "--out", str(out), "--initial-weights"])
     assert result.exit_code == 0, result.output + str(result.exception)
     assert (
         "note: not exported: the image encoder and projector: a LLaVA holds CLIP / SigLIP "

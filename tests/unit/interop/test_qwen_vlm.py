@@ -128,7 +128,7 @@ def test_import_export_round_trip(qwen, tmp_path) -> None:
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(vlm_job(path)))
     out = tmp_path / "exported"
-    printed = cli("export", job, "--out", out)
+    printed = cli("export", job, "--out", out, "--initial-weights")
     assert "exported initial weights" in printed
     assert {"model.safetensors", "config.json", "preprocessor_config.json"} <= {
         p.name for p in out.iterdir()

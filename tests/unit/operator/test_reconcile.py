@@ -282,6 +282,8 @@ def test_the_restart_record_takes_the_step_the_trainer_resumed_from() -> None:
     status = {**status, **attempt1.status}
     running = _live([o for o in attempt1.create if o["kind"] == "Pod"])
     assert status["attempt"] == 1 and len(running) == 2
+    loaded = reconcile(_obs(job, status, shared + running, progress=Progress(resumed_from=45)))
+    assert loaded.status["step"] == 45  # at once, not the failed attempt's 40 until step 46
     p = Progress(step=46, resumed_from=45)
     a = reconcile(_obs(job, status, shared + running, progress=p))
     record = a.status["restartHistory"][-1]

@@ -183,3 +183,19 @@ def test_crash_back_off_as_a_kubelet_counts_it() -> None:
     wait, entry = crash_backoff(entry, now + 601.0, first_s=10.0)  # ran 10 min fine
     assert (wait, entry.delay) == (0.0, 10.0)
     assert crash_backoff(entry, now + 605.0, first_s=10.0)[0] == 10.0
+
+
+def test_event_times_are_stored_as_the_api_server_stores_them() -> None:
+    """kopf posts ``+00:00`` with microseconds; the API server keeps RFC 3339 ``Z`` times, which
+    ``kubectl get events --sort-by=.lastTimestamp`` orders."""
+    from omni_operator.sandbox.emulator import api_times
+
+    posted = "2026-12-06T15:13:21.123456+00:00"
+    event = {"firstTimestamp": posted, "lastTimestamp": "2026-12-06T16:13:21+01:00",
+             "eventTime": posted, "message": posted}  # fmt: skip
+    assert api_times(event) == {
+        "firstTimestamp": "2026-12-06T15:13:21Z",
+        "lastTimestamp": "2026-12-06T15:13:21Z",
+        "eventTime": "2026-12-06T15:13:21.123456Z",
+        "message": posted,
+    }

@@ -115,6 +115,13 @@ def test_reconcile_reports_a_straggler_once_with_a_condition_and_an_event() -> N
     for step in (10, 20, 30, 40):
         a = job.poll(step, {0: 0.1, 1: 0.25})
         events += [e for e in a.events if e.reason == "Straggler"]
+        if step == 10:  # slow, not yet persistently: listed, and named by the condition too
+            (watched,) = job.status["stragglers"]
+            cond = next(c for c in job.status["conditions"] if c["type"] == "Straggler")
+            assert (
+                cond["status"] == "False"
+                and f"watching node {watched['node']}" in (cond["message"])
+            )
     status = job.status
     slow = status["placement"][1]
     (entry,) = status["stragglers"]

@@ -54,7 +54,18 @@ _DELETE = object()
         (
             "spec.trainer.data.sources.0.colour",
             "red",
-            "spec.trainer.data.sources[0].colour: unknown field",
+            "spec.trainer.data.sources[0].colour: unknown field (check the spelling",
+        ),
+        (
+            "spec.trainer.data.sources.0.lenghtScale",
+            0.5,
+            "spec.trainer.data.sources[0].lenghtScale: unknown field; did you mean 'lengthScale'?",
+        ),
+        (
+            "spec.trainer.model.encoders.image.featurSelect",
+            "full",
+            "spec.trainer.model.encoders.image.featurSelect: unknown field; did you mean "
+            "'featureSelect'?",
         ),
         (
             "spec.trainer.model.llm.preset",

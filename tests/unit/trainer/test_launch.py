@@ -22,3 +22,20 @@ def test_threads_share_the_cores_unless_set(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("OMNI_NUM_THREADS", "zero")
     with pytest.raises(ValueError, match="OMNI_NUM_THREADS must be a positive integer"):
         compute_threads()
+
+
+def test_every_command_hides_megatrons_te_apex_import_warnings() -> None:
+    import warnings
+
+    import omni_trainer.cli  # noqa: F401  (installs the filters for every command)
+
+    megatron_says = (
+        "Transformer Engine and Apex are not installed. Falling back to Torch optimizers.",
+        "Apex is not installed. Falling back to Torch Norm",
+    )
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.filterwarnings("always", message="unrelated")
+        for text in megatron_says:
+            warnings.warn(text, UserWarning, stacklevel=1)
+        warnings.warn("unrelated", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in shown] == ["unrelated"]

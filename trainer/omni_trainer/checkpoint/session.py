@@ -41,6 +41,8 @@ class CheckpointSession:
         self.checkpointer = Checkpointer(cfg, layout=groups.dims.as_dict()) if cfg else None
         self.saved_step: int | None = None
         """The last step saved or loaded (None: none yet)."""
+        self.saved_tier: str | None = None
+        """The tier :attr:`saved_step` went to (None: loaded, or not saved yet)."""
         self.save_seconds = 0.0
         """The longest save so far, blocking and background (the stop decision budgets it)."""
 
@@ -72,14 +74,14 @@ class CheckpointSession:
     def due(self, step: int) -> bool:
         return self.checkpointer is not None and self.cfg.tier_due(step) is not None
 
-    def save(self, step: int, *, periodic: bool = False) -> None:
+    def save(self, step: int, *, periodic: bool = False, tier: str | None = None) -> None:
         """Asynchronous checkpoint after ``step`` completed steps, in the tier due then (the
         persistent one for an emergency save off the schedule); the loop waits for the host
         copy only. The loader state saved is every shard's, so any layout can resume it.
 
         A ``periodic`` save is skipped while the save before it waits on failing storage
         (:meth:`_skip`); an emergency save waits for it."""
-        tier = self.cfg.tier_due(step) or PERSISTENT
+        tier = tier or self.cfg.tier_due(step) or PERSISTENT
         if periodic and self._skip(step):
             return
         with self.timer.span("checkpoint_blocking"):
@@ -87,8 +89,17 @@ class CheckpointSession:
             everyone = comm.all_gather_object(self.data.state_dict(), group=self.groups.dp)
             shards = {k: v for state in everyone for k, v in state["shards"].items()}
             self.checkpointer.save(step, self.state(), {"shards": shards}, tier=tier)
-            self.saved_step = step
+            self.saved_step, self.saved_tier = step, tier
         self._report(previous)
+
+    def finish(self, step: int) -> None:
+        """The run's last step goes to the persistent tier unless it is there already (or was
+        loaded from there), so what export and a later run see is the trained model whatever
+        ``intervalSteps`` is; :meth:`close` then waits for it."""
+        if self.checkpointer is None:
+            return
+        if self.saved_step != step or self.saved_tier not in (None, PERSISTENT):
+            self.save(step, tier=PERSISTENT)
 
     def _skip(self, step: int) -> bool:
         """Skip this save, on every rank, if any rank's save in flight waits on failing storage:

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from omni_trainer.data.record_layouts import PART_MODALITY
+
 PLACEHOLDER = re.compile(r"<(image|audio|video)>")
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
          "system": "system"}  # fmt: skip
@@ -48,8 +50,9 @@ class Rendered:
 
 
 def normalize_messages(raw: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
-    """LLaVA ``{from, value}`` or OpenAI ``{role, content}`` (content a string or a list of
-    ``{type: text|image|audio|video}`` parts) -> ``[{role, content}]`` with placeholders."""
+    """LLaVA / ShareGPT ``{from, value}`` or OpenAI ``{role, content}`` (content a string or a
+    list of ``text`` and media parts, ``record_layouts.PART_MODALITY``) -> ``[{role, content}]``
+    with placeholders."""
     out = []
     for i, m in enumerate(raw):
         if not isinstance(m, dict):
@@ -66,9 +69,8 @@ def normalize_messages(raw: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
                 kind = part.get("type") if isinstance(part, dict) else None
                 if kind == "text":
                     parts.append(str(part.get("text", "")))
-                elif kind in ("image", "audio", "video", "image_url", "input_audio"):
-                    parts.append({"image_url": "<image>", "input_audio": "<audio>"}.get(
-                        kind, f"<{kind}>"))  # fmt: skip
+                elif kind in PART_MODALITY:
+                    parts.append(f"<{PART_MODALITY[kind]}>")
                 else:
                     raise ConversationError("malformed", f"message {i}: part type {kind!r}")
             content = "".join(parts)

@@ -118,8 +118,10 @@ class ShardSourceConfig(Spec):
 
 class ConversationSourceConfig(Spec):
     """LLaVA-style JSON / JSONL (``id``, ``image`` (one or a list), ``audio``, ``video``,
-    ``conversations: [{from, value}]``) or OpenAI-style ``messages``, with media files beside it.
-    Rendered through ``spec.trainer.tokenizer``'s chat template; loss on assistant turns only."""
+    ``conversations: [{from, value}]``), ms-swift / LLaMA-Factory records (``images``,
+    ``audios``, ``videos`` lists) or OpenAI-style ``messages`` (content parts may carry the
+    media: ``image_url``, ``input_audio``), with media files beside it. Rendered through
+    ``spec.trainer.tokenizer``'s chat template; loss on assistant turns only."""
 
     kind: Literal["conversations"]
     name: str = Field(min_length=1)

@@ -1,4 +1,5 @@
-"""``kind: conversations``: LLaVA / OpenAI-style conversations over image and audio files.
+"""``kind: conversations``: LLaVA, ms-swift / LLaMA-Factory and OpenAI-style conversations over
+image, audio and video files (the layouts: ``record_layouts``).
 
 ``get`` reads only headers (Pillow's lazy open, libsndfile's info) to know each media item's
 encoder positions, renders the conversation through the chat template, and returns a sample whose
@@ -11,7 +12,6 @@ on every call, so skips are deterministic across restarts.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import threading
 from collections import OrderedDict
@@ -39,13 +39,9 @@ from omni_trainer.data.media import (
     resampled_length,
     video_info,
 )
+from omni_trainer.data.record_layouts import describe, inline_bytes, local_path, media_of
 from omni_trainer.data.sample import MediaGeometry, MediaRef, MediaSpan, Sample, Skipped
 from omni_trainer.data.shards import _is_s3
-
-log = logging.getLogger(__name__)
-
-MEDIA_KEYS: tuple[tuple[str, Modality], ...] = (("image", "image"), ("audio", "audio"),
-                                                ("video", "video"))  # fmt: skip
 
 
 def load_records(url: str) -> list[dict[str, Any]]:
@@ -63,16 +59,6 @@ def load_records(url: str) -> list[dict[str, Any]]:
     if not isinstance(data, list) or not data:
         raise ValueError(f"{url}: expected a non-empty list of conversation records")
     return data
-
-
-def media_of(record: dict[str, Any]) -> list[tuple[Modality, str]]:
-    """(modality, path) of a record's media: images, then audio, then video, each in order."""
-    out: list[tuple[Modality, str]] = []
-    for key, modality in MEDIA_KEYS:
-        value = record.get(key)
-        for path in [value] if isinstance(value, str) else value or []:
-            out.append((modality, str(path)))
-    return out
 
 
 def with_text(
@@ -139,7 +125,6 @@ class ConversationSource:
         )
         self._frames: OrderedDict[tuple[int, int], list[np.ndarray]] = OrderedDict()
         self._frames_lock = threading.Lock()
-        self._logged: set[str] = set()
 
     # -- what a subclass changes: where records and media come from ------------------------------
 
@@ -166,6 +151,11 @@ class ConversationSource:
         if not os.path.isfile(path):
             raise FileNotFoundError(path)
         return path
+
+    def _source(self, index: int, item: str) -> bytes | str:
+        """A media item's bytes or path: a ``data:`` URL's bytes, else :meth:`_open`'s."""
+        data = inline_bytes(item)
+        return data if data is not None else self._open(index, local_path(item))
 
     def _frame_settings(self, frames: int) -> ImageSettings:
         """Images settings of a video's frames: the per-frame share of the pixel budget."""
@@ -235,12 +225,13 @@ class ConversationSource:
             return self._skip(record.sample_id, record.reason, record.detail)
         sid = f"{self.name}/{record.get('id', index)}"
         items: list[tuple[Modality, list[tuple[Modality, int, MediaRef]]]] = []
-        for k, (modality, rel) in enumerate(media_of(record)):
+        for k, (modality, item) in enumerate(media_of(record)):
             encoder = "image" if modality == "video" else modality
             if encoder not in self.encoders:
                 return self._skip(sid, "unsupported_media", f"no {encoder} encoder")
+            rel = describe(item)
             try:
-                inputs = self._inputs(modality, self._open(index, rel), index, k)
+                inputs = self._inputs(modality, self._source(index, item), index, k)
             except FileNotFoundError:
                 return self._skip(sid, "missing", f"{rel} does not exist")
             except Exception as err:
@@ -252,6 +243,8 @@ class ConversationSource:
         messages = record.get("conversations", record.get("messages"))
         if not isinstance(messages, list):
             return self._skip(sid, "malformed", "no conversations or messages list")
+        if isinstance(record.get("system"), str) and record["system"]:  # LLaMA-Factory's
+            messages = [{"role": "system", "content": record["system"]}, *messages]
         try:
             out = self.renderer.render(
                 messages, [(m, sum(n for _, n, _ in parts)) for m, parts in items]
@@ -288,9 +281,10 @@ class ConversationSource:
         record = self._record(ref.index)
         if isinstance(record, Skipped):
             raise MediaDecodeError(f"{self.name}: {record.sample_id}: {record.detail}")
-        modality, rel = media_of(record)[ref.item]
+        modality, item = media_of(record)[ref.item]
+        rel = describe(item)
         try:
-            src = self._open(ref.index, rel)
+            src = self._source(ref.index, item)
             if modality == "video":
                 array = self._video_frame(ref, src)
             elif modality == "image":
@@ -306,7 +300,5 @@ class ConversationSource:
         return np.ascontiguousarray(array, dtype=np.float32)
 
     def _skip(self, sample_id: str, reason: str, detail: str) -> Skipped:
-        if sample_id not in self._logged:  # once per sample and process
-            self._logged.add(sample_id)
-            log.warning("source %s: skipping %s (%s): %s", self.name, sample_id, reason, detail)
+        """A skipped sample (the stream logs and counts it once, at its first draw)."""
         return Skipped(sample_id, reason, detail)

@@ -231,7 +231,7 @@ class MultimodalStream:
         self.tokens_per_modality: dict[str, int] = {}
         self.samples_per_modality: dict[str, int] = {}
         self.skipped: dict[str, int] = {}
-        """Skipped samples per source name."""
+        """Skipped samples per source name (each sample once, :meth:`_count_skip`)."""
         self.skipped_reasons: dict[str, int] = {}
         """Skipped samples per reason (``missing``, ``corrupt``, ``too_long``...)."""
         self.padding_tokens = 0
@@ -249,14 +249,14 @@ class MultimodalStream:
             self.cursors[i] += 1
             sample = src.get(index)
             if isinstance(sample, Skipped):
-                self.skipped[src.name] = self.skipped.get(src.name, 0) + 1
-                why = sample.reason
-                self.skipped_reasons[why] = self.skipped_reasons.get(why, 0) + 1
+                if src.num_samples is None or index < src.num_samples:
+                    self._count_skip(src.name, sample)
                 self._skip_run[i] += 1
                 if src.num_samples is not None and self._skip_run[i] >= src.num_samples:
                     raise RuntimeError(
-                        f"source {src.name!r}: every sample was skipped (seqLength "
-                        f"{self.seq_length} too short for its media?)"
+                        f"source {src.name!r}: every sample was skipped (the last as "
+                        f"{sample.reason}: {sample.detail}); omni validate --sources shows "
+                        "the share skipped by reason"
                     )
                 continue
             self._skip_run[i] = 0
@@ -266,6 +266,15 @@ class MultimodalStream:
                 self.pending.extend(chunks[1:])
                 return chunks[0]
             return sample
+
+    def _count_skip(self, source: str, sample: Skipped) -> None:
+        """Count and log a skipped sample at its first draw: the loader shards' first passes
+        over an indexed source cover each sample once, so two bad files count 2 whatever the
+        epochs and shards (a stream without an index counts each draw)."""
+        self.skipped[source] = self.skipped.get(source, 0) + 1
+        why = sample.reason
+        self.skipped_reasons[why] = self.skipped_reasons.get(why, 0) + 1
+        log.warning("source %s: skipping %s (%s): %s", source, sample.sample_id, why, sample.detail)
 
     def next_batch(self) -> list[PackedSequence]:
         """This loader's next ``globalBatchSize / num_shards`` packed sequences."""

@@ -284,7 +284,7 @@ class ShardSource:
         return tuple(int(n) for n in shape), dtype
 
     def _skip(self, sample_id: str, why: str, reason: str = "malformed") -> Skipped:
-        log.warning("source %s: skipping %s: %s", self.name, sample_id, why)
+        """A skipped sample (the stream logs and counts it once, at its first draw)."""
         return Skipped(sample_id, reason, why)
 
     def _fit_shape(

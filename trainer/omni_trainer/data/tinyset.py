@@ -31,6 +31,9 @@ LLAMA3_TEMPLATE = (
     "{% endif %}"
 )
 """Meta Llama 3's stock template (no ``{% generation %}`` markers)."""
+MEDIA_TOKENS = ("<image>", "<audio>", "<video>")
+"""The placeholders, special tokens of the tokenizer (export and generation mark media by them;
+training splits the text at them and never tokenizes them)."""
 TEMPLATES = {
     "chatml": (CHATML_TEMPLATE, ["<|im_start|>", "<|im_end|>", "<|endoftext|>"], "<|im_end|>"),
     "llama3": (
@@ -50,12 +53,14 @@ def train_tokenizer(
         texts: the corpus.
         out_dir: where tokenizer.json and tokenizer_config.json go.
         template: ``chatml`` or ``llama3``.
-        vocab_size: target size, special tokens included.
+        vocab_size: target size, special tokens included (the media placeholders come on top).
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     chat_template, specials, eos = TEMPLATES[template]
+    specials = [*specials, *MEDIA_TOKENS]  # one token each, as LLaVA's tokenizer has <image>
+    vocab_size += len(MEDIA_TOKENS)  # the same merges as without them
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

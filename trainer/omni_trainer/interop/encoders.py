@@ -85,6 +85,12 @@ def hf_names(name: str, family: str, prefix: str) -> tuple[str, ...]:
     return tuple(f"{prefix}{layers}{i}.{p}.{kind}" for p in parts)
 
 
+def encoder_prefix(reader, family: str) -> str:
+    """Where the checkpoint holds the ``family`` tower's tensors."""
+    prefix = reader.prefix_of(_FAMILIES[family][3], f"{family} tower")
+    return prefix + "encoder." if family == "whisper" else prefix
+
+
 @torch.no_grad()
 def load_encoder(encoder: nn.Module, path: str, family: str, *, reader=None) -> None:
     """Overwrite every parameter of an imported tower with the checkpoint's at ``path``.
@@ -97,9 +103,7 @@ def load_encoder(encoder: nn.Module, path: str, family: str, *, reader=None) -> 
     from omni_trainer.interop.source import local_dir
 
     reader = reader or SafetensorsReader(local_dir(path))
-    prefix = reader.prefix_of(_FAMILIES[family][3], f"{family} tower")
-    if family == "whisper":
-        prefix += "encoder."
+    prefix = encoder_prefix(reader, family)
     for name, param in encoder.named_parameters():
         names = hf_names(name, family, prefix)
         rows = param.shape[0] // len(names)

@@ -150,6 +150,7 @@ def composed_config(cfg, text_config: dict[str, Any]) -> tuple[dict[str, Any] | 
         image_token_index=token,
         vision_feature_layer=image.feature_layer,
         vision_feature_select_strategy=image.feature_select,
+        image_seq_length=image.num_tokens(image.tower.image_size, image.tower.image_size),
         tie_word_embeddings=cfg.model.llm.tie_embeddings,
     )
     return {**config.to_dict(), "architectures": ["LlavaForConditionalGeneration"]}, ""

@@ -112,6 +112,24 @@ def hf_shapes(cfg: LLMConfig, tm: TensorMap) -> list[list[int]]:
     return out
 
 
+def expected_hf_shapes(cfg: LLMConfig, names: HFNames) -> dict[str, list[int]]:
+    """Every HF tensor the LLM reads, with the full shape its config says it has."""
+    ours = ["embedding.word_embeddings.weight", "decoder.final_layernorm.weight"]
+    if not cfg.tie_embeddings:
+        ours.append("output_layer.weight")
+    for i in range(cfg.num_layers):
+        ours += [
+            f"decoder.layers.{i}.{key}"
+            for key in _LAYER_MAP
+            if cfg.qkv_bias or not key.endswith(".bias")
+        ]
+    out: dict[str, list[int]] = {}
+    for name in ours:
+        tm = tensor_map(name, cfg, names)
+        out.update(zip(tm.hf, hf_shapes(cfg, tm), strict=True))
+    return out
+
+
 def _qkv_rows(cfg: LLMConfig, groups: range) -> Iterator[tuple[int, tuple[int, int]]]:
     """(which of q/k/v, its row range) for each KV group in ``groups``, megatron's order."""
     hd = cfg.head_dim

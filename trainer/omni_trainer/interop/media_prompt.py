@@ -5,8 +5,9 @@ the tower and projector produce, then the whole text is tokenized once).
 Where the items go: ``--raw`` and prompts that write placeholders say it themselves (one per
 item, in order); otherwise the chat template places them, given the user turn as the
 ``[{type: image}, ..., {type: text}]`` parts a processor's template renders; a template that
-renders no placeholders from parts (string content only) gets them at the start of the turn,
-one per line (LLaVA's ``<image>\\n{prompt}``).
+renders no placeholders from parts, or fails on them (string content only, as Qwen2's ChatML
+concatenates ``message['content']``), gets them at the start of the turn, one per line (LLaVA's
+``<image>\\n{prompt}``).
 """
 
 from __future__ import annotations
@@ -39,9 +40,17 @@ def chat_text(tok, content) -> str:
         raise HFModelError(
             "the tokenizer has no chat template: pass --raw to feed the prompt as is"
         )
-    return tok.apply_chat_template(
-        [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
-    )
+    try:
+        return tok.apply_chat_template(
+            [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+        )
+    except Exception as err:  # jinja's own errors, or a TypeError inside the template
+        shape = "a string" if isinstance(content, str) else "a list of parts"
+        first = (str(err).strip().splitlines() or [""])[0]
+        raise HFModelError(
+            f"the chat template fails on a user turn given as {shape} "
+            f"({type(err).__name__}: {first}): pass --raw to feed the prompt as is"
+        ) from None
 
 
 def place_media(tok, prompt: str, counts: dict[str, int], *, raw: bool) -> str:
@@ -58,8 +67,11 @@ def place_media(tok, prompt: str, counts: dict[str, int], *, raw: bool) -> str:
                 )
         return prompt if raw else chat_text(tok, prompt)
     parts = [{"type": m} for m, n in counts.items() for _ in range(n)]
-    text = chat_text(tok, [*parts, {"type": "text", "text": prompt}])
-    if all(text.count(PLACEHOLDERS[m]) == n for m, n in counts.items()):
+    try:
+        text = chat_text(tok, [*parts, {"type": "text", "text": prompt}])
+    except HFModelError:  # a template of strings only
+        text = ""
+    if text and all(text.count(PLACEHOLDERS[m]) == n for m, n in counts.items()):
         return text
     lead = "".join(f"{PLACEHOLDERS[m]}\n" * n for m, n in counts.items())
     return chat_text(tok, lead + prompt)

@@ -52,6 +52,13 @@ class SafetensorsReader:
     def shape(self, name: str) -> list[int]:
         return list(self._slice(name).get_shape())
 
+    def has(self, name: str) -> bool:
+        return name in self._where
+
+    def dtype(self, name: str) -> str:
+        """The header's dtype (``F32``, ``BF16``, ``I8``...)."""
+        return self._slice(name).get_dtype()
+
     def read(
         self,
         name: str,

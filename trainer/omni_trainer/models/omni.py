@@ -17,16 +17,8 @@ def build_encoder(modality: str, cfg) -> nn.Module:
 
     if cfg.hf is not None:
         from omni_trainer.interop.encoders import load_encoder
-        from omni_trainer.models.encoders.pretrained import (
-            PretrainedVisionTower,
-            WhisperAudioEncoder,
-        )
-        from omni_trainer.models.encoders.qwen_vision import QwenVisionTower
 
-        tower_cls = {"whisper": WhisperAudioEncoder, "qwen2_5_vl": QwenVisionTower}.get(
-            cfg.tower.family, PretrainedVisionTower
-        )
-        encoder = tower_cls(cfg, mixer=UlyssesMixer())
+        encoder = imported_tower(cfg)
         load_encoder(encoder, cfg.hf, cfg.tower.family)
         return encoder
     if modality == "image":
@@ -38,6 +30,19 @@ def build_encoder(modality: str, cfg) -> nn.Module:
 
         return AudioEncoder(cfg, mixer=UlyssesMixer())
     raise ValueError(f"no encoder for modality {modality!r}")
+
+
+def imported_tower(cfg) -> nn.Module:
+    """The module an imported encoder (``hf``) loads its checkpoint into (weights not read:
+    built under ``torch.device("meta")`` it gives the shapes the checkpoint must have)."""
+    from omni_trainer.models.encoders.pretrained import PretrainedVisionTower, WhisperAudioEncoder
+    from omni_trainer.models.encoders.qwen_vision import QwenVisionTower
+    from omni_trainer.multiplex.ulysses import UlyssesMixer
+
+    tower_cls = {"whisper": WhisperAudioEncoder, "qwen2_5_vl": QwenVisionTower}.get(
+        cfg.tower.family, PretrainedVisionTower
+    )
+    return tower_cls(cfg, mixer=UlyssesMixer())
 
 
 class OmniModel(nn.Module):

@@ -209,9 +209,11 @@ class VisionEncoderConfig(ImportableEncoder):
     feature_layer: int = -2
     """With ``hf``: the hidden state given to the projector (LLaVA's ``vision_feature_layer``:
     -1 the last block's output, -2 the one before; later blocks are not built)."""
-    feature_select: Literal["default", "full"] = "default"
+    feature_select: Literal["default", "full"] | None = None
     """With ``hf``: ``default`` drops the first output token (CLIP's class token), ``full`` keeps
-    every token (LLaVA's ``vision_feature_select_strategy``)."""
+    every token (LLaVA's ``vision_feature_select_strategy``). Unset: a VLM's own setting, else
+    ``default`` for a tower with a class token (CLIP) and ``full`` for one without (SigLIP),
+    so no patch is lost."""
     preset: VisionPreset | None = None
     """Public model whose shape fills the fields below that are not given."""
     hidden_size: PositiveInt | None = None
@@ -250,6 +252,9 @@ class VisionEncoderConfig(ImportableEncoder):
         self._resolve_hf(info, _VISION_SHAPE, self._read_hf)
         if not self.resolved:
             return self
+        if self._tower is not None and self.feature_select is None:
+            select = "default" if self._tower.class_token else "full"
+            object.__setattr__(self, "feature_select", select)
         feature = sorted(self.model_fields_set & {"feature_layer", "feature_select"})
         if self.qwen is not None and feature:
             raise ValueError(
