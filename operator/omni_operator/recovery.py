@@ -3,7 +3,9 @@
 :func:`classify` looks at the pods of the current attempt and the Nodes they run on and names
 one failure (or none). The order matters because one root cause shows several symptoms: a lost
 node makes its peers fail with NCCL errors, so a lost node wins over failed pods; an eviction
-over a crash; a non-retryable exit code over a generic one; a missing pod over a hang.
+over a crash; a non-retryable exit code over a generic one; a missing pod over a hang. A
+container lost or killed from outside is infrastructure at any step (:mod:`failure_origin`):
+only the trainer's own error before its first step is taken for a configuration error.
 Before its first step an attempt can also be stuck: pods that cannot be scheduled, images that
 cannot be pulled, containers that cannot be created (:func:`start_issues`). An image that does
 not exist fails the job at once; the others are waited for up to
@@ -31,6 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from omni_operator.failure_origin import LOST_REASONS, device_error, infrastructure_cause
 from omni_operator.render import ANNOTATION_NODE, LABEL_RANK
 from omni_operator.spec import GROUP, OmniTrainingJobSpec
 from omni_operator.status import RestartRecord
@@ -50,6 +53,8 @@ FailureKind = Literal[
     "stopped",
     "preflight_failed",
     "straggler",
+    "container_lost",
+    "device_error",
 ]
 
 REASONS: Mapping[FailureKind, str] = {
@@ -64,6 +69,8 @@ REASONS: Mapping[FailureKind, str] = {
     "stopped": "GracefulStop",
     "preflight_failed": "PreflightFailed",
     "straggler": "Straggler",
+    "container_lost": "ContainerLost",
+    "device_error": "DeviceError",
 }
 """CamelCase reasons for status, conditions and Events (Kubernetes convention)."""
 
@@ -455,6 +462,9 @@ def classify(
         what = f"exit code {e.code}" if e.code is not None else "no exit code"
         detail = f"{what}{f', {e.reason}' if e.reason else ''}"
         cause = next((f": {x.message}" for x in first + exits if x.message), "")
+        more = f" ({len(exits) - 1} more pods failed after it)" if len(exits) > 1 else ""
+        if (origin := _origin(e, first, more, cause)) is not None:
+            return origin
         if started_steps is False:
             return Failure(
                 "user_error",
@@ -463,7 +473,6 @@ def classify(
                 pods=tuple(x.pod for x in first),
                 exit_code=e.code,
             )
-        more = f" ({len(exits) - 1} more pods failed after it)" if len(exits) > 1 else ""
         return Failure(
             "pod_failed",
             f"pod {e.pod} (node rank {e.rank}) on node {e.node} failed ({detail}){more}{cause}",
@@ -526,6 +535,33 @@ def classify(
                 f"{format_time(last_progress_time)}",
                 pods=tuple(sorted(p["metadata"]["name"] for p in live)),
             )
+    return None
+
+
+def _origin(e: _Exit, first: list[_Exit], more: str, cause: str) -> Failure | None:
+    """A failure that is not the trainer's own, at any step: a container lost with its state or
+    node, killed from outside, or a device or fabric error of its node (blamed). None: the
+    trainer's own crash."""
+    head = f"pod {e.pod} (node rank {e.rank}) on node {e.node}"
+    why = infrastructure_cause(e.code, e.reason, e.message)
+    if why is not None:
+        kind: FailureKind = "container_lost" if e.reason in LOST_REASONS else "pod_failed"
+        return Failure(
+            kind,
+            f"{head} {why}{more}: an infrastructure failure, not the trainer's; restarting{cause}",
+            nodes=tuple(sorted({x.node for x in first if x.node})),
+            pods=tuple(x.pod for x in first),
+            exit_code=e.code,
+        )
+    found = [(x, err) for x in first if (err := device_error(x.message)) is not None]
+    if found:
+        return Failure(
+            "device_error",
+            f"{head} failed with a device or fabric error{more}: {found[0][1]}",
+            nodes=tuple(sorted({x.node for x, _ in found if x.node})),
+            pods=tuple(x.pod for x, _ in found),
+            exit_code=e.code,
+        )
     return None
 
 
