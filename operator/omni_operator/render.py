@@ -24,6 +24,7 @@ import yaml
 from omni_operator.placement import PlacedNode, Placement
 from omni_operator.pod_access import render_access
 from omni_operator.spec import GROUP, VERSION, OmniTrainingJob
+from omni_trainer.checkpoint.owner import JOB_NAME_ENV, JOB_NAMESPACE_ENV, JOB_UID_ENV
 from omni_trainer.failure_report import HEALTH_PATH, REPORT_PORT
 from omni_trainer.supervisor import ATTEMPT_KEY, STATE_DIR, order, rdzv_id
 
@@ -193,7 +194,10 @@ def rank_env(job: OmniTrainingJob, node: PlacedNode, *, attempt: int) -> dict[st
     """What a trainer pod knows about its place in the job (all strings, stable order)."""
     spec = job.spec
     return {
-        "OMNI_JOB_NAME": job.metadata.name,
+        # the job a checkpoint belongs to (recorded in its markers; another job is refused)
+        JOB_NAMESPACE_ENV: _namespace(job),
+        JOB_NAME_ENV: job.metadata.name,
+        JOB_UID_ENV: str((job.metadata.model_extra or {}).get("uid") or ""),
         "OMNI_NNODES": str(spec.nodes),
         "OMNI_NODE_RANK": str(node.rank),
         "OMNI_NPROC_PER_NODE": str(spec.procs_per_node),
