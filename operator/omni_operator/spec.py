@@ -22,6 +22,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from omni_operator.host_paths import allowed_prefixes, fast_path_problem
 from omni_operator.pod_access import DNS_SUBDOMAIN, EnvFromSource, VolumeConfig, volume_problems
 from omni_trainer.config import ManifestError, Metadata, TrainerConfig, format_errors
 from omni_trainer.config_base import Spec
@@ -385,6 +386,9 @@ def layout_problems(spec: OmniTrainingJobSpec) -> list[tuple[Loc, str]]:
         )
     if not out:  # the trainer's own checks assume a consistent world size
         out.extend(_trainer_problems(spec, spec.world_size, "nodes x gpusPerNode"))
+    fast = spec.trainer.checkpoint.fast if spec.trainer.checkpoint else None
+    if fast is not None and (msg := fast_path_problem(fast.path, allowed_prefixes())):
+        out.append((("trainer", "checkpoint", "fast", "path"), msg))  # a hostPath on the node
     return out + _cluster_settings_problems(spec)
 
 
