@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from omni_operator import recovery, spares, stragglers
+from omni_operator import quarantine, recovery, spares, stragglers
 from omni_operator.placement import PlacedNode, PlacementError, place
 from omni_operator.render import (
     LABEL_ATTEMPT,
@@ -461,17 +461,12 @@ def _suspend(s: _Step) -> Actions:
 
 def _start_attempt(s: _Step) -> Actions:
     """No pods for this attempt yet: place, render and create them."""
+    _lift_quarantine(s)
     try:
         placement = place(s.obs.nodes, s.spec, quarantined=s.st.quarantined_nodes)
     except PlacementError as err:
-        msg = str(err)
-        s.condition("Placed", "False", "Unschedulable", msg)
-        s.phase(
-            "Placing",
-            f"waiting for nodes: {msg.splitlines()[0]}",
-            event=Event("Warning", "Unschedulable", msg),
-        )
-        return s.finish()
+        return _unplaceable(s, str(err))
+    s.set(placing_since=None)
     desired = render_all(s.job, placement, attempt=s.st.attempt)
     d = diff(desired, s.obs.owned)
     s.actions.create += d.create
@@ -494,6 +489,58 @@ def _start_attempt(s: _Step) -> Actions:
         ),
     )
     return s.finish()
+
+
+def _unplaceable(s: _Step, msg: str) -> Actions:
+    """No placement: wait (condition Placed False, looking again when a quarantine may lift)
+    until ``restartPolicy.placementTimeoutSeconds``, then fail the job with the reason."""
+    since = recovery.parse_time(s.st.placing_since) or s.now
+    s.set(placing_since=recovery.format_time(since))
+    timeout = s.spec.restart_policy.placement_timeout_seconds
+    waited = (s.now - since).total_seconds()
+    held = f"; quarantined: {quarantine.describe(s.st.quarantine)}" if s.st.quarantine else ""
+    if waited >= timeout:
+        why = (f"no placement for {waited:.0f} s (restartPolicy.placementTimeoutSeconds "
+               f"{timeout}): {msg.splitlines()[0]}{held}")  # fmt: skip
+        s.set(completion_time=s.now_s)
+        s.condition("Placed", "False", "Unplaceable", why)
+        s.condition("Failed", "True", "Unplaceable", why)
+        s.phase("Failed", why, event=Event("Warning", "Unplaceable", why))
+        return s.finish()
+    s.condition("Placed", "False", "Unschedulable",
+                f"{msg}{held}; waiting up to {timeout - waited:.0f} s more")  # fmt: skip
+    s.phase(
+        "Placing",
+        f"waiting for nodes: {msg.splitlines()[0]}",
+        event=Event("Warning", "Unschedulable", msg),
+    )
+    due = [timeout - waited, quarantine.next_lift(s.st.quarantine, s.now) or timeout]
+    s.actions.requeue_after = max(min(due), 1.0)
+    return s.finish()
+
+
+def _lift_quarantine(s: _Step) -> None:
+    """Lift the quarantines that ended on nodes Ready long enough (an Event each)."""
+    kept, lifted = quarantine.lift(
+        s.st.quarantine, s.nodes, policy=s.spec.restart_policy, now=s.now
+    )
+    if lifted:
+        gone = {e.node for e in lifted}
+        names = [n for n in s.st.quarantined_nodes if n not in gone]
+        s.set(quarantine=kept, quarantined_nodes=names)
+        s.event("Normal", "QuarantineLifted", f"quarantine lifted: {quarantine.describe(lifted)}")
+
+
+def _record_quarantine(s: _Step, failure: recovery.Failure) -> None:
+    """An entry (why, until when) for each node newly in ``quarantinedNodes``."""
+    listed = {e.node for e in s.st.quarantine}
+    new = [n for n in s.st.quarantined_nodes if n not in listed]
+    if new:
+        policy, why = s.spec.restart_policy, failure.message
+        entries = quarantine.add(
+            s.st.quarantine, new, reason=failure.reason, message=why, policy=policy, now=s.now
+        )
+        s.set(quarantine=entries)
 
 
 def _restart_in_place(s: _Step, pods: list[Obj]) -> Actions:
@@ -668,6 +715,7 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
         mode=mode,
     )
     s.set(quarantined_nodes=list(decision.quarantine), restart_budget_left=decision.budget_left)
+    _record_quarantine(s, failure)
     _record_preflight(s, failure.preflight)
     if decision.action == "fail":
         s.delete_pods([p for p, ph in zip(pods, phases, strict=True) if ph not in TERMINAL])

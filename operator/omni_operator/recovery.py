@@ -20,22 +20,23 @@ run restarts inside them (the pods' supervisors start the new attempt); pods tha
 restarts *without progress*: a checkpoint newer than the one the last restart resumed from
 refills it, so a week-long job survives many unrelated failures while a crash loop stops soon.
 
-Nodes blamed for failures are quarantined (:func:`quarantined_nodes`) once they reach
-``restartPolicy.quarantineAfterFailures`` and placement avoids them.
+Nodes blamed for node-attributable failures are quarantined (:func:`quarantined_nodes`) once
+they reach ``restartPolicy.quarantineAfterFailures`` within ``quarantineSeconds``, and placement
+avoids them until :mod:`quarantine` lifts them.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import re
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from omni_operator.failure_origin import LOST_REASONS, device_error, infrastructure_cause
+from omni_operator.quarantine import to_quarantine
 from omni_operator.render import ANNOTATION_NODE, LABEL_RANK
-from omni_operator.spec import GROUP, OmniTrainingJobSpec
+from omni_operator.spec import GROUP, OmniTrainingJobSpec, RestartPolicyConfig
 from omni_operator.status import RestartRecord
 from omni_trainer.distributed.netcheck_rules import parse_failure
 from omni_trainer.supervisor import untag
@@ -98,7 +99,8 @@ class Failure:
     message: str
     """In words, naming pods, nodes and exit codes: it goes to status and an Event."""
     nodes: tuple[str, ...] = ()
-    """Nodes blamed for the failure (quarantine counts these); empty when no node is at fault."""
+    """Nodes involved (a hot spare replaces a lost one); quarantine counts them only for the
+    reasons that blame nodes (:func:`failure_origin.blames_nodes`)."""
     pods: tuple[str, ...] = ()
     exit_code: int | None = None
     preflight: Mapping[str, Any] | None = None
@@ -783,20 +785,19 @@ def quarantined_nodes(
     history: Sequence[RestartRecord],
     failure: Failure | None,
     *,
-    threshold: int,
+    policy: RestartPolicyConfig,
+    now: dt.datetime,
     already: Iterable[str] = (),
 ) -> tuple[str, ...]:
-    """Nodes blamed for at least ``threshold`` failures (history plus this one), sorted, plus the
-    ones already quarantined (quarantine is not lifted automatically), a straggler that is being
-    replaced and the nodes a network preflight named."""
-    counts: Counter[str] = Counter(n for r in history for n in r.nodes)
-    at_once: set[str] = set()
-    if failure is not None:
-        counts.update(failure.nodes)
-        if failure.kind in ("straggler", "preflight_failed"):  # never placed again
-            at_once.update(failure.nodes)
-    blamed = {n for n, c in counts.items() if c >= threshold}
-    return tuple(sorted(set(already) | blamed | at_once))
+    """The nodes to avoid after ``failure``: those already quarantined, plus the ones its
+    node-attributable failures within the window put there (:func:`quarantine.to_quarantine`),
+    sorted."""
+    new = (
+        ()
+        if failure is None
+        else to_quarantine(history, failure.reason, failure.nodes, policy=policy, now=now)
+    )
+    return tuple(sorted(set(already) | set(new)))
 
 
 def decide_restart(
@@ -828,9 +829,7 @@ def decide_restart(
         The decision; for a restart, ``record`` is the entry to append to the history.
     """
     policy = spec.restart_policy
-    quarantine = quarantined_nodes(
-        history, failure, threshold=policy.quarantine_after_failures, already=quarantined
-    )
+    quarantine = quarantined_nodes(history, failure, policy=policy, now=now, already=quarantined)
     used = restarts_without_progress(history, latest_checkpoint_step)
     charge = 0 if is_free(failure.reason, failure.nodes) else 1
     if not failure.retryable:

@@ -231,8 +231,26 @@ class RestartPolicyConfig(Spec):
     quarantine_after_failures: int = Field(
         2,
         ge=1,
-        description="a node blamed for this many failures (node lost, crash, eviction) is "
-        "avoided by later placements of the job",
+        description="a node blamed for this many failures within quarantineSeconds (node lost "
+        "or NotReady, device/NCCL/InfiniBand errors; never a crash of the trainer's own code) "
+        "is avoided by later placements of the job",
+    )
+    quarantine_seconds: int = Field(
+        3600,
+        ge=60,
+        description="how long a quarantine lasts at least, and the window its failures are "
+        "counted in",
+    )
+    quarantine_ready_seconds: int = Field(
+        300,
+        ge=0,
+        description="after quarantineSeconds, the node is lifted once it has been Ready this long",
+    )
+    placement_timeout_seconds: int = Field(
+        1800,
+        ge=60,
+        description="how long an attempt waits for nodes it can be placed on (condition Placed "
+        "False) before the job fails with the reason",
     )
 
 

@@ -57,6 +57,19 @@ class RestartRecord(Spec):
     )
 
 
+class QuarantineEntry(Spec):
+    """One quarantined node in ``status.quarantine``."""
+
+    node: str
+    reason: str = Field(description="the last failure that blamed it: NodeLost, DeviceError, ...")
+    message: str = ""
+    since: str = Field(description="when it was quarantined (RFC 3339)")
+    until: str = Field(
+        description="the earliest lift (RFC 3339); then it is lifted once the node has been "
+        "Ready for restartPolicy.quarantineReadySeconds"
+    )
+
+
 class StragglerStatus(Spec):
     """A node whose busy time per step exceeds the other nodes' median by the margin."""
 
@@ -157,7 +170,17 @@ class OmniTrainingJobStatus(Spec):
     mfu_percent: str | None = Field(None, description="mfu as the logs print it, e.g. 41.27%")
     last_checkpoint: CheckpointStatus | None = None
     placement: list[str] = Field(default_factory=list, description="node names by node rank")
-    quarantined_nodes: list[str] = Field(default_factory=list)
+    quarantined_nodes: list[str] = Field(
+        default_factory=list, description="the nodes of quarantine, by name (placement avoids)"
+    )
+    quarantine: list[QuarantineEntry] = Field(
+        default_factory=list, description="quarantined nodes: why, since and until when"
+    )
+    placing_since: str | None = Field(
+        None,
+        description="since when the attempt waits for nodes (restartPolicy."
+        "placementTimeoutSeconds then fails the job)",
+    )
     preflight: PreflightStatus | None = None
     stragglers: list[StragglerStatus] = Field(
         default_factory=list, description="nodes slower than the others (see condition Straggler)"
