@@ -13,9 +13,12 @@ from omni_trainer.path_rules import parent_step
 
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-RESERVED_MOUNTS = ("/dev/shm", "/etc/omni")
+SCRATCH_DIR = "/var/tmp/omni"
+"""The trainer pod's writable scratch (an emptyDir; the root filesystem is read-only): TMPDIR,
+caches (torch, Triton, Hugging Face) and S3 checkpoint staging."""
+RESERVED_MOUNTS = ("/dev/shm", "/etc/omni", SCRATCH_DIR)
 """Mounted by the operator in every trainer pod."""
-RESERVED_VOLUMES = ("dshm", "config")
+RESERVED_VOLUMES = ("dshm", "config", "scratch")
 
 
 class ObjectRef(Spec):

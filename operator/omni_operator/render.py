@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from omni_operator.placement import PlacedNode, Placement
-from omni_operator.pod_access import render_access
+from omni_operator.pod_access import SCRATCH_DIR, render_access
 from omni_operator.spec import GROUP, VERSION, OmniTrainingJob
 from omni_trainer.checkpoint.owner import JOB_NAME_ENV, JOB_NAMESPACE_ENV, JOB_UID_ENV
 from omni_trainer.failure_report import HEALTH_PATH, REPORT_PORT
@@ -378,6 +378,7 @@ def render_pod(
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": "OMNI_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
     ]
+    env += [{"name": k, "value": v} for k, v in SCRATCH_ENV.items()]
     container: Obj = {
         "name": "trainer",
         "image": spec.image,
@@ -392,6 +393,7 @@ def render_pod(
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+            {"name": "scratch", "mountPath": SCRATCH_DIR},
         ],
         "securityContext": _container_security(job),
         # The trainer writes its fatal error to /dev/termination-log; without it (killed, a
@@ -429,6 +431,7 @@ def render_pod(
                 "name": "config",
                 "configMap": {"name": config_map_name(job.metadata.name)},
             },
+            {"name": "scratch", "emptyDir": {}},
         ],
     }
     fast = fast_tier_volume(job)
@@ -547,11 +550,23 @@ def _pod_security(job: OmniTrainingJob) -> Obj:
     }
 
 
+SCRATCH_ENV = {
+    "TMPDIR": SCRATCH_DIR,
+    "XDG_CACHE_HOME": f"{SCRATCH_DIR}/cache",
+    "TRITON_CACHE_DIR": f"{SCRATCH_DIR}/triton",
+    "MPLCONFIGDIR": f"{SCRATCH_DIR}/matplotlib",
+}
+"""Where the trainer and its libraries write, on the scratch emptyDir: Python's tempfile (S3
+checkpoint staging, torch.compile), Hugging Face and torch hub caches, Triton kernels."""
+
+
 def _container_security(job: OmniTrainingJob) -> Obj:
+    """No privilege escalation, no capabilities but IPC_LOCK for RDMA, a read-only root
+    filesystem (the trainer writes to its volumes and :data:`SCRATCH_DIR`)."""
     caps: Obj = {"drop": ["ALL"]}
     if job.spec.resources.rdma is not None:
         caps["add"] = ["IPC_LOCK"]
-    return {"allowPrivilegeEscalation": False, "capabilities": caps}
+    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": caps}
 
 
 def render_all(job: OmniTrainingJob, placement: Placement, *, attempt: int = 0) -> list[Obj]:

@@ -49,6 +49,26 @@ RESERVED_ENV = frozenset(
     {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK"}
 )
 RESERVED_ENV_PREFIXES = ("OMNI_", "TORCHELASTIC_")
+LOADER_ENV = frozenset(
+    {
+        "BASH_ENV",
+        "ENV",
+        "GCONV_PATH",
+        "NODE_OPTIONS",
+        "PERL5OPT",
+        "PYTHONBREAKPOINT",
+        "PYTHONEXECUTABLE",
+        "PYTHONHOME",
+        "PYTHONINSPECT",
+        "PYTHONPATH",
+        "PYTHONSTARTUP",
+        "PYTHONUSERBASE",
+        "PYTHONWARNINGS",
+    }
+)
+LOADER_ENV_PREFIXES = ("LD_", "DYLD_")
+"""Variables that make the dynamic loader or an interpreter load other code (LD_PRELOAD,
+PYTHONPATH, PYTHONSTARTUP...): never settable through ``nccl.env``, which is for NCCL knobs."""
 
 
 def _check_quantity(v: int | str) -> int | str:
@@ -446,7 +466,15 @@ def _cluster_settings_problems(spec: OmniTrainingJobSpec) -> list[tuple[Loc, str
     for i, field, msg in volume_problems(spec.volumes):
         out.append((("volumes", i, field), msg))
     for name in spec.nccl.env:
-        if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES):
+        if name in LOADER_ENV or name.startswith(LOADER_ENV_PREFIXES):
+            out.append(
+                (
+                    ("nccl", "env", name),
+                    f"{name} makes the loader or an interpreter load other code; nccl.env takes "
+                    "NCCL settings only: build it into spec.image instead",
+                )
+            )
+        elif name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES):
             out.append(
                 (
                     ("nccl", "env", name),

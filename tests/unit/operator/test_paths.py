@@ -84,3 +84,15 @@ def test_path_rules() -> None:
     assert path_problem("/tmp/ck") is None and path_problem("relative/ck") is None
     assert path_problem("s3://b/../x", local=False) is not None
     assert path_problem("/proc/self", local=False) is None  # a URL-like read is not local
+
+
+@pytest.mark.parametrize(
+    "name", ["LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME"]
+)
+def test_nccl_env_refuses_loader_and_interpreter_variables(name: str) -> None:
+    doc = _job()
+    doc["spec"]["nccl"] = {"env": {name: "/tmp/x", "NCCL_DEBUG": "INFO"}}
+    with pytest.raises(ManifestError) as err:
+        parse_job(doc)
+    assert f"spec.nccl.env.{name}: {name} makes the loader or an interpreter" in str(err.value)
+    assert "NCCL_DEBUG" not in str(err.value)
