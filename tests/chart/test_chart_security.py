@@ -47,7 +47,9 @@ def test_network_policies_cover_the_operator_and_the_job_pods(chart: Any) -> Non
     assert jobs["podSelector"] == selector
     peers, metrics, supervisor = jobs["ingress"]
     assert peers == {"from": [{"podSelector": selector}]}  # rendezvous, NCCL: any port
-    assert metrics == {"ports": [{"port": 9464, "protocol": "TCP"}]}
+    prom = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    assert metrics["ports"] == [{"port": 9464, "protocol": "TCP"}]
+    assert metrics["from"][1:] == [prom]  # the operator, and Prometheus only by default
     # The supervisors' failure reports: the operator alone reads them.
     assert supervisor["ports"] == [{"port": 9465, "protocol": "TCP"}]
     (operator_pods,) = supervisor["from"]
@@ -55,7 +57,7 @@ def test_network_policies_cover_the_operator_and_the_job_pods(chart: Any) -> Non
         "matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}
     }
     assert operator_pods["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "megascale-omni"
-    prom = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    prom = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "prom"}}}
     values = {**VALUE_SETS["namespaced-full"], "networkPolicy": {"metricsFrom": [prom]}}
     namespaced = by_kind(render(chart, values), "NetworkPolicy")
     per_ns = {
