@@ -364,7 +364,8 @@ class Checkpointer:
             persistent = self.storage.latest_complete(skip)
             plan = latest_fast(inventories, self.storage.read_fence()) if self.fast else None
             if newest_tier(persistent, plan.step if plan else None) == FAST:
-                check_owner(plan.marker, self.owner, where=f"fast tier {step_name(plan.step)}")
+                where = f"{step_name(plan.step)} (fast tier)"
+                check_owner(plan.marker, self.owner, root=self.storage.url, step=where)
                 return plan.step, plan
             self._check_owner(persistent)
             return persistent, None
@@ -387,7 +388,7 @@ class Checkpointer:
     def _check_owner(self, step: int | None) -> None:
         marker = self.storage.read_marker(step) if step is not None else None
         if marker is not None:
-            check_owner(marker, self.owner, where=f"{self.storage.url}/{step_name(step)}")
+            check_owner(marker, self.owner, root=self.storage.url, step=step_name(step))
 
     def _verify(self, step: int) -> list[str]:
         """The files of ``step`` whose sha256 differs from its marker's (every rank hashes its

@@ -63,8 +63,9 @@ class JobIdentity:
         return (self.namespace, self.name) == (other.namespace, other.name)
 
 
-def check_owner(marker: Mapping[str, Any], me: JobIdentity | None, *, where: str) -> None:
-    """Refuse to resume ``where`` (a step's URL) when its marker's owner is another job.
+def check_owner(marker: Mapping[str, Any], me: JobIdentity | None, *, root: str, step: str) -> None:
+    """Refuse to resume ``step`` (its directory name) of the checkpoints under ``root`` when
+    its marker's owner is another job.
 
     Raises:
         ForeignCheckpoint: naming the owner and the two fixes.
@@ -72,9 +73,8 @@ def check_owner(marker: Mapping[str, Any], me: JobIdentity | None, *, where: str
     owner = JobIdentity.from_marker(marker)
     if me is None or owner is None or owner.same_job(me):
         return
-    root = where.rsplit("/", 1)[0]
     raise ForeignCheckpoint(
-        f"checkpoint {where} belongs to job {owner.describe()}, not to this job "
+        f"checkpoint {root}/{step} belongs to job {owner.describe()}, not to this job "
         f"{me.describe()}: jobs never resume each other's checkpoints. To start from its "
         f"weights, set checkpoint.initFrom: {root} and a checkpoint.path of this job's own; "
         "otherwise choose a new checkpoint.path"
