@@ -1003,12 +1003,7 @@ def _confirm_resume(
     where = f"checkpoint step {actual}" if actual else "the start (no checkpoint)"
     note = "" if planned == actual else f" (planned: {planned if planned else 'the start'})"
     s.event("Normal", "ResumedFrom", f"attempt {s.st.attempt} resumed from {where}{note}")
-    update: dict[str, Any] = {"from_step": actual, "confirmed": True}
-    if history[-1].steps_recomputed is not None:  # reached - planned, now reached - actual
-        reached = history[-1].steps_recomputed + (planned or 0)
-        update["steps_recomputed"] = max(reached - (actual or 0), 0)
-    record = history[-1].model_copy(update=update)
-    return [*history[:-1], record]
+    return [*history[:-1], history[-1].resumed(resumed_from)]
 
 
 def _restart_cost(s: _Step, *, ago_s: float = 0.0) -> list[RestartRecord]:

@@ -882,7 +882,9 @@ def decide_restart(
         from_step=latest_checkpoint_step,
         delay_seconds=delay,
         mode=mode,
-        # A graceful stop may write a newer checkpoint than the operator knows of: unknown.
+        reached_step=reached_step,
+        # A graceful stop may write a newer checkpoint than the operator knows of: unknown
+        # until the trainer reports the step it resumed from (RestartRecord.resumed).
         steps_recomputed=(
             max(reached_step - (latest_checkpoint_step or 0), 0)
             if reached_step is not None and failure.reason not in GRACEFUL_REASONS

@@ -55,6 +55,26 @@ class RestartRecord(Spec):
     steps_recomputed: int | None = Field(
         None, ge=0, description="steps trained before the failure beyond fromStep (done again)"
     )
+    reached_step: int | None = Field(
+        None,
+        ge=0,
+        description="the last step the failed attempt was seen to complete; stepsRecomputed "
+        "counts from it to the step the trainer resumed from",
+    )
+
+    def resumed(self, resumed_from: int | None) -> RestartRecord:
+        """The record once the trainer reports the step it resumed from (None or 0: the
+        start): ``fromStep`` that step, ``stepsRecomputed`` from ``reachedStep`` (also after a
+        graceful stop, whose emergency checkpoint the operator could not know of, and after a
+        fallback past a corrupt or partial checkpoint)."""
+        actual = resumed_from or None
+        reached = self.reached_step
+        if reached is None and self.steps_recomputed is not None:  # recorded before reachedStep
+            reached = self.steps_recomputed + (self.from_step or 0)
+        update: dict[str, Any] = {"from_step": actual, "confirmed": True}
+        if reached is not None:
+            update["steps_recomputed"] = max(reached - (actual or 0), 0)
+        return self.model_copy(update=update)
 
 
 class QuarantineEntry(Spec):
