@@ -9,12 +9,16 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from omni_trainer.config_base import Spec
+from omni_trainer.path_rules import parent_step
 
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-RESERVED_MOUNTS = ("/dev/shm", "/etc/omni")
+SCRATCH_DIR = "/var/tmp/omni"
+"""The trainer pod's writable scratch (an emptyDir; the root filesystem is read-only): TMPDIR,
+caches (torch, Triton, Hugging Face) and S3 checkpoint staging."""
+RESERVED_MOUNTS = ("/dev/shm", "/etc/omni", SCRATCH_DIR)
 """Mounted by the operator in every trainer pod."""
-RESERVED_VOLUMES = ("dshm", "config")
+RESERVED_VOLUMES = ("dshm", "config", "scratch")
 
 
 class ObjectRef(Spec):
@@ -79,6 +83,9 @@ def volume_problems(volumes: list[VolumeConfig]) -> list[tuple[int, str, str]]:
                 break
         if path == "/":
             out.append((i, "mountPath", "/ cannot be mounted over; mount elsewhere"))
+        for field, value in (("mountPath", v.mount_path), ("subPath", v.sub_path or "")):
+            if parent_step(value):
+                out.append((i, field, f"{value!r} has a '..' component; name the path without it"))
         paths.append(path)
     return out
 

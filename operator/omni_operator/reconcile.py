@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from omni_operator import admission, kueue, recovery, spares, stragglers
+from omni_operator import admission, kueue, quarantine, recovery, spares, stragglers
 from omni_operator.placement import PlacedNode, PlacementError, place
 from omni_operator.render import (
     LABEL_ATTEMPT,
@@ -489,20 +489,15 @@ def _suspend(s: _Step) -> Actions:
 
 def _start_attempt(s: _Step) -> Actions:
     """No pods for this attempt yet: place, render and create them (or queue the job)."""
+    _lift_quarantine(s)
     verdict = admission.admit(s.obs.nodes, s.job, quarantined=s.st.quarantined_nodes,
                               cluster_pods=s.obs.cluster_pods, ahead=s.obs.queue_ahead)  # fmt: skip
     placement = verdict.placement
     if verdict.queued:
         return _queue(s, verdict)
     if placement is None:
-        msg = verdict.message
-        s.condition("Placed", "False", "Unschedulable", msg)
-        s.phase(
-            "Placing",
-            f"waiting for nodes: {msg.splitlines()[0]}",
-            event=Event("Warning", "Unschedulable", msg),
-        )
-        return s.finish()
+        return _unplaceable(s, verdict.message)
+    s.set(placing_since=None)
     if admission.was_queued(s.st.conditions):
         s.condition("Queued", "False", "Admitted", "free capacity found")
     desired = render_all(s.job, placement, attempt=s.st.attempt)
@@ -537,6 +532,58 @@ def _queue(s: _Step, verdict: admission.Decision) -> Actions:
     s.phase("Queued", f"queued: {summary}",
             event=Event("Normal", "Queued", verdict.message))  # fmt: skip
     return s.finish()
+
+
+def _unplaceable(s: _Step, msg: str) -> Actions:
+    """No placement: wait (condition Placed False, looking again when a quarantine may lift)
+    until ``restartPolicy.placementTimeoutSeconds``, then fail the job with the reason."""
+    since = recovery.parse_time(s.st.placing_since) or s.now
+    s.set(placing_since=recovery.format_time(since))
+    timeout = s.spec.restart_policy.placement_timeout_seconds
+    waited = (s.now - since).total_seconds()
+    held = f"; quarantined: {quarantine.describe(s.st.quarantine)}" if s.st.quarantine else ""
+    if waited >= timeout:
+        why = (f"no placement for {waited:.0f} s (restartPolicy.placementTimeoutSeconds "
+               f"{timeout}): {msg.splitlines()[0]}{held}")  # fmt: skip
+        s.set(completion_time=s.now_s)
+        s.condition("Placed", "False", "Unplaceable", why)
+        s.condition("Failed", "True", "Unplaceable", why)
+        s.phase("Failed", why, event=Event("Warning", "Unplaceable", why))
+        return s.finish()
+    s.condition("Placed", "False", "Unschedulable",
+                f"{msg}{held}; waiting up to {timeout - waited:.0f} s more")  # fmt: skip
+    s.phase(
+        "Placing",
+        f"waiting for nodes: {msg.splitlines()[0]}",
+        event=Event("Warning", "Unschedulable", msg),
+    )
+    due = [timeout - waited, quarantine.next_lift(s.st.quarantine, s.now) or timeout]
+    s.actions.requeue_after = max(min(due), 1.0)
+    return s.finish()
+
+
+def _lift_quarantine(s: _Step) -> None:
+    """Lift the quarantines that ended on nodes Ready long enough (an Event each)."""
+    kept, lifted = quarantine.lift(
+        s.st.quarantine, s.nodes, policy=s.spec.restart_policy, now=s.now
+    )
+    if lifted:
+        gone = {e.node for e in lifted}
+        names = [n for n in s.st.quarantined_nodes if n not in gone]
+        s.set(quarantine=kept, quarantined_nodes=names)
+        s.event("Normal", "QuarantineLifted", f"quarantine lifted: {quarantine.describe(lifted)}")
+
+
+def _record_quarantine(s: _Step, failure: recovery.Failure) -> None:
+    """An entry (why, until when) for each node newly in ``quarantinedNodes``."""
+    listed = {e.node for e in s.st.quarantine}
+    new = [n for n in s.st.quarantined_nodes if n not in listed]
+    if new:
+        policy, why = s.spec.restart_policy, failure.message
+        entries = quarantine.add(
+            s.st.quarantine, new, reason=failure.reason, message=why, policy=policy, now=s.now
+        )
+        s.set(quarantine=entries)
 
 
 def _restart_in_place(s: _Step, pods: list[Obj]) -> Actions:
@@ -713,6 +760,7 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
         mode=mode,
     )
     s.set(quarantined_nodes=list(decision.quarantine), restart_budget_left=decision.budget_left)
+    _record_quarantine(s, failure)
     _record_preflight(s, failure.preflight)
     if decision.action == "fail":
         s.delete_pods([p for p, ph in zip(pods, phases, strict=True) if ph not in TERMINAL])
@@ -1040,12 +1088,7 @@ def _confirm_resume(
     where = f"checkpoint step {actual}" if actual else "the start (no checkpoint)"
     note = "" if planned == actual else f" (planned: {planned if planned else 'the start'})"
     s.event("Normal", "ResumedFrom", f"attempt {s.st.attempt} resumed from {where}{note}")
-    update: dict[str, Any] = {"from_step": actual, "confirmed": True}
-    if history[-1].steps_recomputed is not None:  # reached - planned, now reached - actual
-        reached = history[-1].steps_recomputed + (planned or 0)
-        update["steps_recomputed"] = max(reached - (actual or 0), 0)
-    record = history[-1].model_copy(update=update)
-    return [*history[:-1], record]
+    return [*history[:-1], history[-1].resumed(resumed_from)]
 
 
 def _restart_cost(s: _Step, *, ago_s: float = 0.0) -> list[RestartRecord]:

@@ -3,7 +3,9 @@
 :func:`classify` looks at the pods of the current attempt and the Nodes they run on and names
 one failure (or none). The order matters because one root cause shows several symptoms: a lost
 node makes its peers fail with NCCL errors, so a lost node wins over failed pods; an eviction
-over a crash; a non-retryable exit code over a generic one; a missing pod over a hang.
+over a crash; a non-retryable exit code over a generic one; a missing pod over a hang. A
+container lost or killed from outside is infrastructure at any step (:mod:`failure_origin`):
+only the trainer's own error before its first step is taken for a configuration error.
 Before its first step an attempt can also be stuck: pods that cannot be scheduled, images that
 cannot be pulled, containers that cannot be created (:func:`start_issues`). An image that does
 not exist fails the job at once; the others are waited for up to
@@ -18,21 +20,23 @@ run restarts inside them (the pods' supervisors start the new attempt); pods tha
 restarts *without progress*: a checkpoint newer than the one the last restart resumed from
 refills it, so a week-long job survives many unrelated failures while a crash loop stops soon.
 
-Nodes blamed for failures are quarantined (:func:`quarantined_nodes`) once they reach
-``restartPolicy.quarantineAfterFailures`` and placement avoids them.
+Nodes blamed for node-attributable failures are quarantined (:func:`quarantined_nodes`) once
+they reach ``restartPolicy.quarantineAfterFailures`` within ``quarantineSeconds``, and placement
+avoids them until :mod:`quarantine` lifts them.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import re
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from omni_operator.failure_origin import LOST_REASONS, device_error, infrastructure_cause
+from omni_operator.quarantine import to_quarantine
 from omni_operator.render import ANNOTATION_NODE, LABEL_RANK
-from omni_operator.spec import GROUP, OmniTrainingJobSpec
+from omni_operator.spec import GROUP, OmniTrainingJobSpec, RestartPolicyConfig
 from omni_operator.status import RestartRecord
 from omni_trainer.distributed.netcheck_rules import parse_failure
 from omni_trainer.supervisor import untag
@@ -50,6 +54,8 @@ FailureKind = Literal[
     "stopped",
     "preflight_failed",
     "straggler",
+    "container_lost",
+    "device_error",
 ]
 
 REASONS: Mapping[FailureKind, str] = {
@@ -64,6 +70,8 @@ REASONS: Mapping[FailureKind, str] = {
     "stopped": "GracefulStop",
     "preflight_failed": "PreflightFailed",
     "straggler": "Straggler",
+    "container_lost": "ContainerLost",
+    "device_error": "DeviceError",
 }
 """CamelCase reasons for status, conditions and Events (Kubernetes convention)."""
 
@@ -91,7 +99,8 @@ class Failure:
     message: str
     """In words, naming pods, nodes and exit codes: it goes to status and an Event."""
     nodes: tuple[str, ...] = ()
-    """Nodes blamed for the failure (quarantine counts these); empty when no node is at fault."""
+    """Nodes involved (a hot spare replaces a lost one); quarantine counts them only for the
+    reasons that blame nodes (:func:`failure_origin.blames_nodes`)."""
     pods: tuple[str, ...] = ()
     exit_code: int | None = None
     preflight: Mapping[str, Any] | None = None
@@ -455,6 +464,9 @@ def classify(
         what = f"exit code {e.code}" if e.code is not None else "no exit code"
         detail = f"{what}{f', {e.reason}' if e.reason else ''}"
         cause = next((f": {x.message}" for x in first + exits if x.message), "")
+        more = f" ({len(exits) - 1} more pods failed after it)" if len(exits) > 1 else ""
+        if (origin := _origin(e, first, more, cause)) is not None:
+            return origin
         if started_steps is False:
             return Failure(
                 "user_error",
@@ -463,7 +475,6 @@ def classify(
                 pods=tuple(x.pod for x in first),
                 exit_code=e.code,
             )
-        more = f" ({len(exits) - 1} more pods failed after it)" if len(exits) > 1 else ""
         return Failure(
             "pod_failed",
             f"pod {e.pod} (node rank {e.rank}) on node {e.node} failed ({detail}){more}{cause}",
@@ -526,6 +537,33 @@ def classify(
                 f"{format_time(last_progress_time)}",
                 pods=tuple(sorted(p["metadata"]["name"] for p in live)),
             )
+    return None
+
+
+def _origin(e: _Exit, first: list[_Exit], more: str, cause: str) -> Failure | None:
+    """A failure that is not the trainer's own, at any step: a container lost with its state or
+    node, killed from outside, or a device or fabric error of its node (blamed). None: the
+    trainer's own crash."""
+    head = f"pod {e.pod} (node rank {e.rank}) on node {e.node}"
+    why = infrastructure_cause(e.code, e.reason, e.message)
+    if why is not None:
+        kind: FailureKind = "container_lost" if e.reason in LOST_REASONS else "pod_failed"
+        return Failure(
+            kind,
+            f"{head} {why}{more}: an infrastructure failure, not the trainer's; restarting{cause}",
+            nodes=tuple(sorted({x.node for x in first if x.node})),
+            pods=tuple(x.pod for x in first),
+            exit_code=e.code,
+        )
+    found = [(x, err) for x in first if (err := device_error(x.message)) is not None]
+    if found:
+        return Failure(
+            "device_error",
+            f"{head} failed with a device or fabric error{more}: {found[0][1]}",
+            nodes=tuple(sorted({x.node for x, _ in found if x.node})),
+            pods=tuple(x.pod for x, _ in found),
+            exit_code=e.code,
+        )
     return None
 
 
@@ -747,20 +785,19 @@ def quarantined_nodes(
     history: Sequence[RestartRecord],
     failure: Failure | None,
     *,
-    threshold: int,
+    policy: RestartPolicyConfig,
+    now: dt.datetime,
     already: Iterable[str] = (),
 ) -> tuple[str, ...]:
-    """Nodes blamed for at least ``threshold`` failures (history plus this one), sorted, plus the
-    ones already quarantined (quarantine is not lifted automatically), a straggler that is being
-    replaced and the nodes a network preflight named."""
-    counts: Counter[str] = Counter(n for r in history for n in r.nodes)
-    at_once: set[str] = set()
-    if failure is not None:
-        counts.update(failure.nodes)
-        if failure.kind in ("straggler", "preflight_failed"):  # never placed again
-            at_once.update(failure.nodes)
-    blamed = {n for n, c in counts.items() if c >= threshold}
-    return tuple(sorted(set(already) | blamed | at_once))
+    """The nodes to avoid after ``failure``: those already quarantined, plus the ones its
+    node-attributable failures within the window put there (:func:`quarantine.to_quarantine`),
+    sorted."""
+    new = (
+        ()
+        if failure is None
+        else to_quarantine(history, failure.reason, failure.nodes, policy=policy, now=now)
+    )
+    return tuple(sorted(set(already) | set(new)))
 
 
 def decide_restart(
@@ -792,9 +829,7 @@ def decide_restart(
         The decision; for a restart, ``record`` is the entry to append to the history.
     """
     policy = spec.restart_policy
-    quarantine = quarantined_nodes(
-        history, failure, threshold=policy.quarantine_after_failures, already=quarantined
-    )
+    quarantine = quarantined_nodes(history, failure, policy=policy, now=now, already=quarantined)
     used = restarts_without_progress(history, latest_checkpoint_step)
     charge = 0 if is_free(failure.reason, failure.nodes) else 1
     if not failure.retryable:
@@ -847,7 +882,9 @@ def decide_restart(
         from_step=latest_checkpoint_step,
         delay_seconds=delay,
         mode=mode,
-        # A graceful stop may write a newer checkpoint than the operator knows of: unknown.
+        reached_step=reached_step,
+        # A graceful stop may write a newer checkpoint than the operator knows of: unknown
+        # until the trainer reports the step it resumed from (RestartRecord.resumed).
         steps_recomputed=(
             max(reached_step - (latest_checkpoint_step or 0), 0)
             if reached_step is not None and failure.reason not in GRACEFUL_REASONS

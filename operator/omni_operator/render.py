@@ -22,8 +22,9 @@ from typing import Any
 import yaml
 
 from omni_operator.placement import PlacedNode, Placement, node_requests
-from omni_operator.pod_access import render_access
+from omni_operator.pod_access import SCRATCH_DIR, render_access
 from omni_operator.spec import GROUP, VERSION, OmniTrainingJob
+from omni_trainer.checkpoint.owner import JOB_NAME_ENV, JOB_NAMESPACE_ENV, JOB_UID_ENV
 from omni_trainer.failure_report import HEALTH_PATH, REPORT_PORT
 from omni_trainer.supervisor import ATTEMPT_KEY, STATE_DIR, order, rdzv_id
 
@@ -193,7 +194,10 @@ def rank_env(job: OmniTrainingJob, node: PlacedNode, *, attempt: int) -> dict[st
     """What a trainer pod knows about its place in the job (all strings, stable order)."""
     spec = job.spec
     return {
-        "OMNI_JOB_NAME": job.metadata.name,
+        # the job a checkpoint belongs to (recorded in its markers; another job is refused)
+        JOB_NAMESPACE_ENV: _namespace(job),
+        JOB_NAME_ENV: job.metadata.name,
+        JOB_UID_ENV: str((job.metadata.model_extra or {}).get("uid") or ""),
         "OMNI_NNODES": str(spec.nodes),
         "OMNI_NODE_RANK": str(node.rank),
         "OMNI_NPROC_PER_NODE": str(spec.procs_per_node),
@@ -370,6 +374,7 @@ def render_pod(
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": "OMNI_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
     ]
+    env += [{"name": k, "value": v} for k, v in SCRATCH_ENV.items()]
     container: Obj = {
         "name": "trainer",
         "image": spec.image,
@@ -384,6 +389,7 @@ def render_pod(
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+            {"name": "scratch", "mountPath": SCRATCH_DIR},
         ],
         "securityContext": _container_security(job),
         # The trainer writes its fatal error to /dev/termination-log; without it (killed, a
@@ -421,6 +427,7 @@ def render_pod(
                 "name": "config",
                 "configMap": {"name": config_map_name(job.metadata.name)},
             },
+            {"name": "scratch", "emptyDir": {}},
         ],
     }
     fast = fast_tier_volume(job)
@@ -499,11 +506,23 @@ def _pod_security(job: OmniTrainingJob) -> Obj:
     }
 
 
+SCRATCH_ENV = {
+    "TMPDIR": SCRATCH_DIR,
+    "XDG_CACHE_HOME": f"{SCRATCH_DIR}/cache",
+    "TRITON_CACHE_DIR": f"{SCRATCH_DIR}/triton",
+    "MPLCONFIGDIR": f"{SCRATCH_DIR}/matplotlib",
+}
+"""Where the trainer and its libraries write, on the scratch emptyDir: Python's tempfile (S3
+checkpoint staging, torch.compile), Hugging Face and torch hub caches, Triton kernels."""
+
+
 def _container_security(job: OmniTrainingJob) -> Obj:
+    """No privilege escalation, no capabilities but IPC_LOCK for RDMA, a read-only root
+    filesystem (the trainer writes to its volumes and :data:`SCRATCH_DIR`)."""
     caps: Obj = {"drop": ["ALL"]}
     if job.spec.resources.rdma is not None:
         caps["add"] = ["IPC_LOCK"]
-    return {"allowPrivilegeEscalation": False, "capabilities": caps}
+    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": caps}
 
 
 def render_all(job: OmniTrainingJob, placement: Placement, *, attempt: int = 0) -> list[Obj]:

@@ -22,6 +22,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from omni_operator.host_paths import allowed_prefixes, fast_path_problem
 from omni_operator.pod_access import DNS_SUBDOMAIN, EnvFromSource, VolumeConfig, volume_problems
 from omni_trainer.config import ManifestError, Metadata, TrainerConfig, format_errors
 from omni_trainer.config_base import Spec
@@ -48,6 +49,26 @@ RESERVED_ENV = frozenset(
     {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK"}
 )
 RESERVED_ENV_PREFIXES = ("OMNI_", "TORCHELASTIC_")
+LOADER_ENV = frozenset(
+    {
+        "BASH_ENV",
+        "ENV",
+        "GCONV_PATH",
+        "NODE_OPTIONS",
+        "PERL5OPT",
+        "PYTHONBREAKPOINT",
+        "PYTHONEXECUTABLE",
+        "PYTHONHOME",
+        "PYTHONINSPECT",
+        "PYTHONPATH",
+        "PYTHONSTARTUP",
+        "PYTHONUSERBASE",
+        "PYTHONWARNINGS",
+    }
+)
+LOADER_ENV_PREFIXES = ("LD_", "DYLD_")
+"""Variables that make the dynamic loader or an interpreter load other code (LD_PRELOAD,
+PYTHONPATH, PYTHONSTARTUP...): never settable through ``nccl.env``, which is for NCCL knobs."""
 
 
 def _check_quantity(v: int | str) -> int | str:
@@ -230,8 +251,26 @@ class RestartPolicyConfig(Spec):
     quarantine_after_failures: int = Field(
         2,
         ge=1,
-        description="a node blamed for this many failures (node lost, crash, eviction) is "
-        "avoided by later placements of the job",
+        description="a node blamed for this many failures within quarantineSeconds (node lost "
+        "or NotReady, device/NCCL/InfiniBand errors; never a crash of the trainer's own code) "
+        "is avoided by later placements of the job",
+    )
+    quarantine_seconds: int = Field(
+        3600,
+        ge=60,
+        description="how long a quarantine lasts at least, and the window its failures are "
+        "counted in",
+    )
+    quarantine_ready_seconds: int = Field(
+        300,
+        ge=0,
+        description="after quarantineSeconds, the node is lifted once it has been Ready this long",
+    )
+    placement_timeout_seconds: int = Field(
+        1800,
+        ge=60,
+        description="how long an attempt waits for nodes it can be placed on (condition Placed "
+        "False) before the job fails with the reason",
     )
 
 
@@ -385,6 +424,9 @@ def layout_problems(spec: OmniTrainingJobSpec) -> list[tuple[Loc, str]]:
         )
     if not out:  # the trainer's own checks assume a consistent world size
         out.extend(_trainer_problems(spec, spec.world_size, "nodes x gpusPerNode"))
+    fast = spec.trainer.checkpoint.fast if spec.trainer.checkpoint else None
+    if fast is not None and (msg := fast_path_problem(fast.path, allowed_prefixes())):
+        out.append((("trainer", "checkpoint", "fast", "path"), msg))  # a hostPath on the node
     return out + _cluster_settings_problems(spec)
 
 
@@ -424,7 +466,15 @@ def _cluster_settings_problems(spec: OmniTrainingJobSpec) -> list[tuple[Loc, str
     for i, field, msg in volume_problems(spec.volumes):
         out.append((("volumes", i, field), msg))
     for name in spec.nccl.env:
-        if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES):
+        if name in LOADER_ENV or name.startswith(LOADER_ENV_PREFIXES):
+            out.append(
+                (
+                    ("nccl", "env", name),
+                    f"{name} makes the loader or an interpreter load other code; nccl.env takes "
+                    "NCCL settings only: build it into spec.image instead",
+                )
+            )
+        elif name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES):
             out.append(
                 (
                     ("nccl", "env", name),

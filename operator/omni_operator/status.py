@@ -63,6 +63,39 @@ class RestartRecord(Spec):
     steps_recomputed: int | None = Field(
         None, ge=0, description="steps trained before the failure beyond fromStep (done again)"
     )
+    reached_step: int | None = Field(
+        None,
+        ge=0,
+        description="the last step the failed attempt was seen to complete; stepsRecomputed "
+        "counts from it to the step the trainer resumed from",
+    )
+
+    def resumed(self, resumed_from: int | None) -> RestartRecord:
+        """The record once the trainer reports the step it resumed from (None or 0: the
+        start): ``fromStep`` that step, ``stepsRecomputed`` from ``reachedStep`` (also after a
+        graceful stop, whose emergency checkpoint the operator could not know of, and after a
+        fallback past a corrupt or partial checkpoint)."""
+        actual = resumed_from or None
+        reached = self.reached_step
+        if reached is None and self.steps_recomputed is not None:  # recorded before reachedStep
+            reached = self.steps_recomputed + (self.from_step or 0)
+        update: dict[str, Any] = {"from_step": actual, "confirmed": True}
+        if reached is not None:
+            update["steps_recomputed"] = max(reached - (actual or 0), 0)
+        return self.model_copy(update=update)
+
+
+class QuarantineEntry(Spec):
+    """One quarantined node in ``status.quarantine``."""
+
+    node: str
+    reason: str = Field(description="the last failure that blamed it: NodeLost, DeviceError, ...")
+    message: str = ""
+    since: str = Field(description="when it was quarantined (RFC 3339)")
+    until: str = Field(
+        description="the earliest lift (RFC 3339); then it is lifted once the node has been "
+        "Ready for restartPolicy.quarantineReadySeconds"
+    )
 
 
 class StragglerStatus(Spec):
@@ -165,7 +198,17 @@ class OmniTrainingJobStatus(Spec):
     mfu_percent: str | None = Field(None, description="mfu as the logs print it, e.g. 41.27%")
     last_checkpoint: CheckpointStatus | None = None
     placement: list[str] = Field(default_factory=list, description="node names by node rank")
-    quarantined_nodes: list[str] = Field(default_factory=list)
+    quarantined_nodes: list[str] = Field(
+        default_factory=list, description="the nodes of quarantine, by name (placement avoids)"
+    )
+    quarantine: list[QuarantineEntry] = Field(
+        default_factory=list, description="quarantined nodes: why, since and until when"
+    )
+    placing_since: str | None = Field(
+        None,
+        description="since when the attempt waits for nodes (restartPolicy."
+        "placementTimeoutSeconds then fails the job)",
+    )
     preflight: PreflightStatus | None = None
     stragglers: list[StragglerStatus] = Field(
         default_factory=list, description="nodes slower than the others (see condition Straggler)"

@@ -14,6 +14,8 @@ RELEASE = "omni"
 NAMESPACE = "omni-system"
 
 # Value sets every rendering test runs with: the defaults and two far-apart non-default setups.
+CLUSTER_WIDE: dict[str, Any] = {"operator": {"clusterWide": True}}
+"""Every namespace, only when asked (not in VALUE_SETS: each set costs a lint and a render)."""
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "namespaced-full": {

@@ -11,7 +11,7 @@ from typing import Any
 
 from omni_operator.rbac import ADMISSION_RULES, HANDLER_RULES, KOPF_RULES
 
-from .conftest import NAMESPACE, VALUE_SETS, by_kind, render
+from .conftest import CLUSTER_WIDE, NAMESPACE, VALUE_SETS, by_kind, render
 
 Rule = tuple[str, str, str]  # (apiGroup, resource, verb)
 
@@ -47,8 +47,14 @@ def granted(objects: list[dict[str, Any]]) -> dict[str | None, set[Rule]]:
     return out
 
 
-def test_cluster_wide_grants_exactly_what_is_required(chart: Any) -> None:
-    assert granted(render(chart, {})) == {None: NODES | NAMESPACED | CLUSTER_PEERING}
+def test_the_default_is_a_role_in_the_release_namespace(chart: Any) -> None:
+    """No ClusterRole may touch pods, Services or ConfigMaps unless asked (kube-system...)."""
+    assert granted(render(chart, {})) == {None: NODES, NAMESPACE: NAMESPACED | NS_PEERING}
+
+
+def test_cluster_wide_only_when_asked(chart: Any) -> None:
+    got = granted(render(chart, CLUSTER_WIDE))
+    assert got == {None: NODES | NAMESPACED | CLUSTER_PEERING}
 
 
 def test_namespaced_grants_exactly_what_is_required(chart: Any) -> None:
@@ -61,7 +67,8 @@ def test_owner_finalizers_update_is_granted_for_block_owner_deletion(chart: Any)
     """Clusters enforcing OwnerReferencesPermissionEnforcement answer 403 to creating an object
     with ``blockOwnerDeletion`` unless this is granted."""
     rule = ("omni.megascale.io", "omnitrainingjobs/finalizers", "update")
-    assert rule in granted(render(chart, {}))[None]
+    assert rule in granted(render(chart, CLUSTER_WIDE))[None]
+    assert rule in granted(render(chart, {}))[NAMESPACE]
     assert all(
         rule in rules
         for ns, rules in granted(render(chart, VALUE_SETS["namespaced-full"])).items()

@@ -11,7 +11,7 @@ import kubernetes_validate
 import pytest
 from kubernetes_validate.utils import latest_version
 
-from .conftest import CHART_DIR, REPO, VALUE_SETS, by_kind, crds, render
+from .conftest import CHART_DIR, CLUSTER_WIDE, NAMESPACE, REPO, VALUE_SETS, by_kind, crds, render
 
 KUBE_VERSIONS = ["1.31", latest_version()]
 
@@ -135,6 +135,7 @@ def test_lint_clean(values: str) -> None:
         ({"securityContext": {"readOnlyRootFilesystem": False}}, "readOnlyRootFilesystem"),
         ({"operator": {"watchNamespaces": ["Not_A_Namespace"]}}, "watchNamespaces"),
         ({"operator": {"metricsPort": 0}}, "metricsPort"),
+        ({"operator": {"clusterWide": True, "watchNamespaces": ["a"]}}, "clusterWide"),
         ({"unknownKey": 1}, "unknownKey"),
     ],
 )
@@ -164,11 +165,18 @@ def test_operator_deployment(chart: Any) -> None:
     assert c["readinessProbe"]["httpGet"]["port"] == "health"
     health = next(p for p in c["ports"] if p["name"] == "health")["containerPort"]
     assert f"--liveness=http://0.0.0.0:{health}/healthz" in c["args"]
-    assert "--all-namespaces" in c["args"]
+    assert f"--namespace={NAMESPACE}" in c["args"] and "--all-namespaces" not in c["args"]
     assert "--peering=omni-megascale-omni" in c["args"]
     assert spec["serviceAccountName"] == "omni-megascale-omni"
-    (peering,) = by_kind(objects, "ClusterKopfPeering")
-    assert peering["metadata"]["name"] == "omni-megascale-omni"
+    (peering,) = by_kind(objects, "KopfPeering")
+    assert peering["metadata"] == {**peering["metadata"], "name": "omni-megascale-omni",
+                                   "namespace": NAMESPACE}  # fmt: skip
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["OMNI_FAST_PATH_PREFIXES"] == "/mnt,/local,/scratch,/var/lib/omni,/var/lib/omni-fast"
+    wide = render(chart, CLUSTER_WIDE)
+    (dep,) = by_kind(wide, "Deployment")
+    assert "--all-namespaces" in dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert by_kind(wide, "ClusterKopfPeering")
     assert not by_kind(objects, "ServiceMonitor") and not by_kind(objects, "PodMonitor")
 
 

@@ -421,10 +421,24 @@ def test_ctrl_c_stops_the_sandbox_quietly(tmp_path: Path) -> None:
     assert "Will escalate" not in log and "Traceback" not in log, log
 
 
+def _corrupt_newest_checkpoint(root: Path) -> int:
+    """Flip bytes inside a data file of the newest committed step, keeping its size (what a
+    size check cannot see); the step."""
+    newest = max(p for p in root.glob("step-*") if (p / "COMMITTED").exists())
+    data = max(newest.glob("model/*.distcp"), key=lambda p: p.stat().st_size)
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2 : len(raw) // 2 + 64] = bytes(b ^ 0xFF for b in raw[len(raw) // 2 :][:64])
+    data.write_bytes(bytes(raw))
+    return int(newest.name.removeprefix("step-"))
+
+
 def test_a_restarted_sandbox_keeps_the_job_and_it_succeeds_exactly(tmp_path: Path) -> None:
     """`omni sandbox up` stopped mid-run (API server, kubelet, operator and pods all go) and
     started again on the same --dir: the job is still there, its pods are reported as lost, the
-    operator restarts it from its checkpoint, and the loss curve is an uninterrupted run's."""
+    operator restarts it from its checkpoint, and the loss curve is an uninterrupted run's.
+    Meanwhile the newest checkpoint was corrupted in place at the same size: the resume skips it
+    for the one before. Then a job of another name on the same path refuses it, naming the
+    owner."""
     steps = 80  # long enough that the sandbox stops mid-run even on an idle machine
     for name, ckpt in (("job", "runs/job/ckpt"), ("ref", None)):
         _manifest(tmp_path / f"{name}.yaml", step_log=f"runs/{name}/steps.jsonl", checkpoint=ckpt)
@@ -438,9 +452,10 @@ def test_a_restarted_sandbox_keeps_the_job_and_it_succeeds_exactly(tmp_path: Pat
 
         def checkpointed() -> bool:
             last = (sb.job("tiny-cpu").get("status") or {}).get("lastCheckpoint") or {}
-            return (last.get("step") or 0) >= 5
+            return (last.get("step") or 0) >= 10  # two: the newest is corrupted below
 
-        sb.wait("a checkpoint", checkpointed, timeout=400)
+        sb.wait("two checkpoints", checkpointed, timeout=400)
+    corrupted = _corrupt_newest_checkpoint(tmp_path / "runs/job/ckpt")
     with Sandbox(tmp_path) as sb:  # the same directory: the stored objects come back
         assert "tiny-cpu" in sb.kubectl("get", "otj")
         sb.kubectl("wait", "--for=jsonpath={.status.phase}=Succeeded", "otj/tiny-cpu",
@@ -452,9 +467,17 @@ def test_a_restarted_sandbox_keeps_the_job_and_it_succeeds_exactly(tmp_path: Pat
         pods = json.loads(sb.kubectl("get", "pods", "-o", "json"))["items"]
         names = sorted(p["metadata"]["name"] for p in pods)
         assert names == ["tiny-cpu-a1-n0", "tiny-cpu-a1-n1"], names  # no duplicates
+        other = yaml.safe_load((tmp_path / "job.yaml").read_text())
+        other["metadata"]["name"] = "other"
+        (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
+        sb.kubectl("apply", "-f", "other.yaml")
+        sb.wait("other Failed", lambda: _phase(sb.job("other")) == "Failed", timeout=300)
+        message = sb.job("other")["status"]["message"]
+        assert "belongs to job default/tiny-cpu (uid " in message, message
+        assert "checkpoint.initFrom" in message
     lines = [json.loads(x) for x in (tmp_path / "runs/job/steps.jsonl").read_text().splitlines()]
     resumed = min(x["step"] for x in lines if x["attempt"] == 1) - 1
-    assert restart["fromStep"] == resumed >= 5
+    assert restart["fromStep"] == resumed == corrupted - 5 >= 5
     got = read_step_log(tmp_path / "runs/job/steps.jsonl")
     want = uninterrupted_run(tmp_path)
     assert list(got) == list(want) == list(range(1, steps + 1))

@@ -189,7 +189,8 @@ class Trainer:
         loss = self.runner.forward_backward(local)
         with self.timer.span("sync"):
             grad_norm = self.parts.clip(self.cfg.optimizer.clip_grad)
-            check_finite(step + 1, loss, grad_norm)  # before the update, on every rank
+            # before the update, on every rank
+            check_finite(step + 1, loss, grad_norm, resumed_from=self.start_step or None)
             self.optimizer.step()
         self.runner.arrive()  # after the optimizer, before the parameters' all-gather
         with self.timer.span("sync"):

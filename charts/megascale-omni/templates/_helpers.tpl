@@ -44,3 +44,14 @@ app.kubernetes.io/part-of: megascale-omni
 {{- define "omni.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
+
+{{/*
+The namespaces the operator watches, as JSON: operator.watchNamespaces, else the release's own
+namespace; [] (every namespace, a ClusterRole) only with operator.clusterWide.
+*/}}
+{{- define "omni.watchNamespaces" -}}
+{{- if and .Values.operator.clusterWide .Values.operator.watchNamespaces }}
+{{- fail "operator.clusterWide and operator.watchNamespaces exclude each other: choose one" }}
+{{- end }}
+{{- if .Values.operator.clusterWide }}[]{{ else }}{{ .Values.operator.watchNamespaces | default (list .Release.Namespace) | toJson }}{{ end }}
+{{- end }}

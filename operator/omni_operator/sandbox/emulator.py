@@ -246,6 +246,36 @@ def matches_fields(selector: str | None, obj: Obj) -> bool:
     return True
 
 
+MAX_BODY_BYTES = 1024**2
+"""aiohttp's default request limit, which the emulator's server keeps (1 MiB)."""
+
+
+MAX_DEPTH = 100
+"""The deepest object a write may carry (copies and merges of deeper ones recurse too far)."""
+
+
+def nesting_depth(value: Any) -> int:
+    """How many mappings and lists deep ``value`` nests (iteratively: any depth is measured)."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        children = (
+            item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        )
+        if children is None:
+            continue
+        deepest = max(deepest, depth + 1)
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def _failure(code: int, reason: str, message: str) -> aiohttp.web.StreamResponse:
+    """A ``Status`` failure as the API server answers it (kubectl prints its message)."""
+    status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
+              "reason": reason, "message": message}  # fmt: skip
+    return aiohttp.web.json_response(status, status=code)
+
+
 @attrs.define(kw_only=True)
 class Emulator(kmock.KubernetesEmulator):
     """A stateful API server close enough to the real one for kopf and kubectl."""
@@ -359,11 +389,19 @@ class Emulator(kmock.KubernetesEmulator):
                 "create secret generic NAME --from-literal=K=V --dry-run=client -o yaml | "
                 "kubectl apply -f -`"
             )
-            status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 415,
-                      "reason": "UnsupportedMediaType", "message": message}  # fmt: skip
-            return aiohttp.web.json_response(status, status=415)
+            return _failure(415, "UnsupportedMediaType", message)
+        size = raw_request.content_length or 0
         try:
+            if size > MAX_BODY_BYTES:
+                raise aiohttp.web.HTTPRequestEntityTooLarge(
+                    max_size=MAX_BODY_BYTES, actual_size=size
+                )
             return await super().__call__(raw_request)
+        except aiohttp.web.HTTPRequestEntityTooLarge:
+            return _failure(413, "RequestEntityTooLarge", f"the request body is {size or 'over'} "
+                            f"{MAX_BODY_BYTES} bytes, more than the API server takes (etcd keeps "
+                            "objects under 1.5 MiB): move large data out of the manifest, e.g. "
+                            "into a volume")  # fmt: skip
         finally:
             if not self.keep_requests:  # served: out of the logs (see keep_requests)
                 for log in (self._requests, *(p._requests for p in self._payloads)):
@@ -386,6 +424,13 @@ class Emulator(kmock.KubernetesEmulator):
             write = self._delete
         else:
             return await super()._handle(request)
+        if (depth := nesting_depth(request.data)) > MAX_DEPTH:
+            raise kmock.KubernetesError(
+                status=422,
+                reason="Invalid",
+                message=f"the object nests {depth} levels deep, more than the {MAX_DEPTH} the "
+                "sandbox's API server reads: no manifest field needs that; flatten it",
+            )
         response = await write(request)
         self.persist()
         return response

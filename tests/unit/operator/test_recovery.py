@@ -303,13 +303,27 @@ def test_user_error_fails_at_once() -> None:
     assert d.action == "fail" and d.reason == "UserError" and d.record is None
 
 
+LOST = Failure("node_lost", "node n1 is NotReady", nodes=("n1",))
+
+
+def _lost(*nodes: str, ago: float = 60) -> RestartRecord:
+    return RestartRecord(attempt=1, reason="NodeLost", nodes=list(nodes), time=_iso(ago))
+
+
 @pytest.mark.parametrize(("threshold", "expected"), [(1, ("n1", "n2")), (2, ("n1",)), (3, ())])
 def test_quarantine_threshold(threshold: int, expected: tuple[str, ...]) -> None:
-    history = [_record(None, "n1"), _record(None, "n2")]
-    assert quarantined_nodes(history, FAIL, threshold=threshold) == expected
+    policy = _spec(quarantineAfterFailures=threshold).restart_policy
+    history = [_lost("n1"), _lost("n2")]
+    assert quarantined_nodes(history, LOST, policy=policy, now=NOW) == expected
+    crashes = [_record(None, "n1"), _record(None, "n2")]  # the trainer's own: never counted
+    assert quarantined_nodes(crashes, FAIL, policy=policy, now=NOW) == ()
+    old = [_lost("n1", ago=3601), _lost("n2", ago=3601)]  # outside quarantineSeconds
+    assert quarantined_nodes(old, LOST, policy=policy, now=NOW) == expected[:1] * (threshold == 1)
 
 
 def test_quarantine_is_sticky_and_named_in_the_decision() -> None:
     spec = _spec(quarantineAfterFailures=2)
-    d = decide_restart([_record(None, "n1")], FAIL, spec, NOW, 5, quarantined=["n7"])
+    d = decide_restart([_lost("n1")], LOST, spec, NOW, 5, quarantined=["n7"])
     assert d.quarantine == ("n1", "n7") and "quarantined node n1" in d.message
+    d = decide_restart([_record(None, "n1")], FAIL, spec, NOW, 5, quarantined=["n7"])
+    assert d.quarantine == ("n7",)  # two crashes of the trainer on n1: not the node's fault

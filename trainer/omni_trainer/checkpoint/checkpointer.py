@@ -46,6 +46,7 @@ from omni_trainer.checkpoint.loader_state import (
     file_for,
     snapshot,
 )
+from omni_trainer.checkpoint.owner import ForeignCheckpoint, JobIdentity, check_owner
 from omni_trainer.checkpoint.state import ModelState, load_targets, staged_state_dict
 from omni_trainer.checkpoint.storage import (
     CheckpointStorage,
@@ -54,6 +55,7 @@ from omni_trainer.checkpoint.storage import (
     open_storage,
     step_name,
 )
+from omni_trainer.checkpoint.verify import mismatches, share
 from omni_trainer.distributed import comm
 
 log = logging.getLogger(__name__)
@@ -102,6 +104,8 @@ class Checkpointer:
             (default: its ``path``; tests simulating several nodes on one host pass their own).
         local_world: ranks per node (default ``LOCAL_WORLD_SIZE``, which torchrun sets; ranks
             are numbered node by node): rank r's fast-tier copy goes to rank r + local_world.
+        owner: the job writing, recorded in markers; a resume refuses another job's
+            checkpoint (default: from the pod's environment; None in a local run).
     """
 
     def __init__(
@@ -116,6 +120,7 @@ class Checkpointer:
         attempt: int | None = None,
         fast_root: str | Path | None = None,
         local_world: int | None = None,
+        owner: JobIdentity | None = None,
     ) -> None:
         if loader_scope not in (SHARED, PER_RANK):
             raise ValueError(f"loader_scope must be {SHARED!r} or {PER_RANK!r}")
@@ -152,6 +157,7 @@ class Checkpointer:
         self._last_sync: SaveResult | None = None
         env = os.environ.get("OMNI_RESTART_ATTEMPT")
         self.attempt = attempt if attempt is not None else int(env) if env else None
+        self.owner = owner if owner is not None else JobIdentity.from_env()
 
     # -- saving ----------------------------------------------------------------------------
     def save(
@@ -257,9 +263,7 @@ class Checkpointer:
         if self.rank == 0 and not errors:
             try:
                 merged = {rel: entry for part, _ in reports for rel, entry in part.items()}
-                storage.commit(
-                    step, merged, layout=self.layout, extra={"loader": self.loader_scope}
-                )
+                storage.commit(step, merged, layout=self.layout, extra=self._marker_extra())
                 committed = True
                 storage.retain(self.config.keep_last)
             except Exception as exc:
@@ -273,6 +277,11 @@ class Checkpointer:
             background_s=time.perf_counter() - start,
             errors=errors,
         )
+
+    def _marker_extra(self) -> dict[str, Any]:
+        """What a commit marker records besides files and layout: the loader scope, the job."""
+        owner = {"owner": self.owner.as_dict()} if self.owner is not None else {}
+        return {"loader": self.loader_scope, **owner}
 
     def _failed(self, step: int, exc: Exception) -> str:
         log.exception("rank %d: checkpoint %s failed", self.rank, step_name(step))
@@ -292,7 +301,7 @@ class Checkpointer:
             self._claim_once()
         except Exception as exc:  # Fenced: FastTierIO's fence check refuses the commit too
             log.error("fast checkpoint %s: claim failed: %s", step_name(step), exc)
-        info = MarkerInfo(self.layout, {"loader": self.loader_scope, "tier": FAST})
+        info = MarkerInfo(self.layout, {**self._marker_extra(), "tier": FAST})
         errors = self.fast.write(
             step,
             staged,
@@ -320,25 +329,75 @@ class Checkpointer:
         return self._latest()[0]
 
     def _latest(self) -> tuple[int | None, FastPlan | None]:
-        """The newest step complete in either tier, and the fast-tier plan when it wins."""
+        """The newest step complete in either tier whose checksums verify, and the fast-tier
+        plan when it wins; a persistent step that fails verification is skipped for the one
+        before it (every rank takes part in verifying, and gets the same answer).
+
+        Raises:
+            Fenced: on every rank, when a newer attempt already claimed the storage.
+            ForeignCheckpoint: on every rank, when the checkpoint belongs to another job.
+        """
         inventories = self._all_gather(self.fast.node.inventory()) if self.fast else []
-        found: tuple[int | None, FastPlan | None, str | None] = (None, None, None)
+        skip: list[int] = []
+        while True:
+            step, plan = self._select(inventories, skip)
+            if step is None or plan is not None or not (bad := self._verify(step)):
+                break
+            if self.rank == 0:
+                where = f"{self.storage.url}/{step_name(step)}"
+                log.warning("checkpoint %s skipped (checksums), falling back to the previous "
+                            "committed step: %s", where, "; ".join(bad))  # fmt: skip
+            skip.append(step)
+        self._on_rank0(lambda: self.storage.resumed_from(step))
+        return step, plan
+
+    def _select(
+        self, inventories: list[Any], skip: list[int]
+    ) -> tuple[int | None, FastPlan | None]:
+        """Rank 0's choice (owner checked, the root claimed), broadcast to every rank."""
+
+        def choose() -> tuple[int | None, FastPlan | None]:
+            newest = next(iter(reversed(self.storage.list_steps())), None)
+            self._check_owner(newest)  # before the claim: never fence another job's root
+            if self.attempt is not None:
+                self.storage.claim(self.attempt)
+            persistent = self.storage.latest_complete(skip)
+            plan = latest_fast(inventories, self.storage.read_fence()) if self.fast else None
+            if newest_tier(persistent, plan.step if plan else None) == FAST:
+                where = f"{step_name(plan.step)} (fast tier)"
+                check_owner(plan.marker, self.owner, root=self.storage.url, step=where)
+                return plan.step, plan
+            self._check_owner(persistent)
+            return persistent, None
+
+        return self._on_rank0(choose)
+
+    def _on_rank0(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` on rank 0, its result (or its Fenced or ForeignCheckpoint) on every rank."""
+        found: tuple[Any, tuple[str, str] | None] = (None, None)
         if self.rank == 0:
             try:
-                if self.attempt is not None:
-                    self.storage.claim(self.attempt)
-                persistent = self.storage.latest_complete()
-                plan = latest_fast(inventories, self.storage.read_fence()) if self.fast else None
-                tier = newest_tier(persistent, plan.step if plan else None)
-                step = plan.step if tier == FAST else persistent
-                self.storage.resumed_from(step)
-                found = (step, plan if tier == FAST else None, None)
-            except Fenced as exc:
-                found = (None, None, str(exc))
-        step, plan, fenced = self._broadcast(found)
-        if fenced:
-            raise Fenced(fenced)
-        return step, plan
+                found = (fn(), None)
+            except (Fenced, ForeignCheckpoint) as exc:
+                found = (None, (type(exc).__name__, str(exc)))
+        result, error = self._broadcast(found)
+        if error is not None:
+            raise {"Fenced": Fenced, "ForeignCheckpoint": ForeignCheckpoint}[error[0]](error[1])
+        return result
+
+    def _check_owner(self, step: int | None) -> None:
+        marker = self.storage.read_marker(step) if step is not None else None
+        if marker is not None:
+            check_owner(marker, self.owner, root=self.storage.url, step=step_name(step))
+
+    def _verify(self, step: int) -> list[str]:
+        """The files of ``step`` whose sha256 differs from its marker's (every rank hashes its
+        share, streamed, in threads; all get the whole list)."""
+        marker = self._broadcast(self.storage.read_marker(step) if self.rank == 0 else None)
+        files = (marker or {}).get("files") or {}
+        mine = share(files, self.rank, self.world)
+        bad = mismatches(partial(self.storage.open_file, step), files, mine)
+        return sorted(m for part in self._all_gather(bad) for m in part)
 
     def load_latest(self, state: ModelState) -> Resume | None:
         """Load the newest checkpoint complete in either tier into ``state`` (any layout);

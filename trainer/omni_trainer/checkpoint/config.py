@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from omni_trainer.config_base import Spec
+from omni_trainer.path_rules import path_problem
 
 
 class FastTierConfig(Spec):
@@ -24,14 +25,17 @@ class FastTierConfig(Spec):
     )
     keep_last: int = Field(2, ge=1, description="fast-tier steps each node keeps")
 
-    @model_validator(mode="after")
-    def _local_dir(self) -> FastTierConfig:
-        if self.path.startswith("s3://") or not self.path.startswith("/"):
+    @field_validator("path")
+    @classmethod
+    def _local_dir(cls, path: str) -> str:
+        if path.startswith("s3://") or not path.startswith("/"):
             raise ValueError(
-                f"path {self.path!r} must be an absolute node-local directory (e.g. "
+                f"{path!r} must be an absolute node-local directory (e.g. "
                 "/var/lib/omni/fast); S3 or a shared PVC belongs in checkpoint.path"
             )
-        return self
+        if (problem := path_problem(path)) is not None:
+            raise ValueError(problem)
+        return path
 
 
 class CheckpointConfig(Spec):
@@ -65,6 +69,15 @@ class CheckpointConfig(Spec):
         description="a fast tier saved more often on node-local disks, each share copied to a "
         "peer node; a restart resumes from the newest step complete in either tier",
     )
+
+    @field_validator("path", "init_from", "staging_dir")
+    @classmethod
+    def _no_escape(cls, path: str | None, info: ValidationInfo) -> str | None:
+        # initFrom only reads: a system directory there is odd but harmless
+        local = info.field_name != "init_from" and path is not None and not path.startswith("s3:")
+        if path is not None and (problem := path_problem(path, local=local)) is not None:
+            raise ValueError(problem)
+        return path
 
     @model_validator(mode="after")
     def _fast_more_often(self) -> CheckpointConfig:

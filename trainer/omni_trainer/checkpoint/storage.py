@@ -31,11 +31,11 @@ import re
 import shutil
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 log = logging.getLogger(__name__)
 
@@ -272,10 +272,13 @@ class CheckpointStorage(ABC):
                 return f"{rel} has {stored[rel]} bytes, the marker says {entry['size']}"
         return None
 
-    def latest_complete(self) -> int | None:
-        """The newest complete step; newer partial or corrupt ones are skipped with a warning."""
+    def latest_complete(self, skip: Collection[int] = ()) -> int | None:
+        """The newest complete step not in ``skip`` (steps that failed verification); newer
+        partial or corrupt ones are skipped with a warning."""
         fence = self.read_fence()
         for step in reversed(self.list_steps()):
+            if step in skip:
+                continue
             reason = self.problem(step, fence)
             if reason is None:
                 return step
@@ -301,6 +304,13 @@ class CheckpointStorage(ABC):
         if doomed:
             log.info("checkpoint retention deleted %s", ", ".join(map(step_name, doomed)))
         return doomed
+
+    def open_file(self, step: int, rel: str) -> BinaryIO:
+        """A stored file of ``step`` opened for streamed reading (checksum verification)."""
+        root = self.local_dir(step)
+        if root is None:
+            raise NotImplementedError(f"{type(self).__name__} cannot stream {rel}")
+        return (root / rel).open("rb")
 
     def fetch(self, step: int, dest: Path, *, prefix: str = "", verify: bool = False) -> Path:
         """A local directory holding the files of ``step`` under ``prefix`` that its marker lists.
@@ -520,6 +530,14 @@ class S3Storage(CheckpointStorage):
             ].read()
         except self.client.exceptions.NoSuchKey:
             return None
+
+    def open_file(self, step: int, rel: str) -> BinaryIO:
+        """The object's body, streamed (never held whole in memory)."""
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=self._key(step, rel))["Body"]
+        except self.client.exceptions.NoSuchKey as exc:
+            raise FileNotFoundError(f"{self.url}/{step_name(step)}/{rel}") from exc
+        return body
 
     def write_bytes(self, step: int, rel: str, data: bytes) -> None:
         self.client.put_object(Bucket=self.bucket, Key=self._key(step, rel), Body=data)

@@ -10,6 +10,7 @@ import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from omni_trainer.checkpoint.storage import step_name
 from omni_trainer.config import LRScheduleConfig, OptimizerConfig
 from omni_trainer.distributed import comm
 
@@ -81,19 +82,36 @@ def all_reduce_grads(
         g.copy_(synced)
 
 
-def check_finite(step: int, loss: float, grad_norm: float) -> None:
+RESUME_SUSPECT_STEPS = 5
+"""A non-finite gradient this many steps or fewer after a resume blames the checkpoint loaded
+(corrupted, or another run's), not the learning rate: a diverging run rarely turns non-finite
+right where it left off."""
+
+
+def check_finite(
+    step: int, loss: float, grad_norm: float, *, resumed_from: int | None = None
+) -> None:
     """Stop before a non-finite update reaches the weights and the next checkpoint. The norm is
     the same number on every rank (it is reduced over the whole model), so all ranks stop.
 
     Raises:
-        FloatingPointError: naming the step, the norm and the loss, and what to change.
+        FloatingPointError: naming the step, the norm and the loss, and what to change (the
+            checkpoint resumed from, within :data:`RESUME_SUSPECT_STEPS` of it).
     """
-    if not math.isfinite(grad_norm):
+    if math.isfinite(grad_norm):
+        return
+    if resumed_from is not None and step - resumed_from <= RESUME_SUSPECT_STEPS:
         raise FloatingPointError(
-            f"step {step}: the gradient norm is {grad_norm} (loss {loss:.6g}), so the update was "
-            "not applied: training diverged; lower optimizer.lr (or lengthen "
-            "lrSchedule.warmupSteps) and resume from the last checkpoint"
+            f"step {step}: the gradient norm is {grad_norm} (loss {loss:.6g}) "
+            f"{step - resumed_from} step(s) after resuming from checkpoint step {resumed_from}: "
+            f"the checkpoint is the suspect (corrupted, or written by another run), not the "
+            f"learning rate; move {step_name(resumed_from)} aside to resume from the one before"
         )
+    raise FloatingPointError(
+        f"step {step}: the gradient norm is {grad_norm} (loss {loss:.6g}), so the update was "
+        "not applied: training diverged; lower optimizer.lr (or lengthen "
+        "lrSchedule.warmupSteps) and resume from the last checkpoint"
+    )
 
 
 def _sum_of_squares(grads: list[torch.Tensor], params: list[nn.Parameter]) -> torch.Tensor:
