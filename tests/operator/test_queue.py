@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from ..jobs import job_manifest
+from omni_operator.sandbox.testbed import job_manifest
+
 from .conftest import NS, Cluster
 
 pytestmark = pytest.mark.asyncio

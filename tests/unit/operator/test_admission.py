@@ -9,10 +9,10 @@ from omni_operator import capacity
 from omni_operator.admission import admit, queue_ahead
 from omni_operator.reconcile import Observed, reconcile
 from omni_operator.render import render_all
+from omni_operator.sandbox.testbed import job_manifest
 from omni_operator.spec import parse_job
 from omni_operator.status import OmniTrainingJobStatus
 
-from ...jobs import job_manifest
 from .nodes import cluster, node
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)

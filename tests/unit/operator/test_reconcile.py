@@ -19,11 +19,11 @@ from omni_operator.reconcile import (
     status_patch,
 )
 from omni_operator.render import ANNOTATION_ORDER, LABEL_ATTEMPT
+from omni_operator.sandbox.testbed import job_manifest
 from omni_operator.spec import OmniTrainingJob, parse_job
 from omni_operator.status import Condition, OmniTrainingJobStatus, RestartRecord
 
 from ...conftest import EXAMPLES
-from ...jobs import job_manifest
 from .nodes import node
 
 NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
