@@ -20,17 +20,10 @@ from typing import Any
 from omni_operator.failure_origin import blames_nodes
 from omni_operator.spec import RestartPolicyConfig
 from omni_operator.status import QuarantineEntry, RestartRecord
+from omni_operator.times import format_time, parse_time
 
 AT_ONCE_REASONS = frozenset({"Straggler", "PreflightFailed"})
 """Failures that quarantine their nodes at the first occurrence (being replaced)."""
-
-
-def _time(value: str | None) -> dt.datetime | None:
-    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
-
-
-def _fmt(value: dt.datetime) -> str:
-    return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def blame_counts(
@@ -44,7 +37,7 @@ def blame_counts(
     time count), plus ``extra`` (reason, nodes) for the failure being decided."""
     counts: Counter[str] = Counter()
     for r in history:
-        when = _time(r.time)
+        when = parse_time(r.time)
         recent = when is None or (now - when).total_seconds() <= window_seconds
         if recent and blames_nodes(r.reason):
             counts.update(r.nodes)
@@ -80,9 +73,11 @@ def add(
     now: dt.datetime,
 ) -> list[QuarantineEntry]:
     """``entries`` with ``nodes`` quarantined from ``now`` (an entry already there is renewed)."""
-    until = _fmt(now + dt.timedelta(seconds=policy.quarantine_seconds))
+    until = format_time(now + dt.timedelta(seconds=policy.quarantine_seconds))
     fresh = {
-        n: QuarantineEntry(node=n, reason=reason, message=message, since=_fmt(now), until=until)
+        n: QuarantineEntry(
+            node=n, reason=reason, message=message, since=format_time(now), until=until
+        )
         for n in nodes
     }
     return sorted([*(e for e in entries if e.node not in fresh), *fresh.values()],
@@ -95,7 +90,7 @@ def ready_since(node: Mapping[str, Any] | None) -> dt.datetime | None:
     ready = next((c for c in conditions if c.get("type") == "Ready"), None)
     if ready is None or ready.get("status") != "True":
         return None
-    return _time(ready.get("lastTransitionTime")) or dt.datetime.min.replace(tzinfo=dt.UTC)
+    return parse_time(ready.get("lastTransitionTime")) or dt.datetime.min.replace(tzinfo=dt.UTC)
 
 
 def lift(
@@ -109,7 +104,7 @@ def lift(
     for ``quarantineReadySeconds``."""
     kept, lifted = [], []
     for e in entries:
-        until = _time(e.until)
+        until = parse_time(e.until)
         since = ready_since(nodes.get(e.node))
         due = until is not None and now >= until
         healthy = (
@@ -121,7 +116,7 @@ def lift(
 
 def next_lift(entries: Sequence[QuarantineEntry], now: dt.datetime) -> float | None:
     """Seconds until the earliest ``until`` (None: no entry), to look again then."""
-    times = [t for e in entries if (t := _time(e.until)) is not None]
+    times = [t for e in entries if (t := parse_time(e.until)) is not None]
     return max(min((t - now).total_seconds() for t in times), 1.0) if times else None
 
 

@@ -38,6 +38,7 @@ from omni_operator.quarantine import to_quarantine
 from omni_operator.render import ANNOTATION_NODE, LABEL_RANK
 from omni_operator.spec import GROUP, OmniTrainingJobSpec, RestartPolicyConfig
 from omni_operator.status import RestartRecord
+from omni_operator.times import format_time, parse_time
 from omni_trainer.distributed.netcheck_rules import parse_failure
 from omni_trainer.supervisor import untag
 
@@ -113,18 +114,6 @@ class Failure:
     @property
     def retryable(self) -> bool:
         return self.kind not in ("user_error", "image_pull_failed")
-
-
-def parse_time(value: str | None) -> dt.datetime | None:
-    """An RFC 3339 timestamp as the API server writes it (``Z`` or an offset), or None."""
-    if not value:
-        return None
-    return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-
-
-def format_time(value: dt.datetime) -> str:
-    """RFC 3339 in UTC with seconds, as Kubernetes writes timestamps."""
-    return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def pod_node(pod: Obj, placement: Sequence[str] = ()) -> str | None:

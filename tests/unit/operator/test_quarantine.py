@@ -8,13 +8,14 @@ import datetime as dt
 from omni_operator import quarantine
 from omni_operator.reconcile import reconcile
 from omni_operator.status import Condition, OmniTrainingJobStatus, QuarantineEntry, RestartRecord
+from omni_operator.times import format_time
 
 from .nodes import node
 from .test_reconcile import NOW, T, _cond, _job, _obs, _start
 
 
 def _at(seconds: float) -> str:
-    return quarantine._fmt(NOW + dt.timedelta(seconds=seconds))
+    return format_time(NOW + dt.timedelta(seconds=seconds))
 
 
 def _ready(name: str, since_s: float, *, at: float = 0) -> dict:
