@@ -133,7 +133,7 @@ def _args() -> argparse.Namespace:
                    "1 unless every fault was measured")  # fmt: skip
     args = p.parse_args()
     if args.smoke:  # the smoke run's defaults; options given still apply
-        p.set_defaults(modes=["in-place"], faults=["crash"], interval=2, past=1, timeout=120.0)
+        p.set_defaults(modes=["in-place"], faults=["crash"], interval=2, past=1, timeout=300.0)
         args = p.parse_args()
     return args
 

@@ -49,7 +49,7 @@ COVERED_ELSEWHERE: dict[str, str] = {
 }
 AT_ONCE = 3
 """Runs side by side: most wait on their own subprocesses or sleeps part of the time."""
-TIMEOUT_S = 300
+TIMEOUT_S = 420
 
 
 @pytest.fixture(scope="module")
