@@ -12,7 +12,8 @@ Inside the fake world three things are adapted, all in :func:`fake_world` and un
 cannot join a fake store); DCP's save planner keeps every item on this rank and skips the
 coverage check (each rank's plan is this rank's, echoed, so other ranks' shards are missing by
 construction); the trainer's finite-loss check is off (a pipeline stage receives uninitialised
-gradients from its fake peer).
+gradients from its fake peer); ``distributed.comm`` keeps tensors on the GPU as it does over
+NCCL.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def fake_world(world: int, rank: int) -> Iterator[None]:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     import omni_trainer.trainer as trainer_module
+    from omni_trainer.distributed import comm
     from omni_trainer.mcore.parallel import destroy_distributed
 
     destroy_distributed()  # a world of one from an earlier part
@@ -84,7 +86,10 @@ def fake_world(world: int, rank: int) -> Iterator[None]:
     planner._validate_global_plan = lambda *_, **__: []
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:
-        with mock.patch.object(trainer_module, "check_finite", lambda *_, **__: None):
+        with (
+            mock.patch.object(trainer_module, "check_finite", lambda *_, **__: None),
+            mock.patch.object(comm, "comm_device", _fake_comm_device),
+        ):
             yield
     finally:
         destroy_distributed()
@@ -96,6 +101,14 @@ def fake_world(world: int, rank: int) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _fake_comm_device(group=None) -> torch.device:
+    """Where tensors travel in the fake world: the GPU, as over NCCL (the fake backend serves
+    CUDA tensors; staging them through the host would distort time and memory)."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 class PeakMemory:

@@ -7,9 +7,13 @@ Everything in the LLM except attention is per token, so only two things change:
 
 - core attention (:class:`ContextParallelAttention`, swapped into the layer spec) all-gathers
   keys and values over the CP group (backward: the gradients are summed back to their owners)
-  and attends for the local queries, in blocks, to the keys the plan allows: same sample, key
-  position <= query position (per-token metadata, no dense mask; GPU and CPU alike: TE's own
-  CP attention needs every sample zig-zag split over all CP ranks, which this sharding is not);
+  and attends for the local queries to the keys the plan allows: same sample, key position <=
+  query position. On a GPU, per run of consecutive positions of one sample, causal attention
+  aligned to the lower right (``causal_lower_right``: the run's queries against that sample's
+  keys up to its last position), which SDPA serves with its flash / memory-efficient kernels,
+  no mask; on the CPU, blocks of queries against a boolean mask built from per-token metadata
+  (memory bounded by the block). Both compute the same attention. TE's own CP attention needs
+  every sample zig-zag split over all CP ranks, which this sharding is not;
 - RoPE (:class:`PositionalRotary`) rotates every token by its position in the unsharded row,
   so the attention scores are exactly those of the unsharded model.
 
@@ -28,6 +32,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from megatron.core.packed_seq_params import PackedSeqParams
 from torch import nn
+from torch.nn.attention.bias import causal_lower_right
 from torch.utils.checkpoint import checkpoint
 
 from omni_trainer.balance.cp import CPPlan, plan_context_parallel
@@ -74,6 +79,11 @@ class ContextBoundaries(PackedSeqParams):
     k_seg: torch.Tensor | None = None  # [cp * n] gathered keys, ranks in order
     k_pos: torch.Tensor | None = None
     chunks: tuple[tuple[int, int, torch.Tensor], ...] = ()
+    runs: tuple[tuple[int, int, torch.Tensor], ...] = ()
+    """Per run of at most :data:`QUERY_CHUNK` local queries of one sample at consecutive
+    positions: the gathered keys of that sample up to the run's last position, by position."""
+    filler: torch.Tensor | None = None
+    """Local positions of filler tokens (each attends only to itself: its output is its value)."""
 
 
 def _attend_chunk(q, k_all, v_all, key_idx, q_seg, q_pos, k_seg, k_pos, scale: float):
@@ -83,6 +93,45 @@ def _attend_chunk(q, k_all, v_all, key_idx, q_seg, q_pos, k_seg, k_pos, scale: f
     seg, pos = k_seg.index_select(0, key_idx), k_pos.index_select(0, key_idx)
     allowed = (q_seg[:, None] == seg[None]) & (pos[None] <= q_pos[:, None])
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale, enable_gqa=True)
+
+
+def _attend_run(q, k_all, v_all, key_idx, scale: float):
+    """One run of queries ([heads, c, dim]) at consecutive positions of one sample against that
+    sample's keys up to the run's last position (``key_idx``, by position): causal, aligned to
+    the lower right, so no mask is materialised on a GPU."""
+    k = k_all.index_select(0, key_idx).transpose(0, 1)
+    v = v_all.index_select(0, key_idx).transpose(0, 1)
+    if q.is_cuda and k.shape[0] != q.shape[0]:  # enable_gqa would leave only flash or math
+        k, v = (t.repeat_interleave(q.shape[0] // t.shape[0], dim=0) for t in (k, v))
+    mask = causal_lower_right(q.shape[1], k.shape[1])
+    q, k, v = q[None], k[None], v[None]  # [1, heads, n, dim]: the fused kernels want 4-D
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1]
+    )
+    return out[0]
+
+
+def attend_by_runs(
+    q: torch.Tensor,
+    key_all: torch.Tensor,
+    value_all: torch.Tensor,
+    boundaries: ContextBoundaries,
+    *,
+    local_values: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Local queries ([heads, n, dim]) over the gathered keys and values ([cp * n, kv heads,
+    dim]) run by run (:attr:`ContextBoundaries.runs`); filler rows take their own value
+    (``local_values`` [n, kv heads, dim]). Returns [heads, n, dim]."""
+    heads, n, dim = q.shape
+    out = q.new_zeros(heads, n, dim)
+    for start, stop, key_idx in boundaries.runs:
+        out[:, start:stop] = _attend_run(q[:, start:stop], key_all, value_all, key_idx, scale)
+    if boundaries.filler is not None and boundaries.filler.numel():
+        own = local_values.index_select(0, boundaries.filler).transpose(0, 1)
+        own = own.repeat_interleave(heads // own.shape[0], dim=0)
+        out[:, boundaries.filler] = own.to(out.dtype)
+    return out
 
 
 class ContextParallelAttention(BoundaryAttention):
@@ -113,6 +162,11 @@ class ContextParallelAttention(BoundaryAttention):
         kv = gather_tokens(torch.cat([key[:, 0], value[:, 0]], dim=-1), self.cp_group)
         key_all, value_all = kv.split([key.shape[3], value.shape[3]], dim=-1)
         q = query[:, 0].transpose(0, 1)  # [heads, n, dim]
+        if q.is_cuda:
+            out = attend_by_runs(
+                q, key_all, value_all, p, local_values=value[:, 0], scale=self.softmax_scale
+            )
+            return out.transpose(0, 1).reshape(n, 1, heads * dim)
         outs = []
         for start, stop, key_idx in p.chunks:
             args = (q[:, start:stop], key_all, value_all, key_idx)
@@ -185,6 +239,29 @@ def context_token_index(segment_ids: np.ndarray, cp: int) -> tuple[np.ndarray, C
     return index, plan
 
 
+def _query_runs(
+    seg: np.ndarray, pos: np.ndarray, cp_rank: int
+) -> tuple[list[tuple[int, int, np.ndarray]], np.ndarray]:
+    """This rank's runs of queries (one sample, consecutive positions, at most
+    :data:`QUERY_CHUNK` long) with the gathered keys each sees (same sample, position up to the
+    run's last, by position), and its filler positions (negative ``seg``)."""
+    q_seg, q_pos = seg[cp_rank], pos[cp_rank]
+    k_seg, k_pos = seg.reshape(-1), pos.reshape(-1)
+    filler = np.flatnonzero(q_seg < 0)
+    breaks = np.flatnonzero((np.diff(q_seg) != 0) | (np.diff(q_pos) != 1)) + 1
+    runs = []
+    for a, z in zip(np.r_[0, breaks], np.r_[breaks, len(q_seg)], strict=True):
+        if q_seg[a] < 0:
+            continue
+        same = np.flatnonzero(k_seg == q_seg[a])
+        same = same[np.argsort(k_pos[same], kind="stable")]
+        for start in range(a, z, QUERY_CHUNK):
+            stop = min(start + QUERY_CHUNK, z)
+            seen = np.searchsorted(k_pos[same], q_pos[stop - 1], side="right")
+            runs.append((int(start), int(stop), same[:seen]))
+    return runs, filler
+
+
 def shard_for_context(
     batch: DeviceBatch, segment_ids: np.ndarray, *, cp: int, cp_rank: int
 ) -> DeviceBatch:
@@ -221,6 +298,7 @@ def shard_for_context(
     def on_device(a: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(a, device=device)
 
+    runs, filler = _query_runs(seg, pos, cp_rank)
     boundaries = ContextBoundaries(
         qkv_format="sbhd",
         max_seqlen_q=capacity,
@@ -230,6 +308,8 @@ def shard_for_context(
         k_seg=on_device(k_seg),
         k_pos=on_device(pos.reshape(-1)),
         chunks=tuple(chunks),
+        runs=tuple((a, z, on_device(keys)) for a, z, keys in runs),
+        filler=on_device(filler),
     )
     take = on_device(index[cp_rank].clip(min=0))
     keep = on_device(real[cp_rank])
