@@ -460,7 +460,8 @@ def reconcile(obs: Observed) -> Actions:
         s.condition("PodsRunning", "False", "Stopping", why)
         s.actions.requeue_after = 1.0
         return s.finish()
-    if not pods or s.st.phase not in ("Starting", "Running", "Queued"):
+    started = s.st.phase in ("Starting", "Running") or (s.st.phase == "Queued" and s.st.placement)
+    if not pods or not started:  # Queued with a placement: its pods wait for Kueue
         # Also when some pods exist but the status never recorded the attempt as started (the
         # operator stopped between creating pods and writing the status): placement is
         # deterministic, so the diff adopts what exists and creates only what is missing.

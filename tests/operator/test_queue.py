@@ -52,6 +52,7 @@ async def test_a_job_waits_queued_while_others_hold_its_nodes_then_starts(cluste
         await c.exit_pod(pod["metadata"]["name"], 0)
     await c.wait("first done", lambda: c.status("first").get("phase") == "Succeeded")
     await c.wait("second placed", lambda: len(c.pods("second")) == 2, timeout=20)
+    await c.wait("second starting", lambda: c.status("second").get("phase") == "Starting")
     assert sorted(c.status("second")["placement"]) == ["n0", "n1"]
     cond = {x["type"]: x for x in c.status("second")["conditions"]}["Queued"]
     assert cond["status"] == "False" and cond["reason"] == "Admitted"

@@ -122,3 +122,8 @@ def test_reconcile_queues_then_starts_when_capacity_frees() -> None:
     assert b.status["phase"] == "Starting" and len([o for o in b.create if o["kind"] == "Pod"]) == 2
     cond = {c["type"]: c for c in b.status["conditions"]}["Queued"]
     assert cond["status"] == "False" and cond["reason"] == "Admitted"
+    # the status write after creating the pods was lost (409): the re-run adopts them
+    pods = [{**o, "metadata": {**o["metadata"], "uid": "x"}} for o in b.create]
+    again = reconcile(Observed(job=job, status=status, owned=pods, nodes=nodes, now=NOW,
+                               cluster_pods=[p for p in pods if p["kind"] == "Pod"]))  # fmt: skip
+    assert again.status["phase"] == "Starting" and not again.create and not again.delete
