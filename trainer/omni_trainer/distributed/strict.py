@@ -123,15 +123,6 @@ def install() -> None:
         setattr(dist, name, _wrap(original, _record_collective(name, sized, original)))
 
 
-def uninstall() -> None:
-    """Put the original functions back and forget the log."""
-    global _log
-    for (module, name), original in _installed.items():
-        setattr(module, name, original)
-    _installed.clear()
-    _log = _Log()
-
-
 def audited() -> dict[str, int]:
     """What this rank's audits have checked so far: audits, P2P units, collectives."""
     return dict(_log.audited)
