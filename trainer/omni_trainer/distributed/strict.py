@@ -26,9 +26,9 @@ raises :class:`StrictCollectiveError` naming ranks, op index and sizes when:
   NCCL would create it lazily inside a step, where two pairs created in opposite orders on
   two ranks deadlock.
 
-What only a GPU can prove: that NCCL itself completes (message sizes, streams, cross-group
-ordering between communicators); the audit checks the per-pair order that NCCL's progress
-depends on, not the streams.
+Only the main thread's calls are logged. What only a GPU can prove: that NCCL itself completes
+(message sizes, streams, cross-group ordering between communicators); the audit checks the
+per-pair order that NCCL's progress depends on, not the streams.
 """
 
 from __future__ import annotations
@@ -95,6 +95,7 @@ class _Log:
 
 _log = _Log()
 _local = threading.local()
+_main = threading.main_thread()
 _installed: dict[tuple[Any, str], Callable] = {}
 
 
@@ -122,15 +123,6 @@ def install() -> None:
         setattr(dist, name, _wrap(original, _record_collective(name, sized, original)))
 
 
-def uninstall() -> None:
-    """Put the original functions back and forget the log."""
-    global _log
-    for (module, name), original in _installed.items():
-        setattr(module, name, original)
-    _installed.clear()
-    _log = _Log()
-
-
 def audited() -> dict[str, int]:
     """What this rank's audits have checked so far: audits, P2P units, collectives."""
     return dict(_log.audited)
@@ -149,7 +141,9 @@ def end_warm_up() -> None:
 def _wrap(original: Callable, record: Callable[..., None]) -> Callable:
     @functools.wraps(original)
     def wrapper(*args, **kwargs):
-        if getattr(_local, "depth", 0):  # inside a batch, a collective or the audit
+        # Inside a batch, a collective or the audit; or on another thread (the background
+        # checkpoint writer), whose progress at an audit differs from rank to rank.
+        if getattr(_local, "depth", 0) or threading.current_thread() is not _main:
             return original(*args, **kwargs)
         record(*args, **kwargs)
         _local.depth = 1
