@@ -7,9 +7,7 @@ from typing import Any
 
 import pytest
 
-from omni_operator.sandbox.testbed import job_manifest
-
-from .conftest import NS, Cluster
+from omni_operator.sandbox.testbed import NS, Cluster, job_manifest
 
 pytestmark = pytest.mark.asyncio
 
