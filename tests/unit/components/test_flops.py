@@ -226,3 +226,24 @@ def test_llm_training_flops_equal_megatron_lm(shape: dict, seq_length: int) -> N
     )
     assert ours == pytest.approx(reference, rel=1e-12)
     assert MFU_CONVENTION == "megatron-lm"
+
+
+def test_cpu_matmul_rate_stops_at_a_size_that_times_well(monkeypatch) -> None:
+    """bf16 on a CPU without bf16 units runs at ~1 GFLOP/s: the measurement grows the matmul from
+    the smallest size and stops at the first one timed long enough, not at a minute-long 2048."""
+    import torch
+
+    from omni_trainer.components import throughput
+
+    sizes: list[int] = []
+    randn = torch.randn
+
+    def spy(*shape, **kw):
+        sizes.append(shape[0])
+        return randn(*shape, **kw)
+
+    monkeypatch.setattr(torch, "randn", spy)
+    rate = throughput.measure_matmul_flops(torch.device("cpu"), torch.bfloat16)
+    assert rate > 0
+    tried = sizes[::2]
+    assert sizes[1::2] == tried and tried == list(throughput.MATMUL_SIZES[: len(tried)]), sizes

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 import warnings
 
 import torch
@@ -11,21 +12,39 @@ import torch.distributed as dist
 from omni_trainer.components.flops import detect_peak_flops, matmul_flops, measure_peak_flops
 from omni_trainer.distributed import comm
 
+MATMUL_SIZES = (256, 512, 1024, 2048)
+"""Square matmul sizes tried, smallest first, until one call takes :data:`MATMUL_SECONDS`."""
+MATMUL_SECONDS = 0.05
+"""Long enough for a stable timing; a CPU without bf16 units (0.3-1 GFLOP/s: one 2048 matmul
+takes a minute) stops at a small size instead of stalling the start."""
 
-def measure_matmul_flops(device: torch.device, dtype: torch.dtype, n: int = 2048) -> float:
-    """Matmul FLOP/s of ``device`` in ``dtype`` (a CPU with all its cores), fastest of 5 calls."""
+
+def measure_matmul_flops(device: torch.device, dtype: torch.dtype) -> float:
+    """Matmul FLOP/s of ``device`` in ``dtype`` (a CPU with all its cores), fastest of 5 calls at
+    the first size of :data:`MATMUL_SIZES` whose one call takes :data:`MATMUL_SECONDS`."""
     threads = torch.get_num_threads()
     torch.set_num_threads(os.cpu_count() or 1)
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
 
-    def run() -> None:
-        a @ b
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+    def timed(n: int):
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
+
+        def run() -> None:
+            a @ b
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+
+        run()  # warm-up
+        start = time.perf_counter()
+        run()
+        return run, time.perf_counter() - start
 
     try:
-        return measure_peak_flops(run, flops_per_call=matmul_flops(n, n, n), iters=5)
+        for n in MATMUL_SIZES:
+            run, seconds = timed(n)
+            if seconds >= MATMUL_SECONDS:
+                break
+        return measure_peak_flops(run, flops_per_call=matmul_flops(n, n, n), iters=5, warmup=0)
     finally:
         torch.set_num_threads(threads)
 
