@@ -151,7 +151,10 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=48)
     parser.add_argument("--nodes", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--smoke", action="store_true", help="8 jobs: the whole path")
     args = parser.parse_args()
+    if args.smoke:
+        args.jobs = 8
     jobs = workload(args.jobs, args.seed)
     sizes = {n: sum(j.nodes == n for j in jobs) for n in (1, 2, 4, 8)}
     high = sum(j.priority is not None for j in jobs)

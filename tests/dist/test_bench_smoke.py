@@ -42,10 +42,12 @@ SMOKE: dict[str, str] = {
     "storage_outage.py": r"outage of 1 s: a write during it refused",
     "paper.py": r"#   A: LLaMA-7B",
     "balance.py": r"13:74:13\s+4 \| [\d.]+",
+    "shared_cluster.py": r"backfill \| [\d.]+ min \|",
 }
 """Ordered longest first: the slow runs start at once, the short ones fill in beside them."""
 COVERED_ELSEWHERE: dict[str, str] = {
     "gpu_check.py": "tests/dist/test_gpu_check.py",  # --cpu-smoke, its JSON checked part by part
+    "fake_layouts.py": "tests/dist/test_gpu_check.py",  # gpu_check's ``layouts`` part
 }
 AT_ONCE = 3
 """Runs side by side: most wait on their own subprocesses or sleeps part of the time."""
