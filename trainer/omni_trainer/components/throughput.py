@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-import time
 import warnings
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -25,7 +25,7 @@ def measure_matmul_flops(device: torch.device, dtype: torch.dtype) -> float:
     threads = torch.get_num_threads()
     torch.set_num_threads(os.cpu_count() or 1)
 
-    def timed(n: int):
+    def matmul(n: int) -> Callable[[], None]:
         a = torch.randn(n, n, device=device, dtype=dtype)
         b = torch.randn(n, n, device=device, dtype=dtype)
 
@@ -34,17 +34,15 @@ def measure_matmul_flops(device: torch.device, dtype: torch.dtype) -> float:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
 
-        run()  # warm-up
-        start = time.perf_counter()
-        run()
-        return run, time.perf_counter() - start
+        return run
 
     try:
         for n in MATMUL_SIZES:
-            run, seconds = timed(n)
-            if seconds >= MATMUL_SECONDS:
+            run, flops = matmul(n), matmul_flops(n, n, n)
+            probe = measure_peak_flops(run, flops_per_call=flops, iters=1)  # warm-up + one call
+            if flops / probe >= MATMUL_SECONDS:
                 break
-        return measure_peak_flops(run, flops_per_call=matmul_flops(n, n, n), iters=5, warmup=0)
+        return measure_peak_flops(run, flops_per_call=flops, iters=5, warmup=0)
     finally:
         torch.set_num_threads(threads)
 
