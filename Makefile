@@ -49,7 +49,7 @@ format: setup
 	$(BIN)/ruff format .
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(CHECKOV_VENV) runs .pytest_cache .ruff_cache
 
 # Every bench target takes BENCH_ARGS; BENCH_ARGS=--smoke is its smoke run (seconds, the smallest
 # sizes, the whole path: what tests/dist/test_bench_smoke.py runs in CI; gpu-check's is
@@ -117,6 +117,15 @@ bench-preflight: setup
 	$(BIN)/python bench/preflight.py $(BENCH_ARGS)
 
 # --- install and observe (chart, dashboards, images) -------------------------------------------
+.PHONY: checkov
+# checkov on the chart's objects and the operator's pods (charts/checkov_scan.py): every failing
+# check must be one the script accepts with its reason. checkov gets a venv of its own.
+CHECKOV_VENV := .venv-checkov
+checkov: setup
+	test -x $(CHECKOV_VENV)/bin/checkov || ($(PYTHON) -m venv $(CHECKOV_VENV) \
+	  && $(CHECKOV_VENV)/bin/pip install --quiet --disable-pip-version-check checkov)
+	$(BIN)/python charts/checkov_scan.py --checkov $(CHECKOV_VENV)/bin/checkov
+
 .PHONY: dashboards chart images
 
 # Grafana dashboards as code -> JSON in the chart; tests fail when the files are stale.

@@ -3,7 +3,7 @@
 # Build from the repository root:  make images   (or)
 #   docker build -f dockerfiles/trainer.Dockerfile -t ghcr.io/megascale-omni/trainer:0.1.0 .
 # The operator runs pods of this image with `torchrun ... -m omni_trainer.cli train /etc/omni/job.yaml`
-# as UID 1000 (omni_operator.render.TRAINER_UID), under `omni supervise` when restarts are in place
+# as UID 10001 (omni_operator.render.TRAINER_UID), under `omni supervise` when restarts are in place
 # (restartPolicy.mode, the default: it restarts torchrun inside the pod); locally
 # `docker run IMAGE job.yaml` trains.
 ARG CUDA_VERSION=12.8.1
@@ -45,8 +45,11 @@ ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 
 RUN apt-get update && apt-get install -y --no-install-recommends python3 libibverbs1 \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /opt/omni /opt/omni
-# UID 1000 is `ubuntu` in the 24.04 base; the operator's pods run as 1000 too.
-USER 1000:1000
+# Non-root and numeric, above the host's range of users (10001, as the operator's image); the
+# operator's pods run as 10001 too.
+RUN groupadd --gid 10001 omni && useradd --uid 10001 --gid 10001 --no-create-home \
+    --shell /usr/sbin/nologin omni
+USER 10001:10001
 WORKDIR /workspace
 # 29500: torchrun rendezvous; 9464: trainer metrics (/metrics).
 EXPOSE 29500 9464

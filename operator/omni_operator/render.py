@@ -51,7 +51,8 @@ SPARE_RANK = -1
 ANNOTATION_NODE = f"{GROUP}/placed-node"
 ANNOTATION_ORDER = f"{GROUP}/order"
 """On an in-place pod: the operator's order to its supervisor (:func:`attempt_order`)."""
-TRAINER_UID = 1000
+TRAINER_UID = 10001
+"""Trainer pods' user and group (non-RDMA): numeric, above host users' range, as the image."""
 STOP_MARGIN_SECONDS = 10
 """Pod grace beyond the trainer's stop grace: torchrun's shutdown and the container's exit."""
 
