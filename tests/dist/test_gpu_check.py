@@ -57,7 +57,7 @@ def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
     trips = parts["checkpoint"]
     for trip in ("local_to_other", "other_to_local", "local_bf16_to_other_fp32"):
         assert trips[trip]["params"] > 0 and trips[trip]["params_not_equal"] == []
-    layouts = parts["layouts"]  # one rank of each world-8 layout, fake process group
+    layouts = parts["layouts"]  # bench/fake_layouts.py: one rank of each world-8 layout (fake PG)
     assert [layouts[n]["layout"] for n in ("tp2_sp", "pp2", "dp8_zero1")] == [
         "tp2xdp4",
         "pp2xdp4",
