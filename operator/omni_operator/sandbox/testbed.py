@@ -179,6 +179,25 @@ class Cluster:
             },
         )
 
+    async def node_ready(self, name: str) -> None:
+        """The node is back: Ready since now (the cluster's clock)."""
+        await self.call(
+            "PATCH",
+            f"/api/v1/nodes/{name}",
+            {
+                "status": {
+                    "conditions": [
+                        {
+                            "type": "Ready",
+                            "status": "True",
+                            "reason": "KubeletReady",
+                            "lastTransitionTime": self.clock.iso(),
+                        }
+                    ]
+                }
+            },
+        )
+
     # -- reads --------------------------------------------------------------------------------
     def job(self, name: str) -> dict[str, Any]:
         obj = self.emu.stored(JOBS, NS, name)
