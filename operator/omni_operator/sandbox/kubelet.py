@@ -784,6 +784,9 @@ class Kubelet:
         env[POD_MARKER] = pod["metadata"]["uid"]
         env["OMNI_METRICS_ADDR"] = ip
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        # The sandbox's nodes share this machine's cores: OpenMP threads spinning between
+        # parallel regions (libgomp's default) would take them from the other nodes' trainers.
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         return words, env
 
     async def _reap(self) -> None:
