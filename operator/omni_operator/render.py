@@ -7,8 +7,9 @@ node rank 0: when a hot spare takes node rank 0 over, its new label moves the ad
 (pods' hostnames stay under the job's Service, ``<pod hostname>.<job>.<namespace>.svc``). Pods
 are pinned with required node affinity on ``metadata.name`` rather than ``nodeName``: the
 scheduler still accounts resources and gang schedulers (Volcano, Kueue's scheduling gates)
-still admit the pods as a group. Pod names carry the restart attempt, so a restart never waits
-for an old pod stuck Terminating on a lost node.
+still admit the pods as a group (under Kueue's Topology-Aware Scheduling, Kueue chooses the
+nodes and the pods are not pinned: see :mod:`omni_operator.kueue`). Pod names carry the restart
+attempt, so a restart never waits for an old pod stuck Terminating on a lost node.
 
 The contract with the trainer is the ``OMNI_*`` environment (see :func:`rank_env`) and the
 manifest mounted at :data:`CONFIG_PATH`.
