@@ -186,6 +186,8 @@ class DeploymentController:
     api: str
     tick_s: float = 0.5
     _http: aiohttp.ClientSession | None = field(default=None, repr=False)
+    _had: bool = False
+    """Whether the last tick saw Deployments (with none now, one more tick collects pods)."""
 
     async def run(self) -> None:
         async with aiohttp.ClientSession() as http:
@@ -202,6 +204,9 @@ class DeploymentController:
 
     async def tick(self) -> None:
         deploys = await self._list("/apis/apps/v1/deployments")
+        if not deploys and not self._had:
+            return  # no pods to read (a sandbox without Deployments pays one list a tick)
+        self._had = bool(deploys)
         pods = await self._list("/api/v1/pods")
         by_uid = {d["metadata"]["uid"]: d for d in deploys}
         owned: dict[str, list[Obj]] = {uid: [] for uid in by_uid}
