@@ -90,6 +90,12 @@ async def test_the_charts_kinds_are_served_by_short_name_and_scope(api: Api) -> 
         assert name in listed
         await api.kubectl("delete", short, name, "-n", NS)
         assert name not in await api.kubectl("get", short, "-A", "-o", "name")
+    # client-go's typed writes are protobuf: Secrets and ConfigMaps are read (Helm's records)
+    await api.kubectl("create", "secret", "generic", "s", "-n", NS, "--from-literal=k=v")
+    await api.kubectl("create", "configmap", "c", "-n", NS, "--from-literal=k=v")
+    secret = json.loads(await api.kubectl("get", "secret", "s", "-n", NS, "-o", "json"))
+    assert secret["data"] == {"k": "dg=="} and secret["type"] == "Opaque"
+    assert api.emu.stored("v1/configmaps", NS, "c")["data"] == {"k": "v"}  # type: ignore[index]
     resources = await api.kubectl("api-resources", "--api-group=apps")
     assert any(line.split()[:2] == ["deployments", "deploy"] for line in resources.splitlines())
 
@@ -137,6 +143,9 @@ async def test_helm_install_runs_the_operator_deployment_as_pods(api: Api) -> No
                           json.dumps({"status": status}))  # fmt: skip
         await api.kubectl("wait", "-n", NS, "--for=condition=Available", "deploy",
                           "omni-megascale-omni", "--timeout=20s")  # fmt: skip
+        out = await api.kubectl("rollout", "status", "-n", NS, "deploy/omni-megascale-omni",
+                                "--timeout=20s")  # fmt: skip
+        assert "successfully rolled out" in out, out
         table = (await api.kubectl("get", "deploy", "-n", NS)).splitlines()
         assert table[0].split() == ["NAME", "READY", "UP-TO-DATE", "AVAILABLE", "AGE"]
         assert table[1].split()[:4] == ["omni-megascale-omni", "1/1", "1", "1"]

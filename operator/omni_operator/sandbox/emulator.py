@@ -515,6 +515,8 @@ class Emulator(kmock.KubernetesEmulator):
             meta["namespace"] = request.namespace or meta.get("namespace") or "default"
         else:
             meta.pop("namespace", None)
+        if request.resource == kmock.resource("v1/secrets"):
+            obj["type"] = obj.get("type") or "Opaque"  # the API server's default
         if request.resource in self._status_sub and request.resource != kmock.resource("v1/pods"):
             obj.pop("status", None)  # custom resources: status is written through /status only
         self._admit(request, obj)
