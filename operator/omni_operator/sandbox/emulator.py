@@ -4,9 +4,14 @@ kmock 0.8 stores objects and streams watch events, but: objects get no uid / res
 creationTimestamp / generateName, label and field selectors are ignored, ``/status`` is not a
 subresource, JSON patches (kopf's finalizers) and resourceVersion preconditions are unknown, and a
 watch replays every object whatever resourceVersion it starts from. :class:`Emulator` takes over
-the writes (create, patch, delete) with those semantics and filters reads. What it still does not
-do, on purpose: garbage collection by ownerReferences (the operator must clean up itself here),
-strategic merge (a strategic patch is applied as a JSON merge patch), PUT. Admission checks what
+the writes (create, patch, delete) with those semantics and filters reads. It also takes what
+Helm and client-go send: a server-side apply (creates the object when absent, else is merged as
+a JSON merge patch: no field ownership), PUT (a replacement under its resourceVersion),
+``dryRun=All`` (admitted, answered, not stored) and protobuf bodies of Secrets, ConfigMaps and
+Namespaces (:mod:`.protobuf`); a CRD's resource is served once the CRD is created (Established).
+What it still does not do, on purpose: garbage collection by ownerReferences (the operator must
+clean up itself here; the sandbox's Deployment emulation removes its own pods), strategic merge
+(a strategic patch is applied as a JSON merge patch), RBAC or token checks. Admission checks what
 a real API server checks on every create: the name (a DNS-1123 subdomain) and, for a resource
 declared with a schema (a CRD's ``openAPIV3Schema``), the object against it, rejected with 422
 and the field paths. Pod logs are served from :attr:`Emulator.pod_logs` (the sandbox's kubelet

@@ -7,9 +7,14 @@ like the real components do and:
   or ``nodeSelector`` names, if that node is Ready and its allocatable, less the requests of
   the pods bound to it (:mod:`omni_operator.capacity`: GPUs, CPU, memory...), holds the pod's
   requests; else it stays Pending, PodScheduled=False reason Unschedulable, as kube-scheduler
-  leaves it (reason SchedulingGated while it carries a scheduling gate);
-* runs: a bound pod's container command starts as a process group in the sandbox's working
-  directory (a shared filesystem for every node), with the pod's environment, its ConfigMap
+  leaves it (reason SchedulingGated while it carries a scheduling gate); a pod that names no
+  node (a Deployment's) goes to the least allocated Ready node that holds its requests and
+  matches its ``nodeSelector`` (kube-scheduler's default scoring, simplified);
+* runs: a bound pod's container command (or its image's ENTRYPOINT and CMD, for an image whose
+  :class:`ImageConfig` the :class:`Registry` holds: the chart's operator) starts as a process
+  group in the sandbox's working directory (a shared filesystem for every node), with the pod's
+  environment (and the API server's address, plus its service account's credentials unless
+  ``automountServiceAccountToken: false``: :meth:`Kubelet.in_cluster`), its ConfigMap
   volumes written to files, and its status reported through ``/status`` (Running with a pod IP,
   then Succeeded/Failed with the exit code);
 * restarts: a container that ends is restarted in its pod under the pod's ``restartPolicy``
@@ -38,7 +43,8 @@ Networking is emulated on the loopback: every pod gets its own address ``127.<s>
 (the trainer's metrics endpoint binds to it through ``OMNI_METRICS_ADDR``, so the operator scrapes
 ``podIP:9464`` as in a cluster), cluster names (``*.svc``) resolve to the loopback where every
 listener is, and a service port (torchrun's rendezvous) maps to a free local port per service
-name so that jobs never collide. ``torchrun`` is this Python's ``torch.distributed.run``.
+name so that jobs never collide; ``0.0.0.0`` in a command is the pod's own address. ``torchrun``
+is this Python's ``torch.distributed.run``.
 
 Faults are requested through the API, so ``kubectl annotate`` works as well as
 ``omni sandbox fault``: the annotation :data:`FAULT` on a Node (``lost``: its processes are
