@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from omni_operator.sandbox import protobuf
-from omni_operator.sandbox.cluster import OPERATOR_ENTRYPOINT
+from omni_operator.sandbox.cluster import OPERATOR_ENTRYPOINT, node_object
 from omni_operator.sandbox.deployments import (
     HASH_LABEL,
     deployment_status,
@@ -17,7 +17,14 @@ from omni_operator.sandbox.deployments import (
     pod_for,
     template_hash,
 )
-from omni_operator.sandbox.kubelet import ImageConfig, automount, container_argv, own_address
+from omni_operator.sandbox.kubelet import (
+    ImageConfig,
+    Kubelet,
+    SimNode,
+    automount,
+    container_argv,
+    own_address,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -170,3 +177,18 @@ def test_protobuf_secrets_and_configmaps_decode_to_their_json() -> None:
     pod = _field(1, _field(1, b"v1") + _field(2, b"Pod")) + _field(2, b"")
     assert protobuf.decode(protobuf.MAGIC + pod) is None
     assert protobuf.decode(b"{}") is None
+
+
+def test_a_pod_naming_no_node_goes_to_the_least_allocated_that_fits(tmp_path: Path) -> None:
+    nodes = {f"node-{i}": node_object(f"node-{i}", gpus=0, spine="s", cpu=2) for i in range(3)}
+    nodes["node-2"]["metadata"]["labels"]["pool"] = "infra"
+    kubelet = Kubelet(api="http://127.0.0.1:1", workdir=tmp_path,
+                      nodes=[SimNode(name, i, 0) for i, name in enumerate(nodes)])  # fmt: skip
+    pod = {"spec": {"containers": [{"resources": {"requests": {"cpu": "500m"}}}]}}
+    assert kubelet._pick(pod, nodes) == "node-0"  # a tie: the first
+    kubelet._held = {"node-0": {"cpu": 1.0}}
+    assert kubelet._pick(pod, nodes) == "node-1"
+    assert kubelet._pick({**pod, "spec": {**pod["spec"], "nodeSelector": {"pool": "infra"}}},
+                         nodes) == "node-2"  # fmt: skip
+    big = {"spec": {"containers": [{"resources": {"requests": {"cpu": "3"}}}]}}
+    assert kubelet._pick(big, nodes) is None
