@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -154,6 +155,7 @@ def destroy_groups() -> None:
     for group in list(dist.distributed_c10d._world.pg_map):
         if group is not default:
             dist.destroy_process_group(group)
+    gc.collect()  # a group's threads end with its last reference (modules, hooks: cycles)
 
 
 def destroy_distributed() -> None:
