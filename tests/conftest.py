@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +16,10 @@ os.environ.setdefault("OMNI_STRICT_COLLECTIVES", "1")
 # (libgomp's default) take the cores from the processes with work (a tiny run: 7x the tokens/s,
 # a quarter of the CPU time with two lanes running). Read when torch loads libgomp, so before.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# The CPU's matmul rate (MFU's peak) measured once per session, not at every trainer's start,
+# and never into the user's own cache (omni_trainer.components.throughput).
+os.environ["OMNI_CACHE_DIR"] = tempfile.mkdtemp(prefix="omni-test-cache-")
+atexit.register(shutil.rmtree, os.environ["OMNI_CACHE_DIR"], ignore_errors=True)
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -247,3 +248,54 @@ def test_cpu_matmul_rate_stops_at_a_size_that_times_well(monkeypatch) -> None:
     assert rate > 0
     tried = sizes[::2]
     assert sizes[1::2] == tried and tried == list(throughput.MATMUL_SIZES[: len(tried)]), sizes
+
+
+def test_cpu_peak_is_measured_once_per_machine_and_kept(tmp_path) -> None:
+    import torch
+
+    from omni_trainer.components.throughput import cpu_matmul_flops
+
+    path, calls = tmp_path / "cache" / "peak-flops.json", []
+
+    def measure(device, dtype) -> float:
+        calls.append(dtype)
+        return 1e11 * len(calls)
+
+    assert cpu_matmul_flops(torch.float32, measure=measure, path=path) == (1e11, False)
+    assert cpu_matmul_flops(torch.float32, measure=measure, path=path) == (1e11, True)
+    assert cpu_matmul_flops(torch.bfloat16, measure=measure, path=path) == (2e11, False)
+    assert len(json.loads(path.read_text())) == 2  # both dtypes kept
+    assert calls == [torch.float32, torch.bfloat16]
+    path.write_text("{not json")  # a damaged cache is measured around and rewritten
+    assert cpu_matmul_flops(torch.float32, measure=measure, path=path) == (3e11, False)
+    assert cpu_matmul_flops(torch.float32, measure=measure, path=path) == (3e11, True)
+
+
+def test_cpu_peak_without_a_writable_cache_is_measured_each_time(tmp_path) -> None:
+    import torch
+
+    from omni_trainer.components.throughput import cpu_matmul_flops
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")  # a file where the cache's folder would be: not writable
+    path = blocker / "peak-flops.json"
+    assert cpu_matmul_flops(torch.float32, measure=lambda d, t: 5e10, path=path) == (5e10, False)
+    assert cpu_matmul_flops(torch.float32, measure=lambda d, t: 6e10, path=path) == (6e10, False)
+
+
+def test_cpu_peak_source_says_cached(monkeypatch, tmp_path) -> None:
+    import torch
+
+    from omni_trainer.components import throughput
+
+    monkeypatch.setenv("OMNI_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(throughput, "measure_matmul_flops", lambda device, dtype: 4e10)
+    cpu = torch.device("cpu")
+    kw = {"dtype": torch.float32, "world_size": 2, "override_per_device": None}
+    assert throughput.resolve_peak_flops(cpu, **kw) == (4e10, "measured fp32 matmul, whole CPU")
+    monkeypatch.setattr(throughput, "measure_matmul_flops", lambda device, dtype: 1.0)
+    assert throughput.resolve_peak_flops(cpu, **kw) == (
+        4e10,
+        "measured fp32 matmul, whole CPU (cached)",
+    )
+    assert (tmp_path / "peak-flops.json").exists()

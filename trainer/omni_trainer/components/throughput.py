@@ -1,10 +1,19 @@
-"""The peak FLOP/s that MFU is measured against: datasheet on known GPUs, measured elsewhere."""
+"""The peak FLOP/s that MFU is measured against: datasheet on known GPUs, measured elsewhere.
+
+A CPU's measured rate is kept in a per-machine cache (``peak-flops.json`` in
+``$OMNI_CACHE_DIR``, else ``$XDG_CACHE_HOME/megascale-omni``, else ``~/.cache/megascale-omni``),
+keyed by CPU model, core count, dtype and torch version: a run starts ~2 s sooner, and every run
+on the machine divides by the same figure.
+Delete the file to measure again; a cache that cannot be read or written is measured around.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -76,9 +85,60 @@ def resolve_peak_flops(
         return per_device * world_size, f"{source} x {world_size} devices"
     if override_per_device is not None:
         return float(override_per_device), "configured (machine)"
-    measured = torch.zeros(1, dtype=torch.float64)
+    measured = torch.zeros(2, dtype=torch.float64)  # the rate, 1.0 when it came from the cache
     if not dist.is_initialized() or dist.get_rank() == 0:
-        measured[0] = measure_matmul_flops(device, dtype)
+        rate, cached = cpu_matmul_flops(dtype)
+        measured[0], measured[1] = rate, float(cached)
     if dist.is_initialized():
         comm.broadcast(measured, src=0)
-    return float(measured.item()), f"measured {column} matmul, whole CPU"
+    source = f"measured {column} matmul, whole CPU" + (" (cached)" if measured[1] else "")
+    return float(measured[0].item()), source
+
+
+def peak_cache_path() -> Path:
+    """Where a CPU's measured matmul rate is kept (see the module docstring)."""
+    if os.environ.get("OMNI_CACHE_DIR"):
+        return Path(os.environ["OMNI_CACHE_DIR"]) / "peak-flops.json"
+    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(root) / "megascale-omni" / "peak-flops.json"
+
+
+def _cpu_key(dtype: torch.dtype) -> str:
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model} | {os.cpu_count()} cores | {dtype} | torch {torch.__version__}"
+
+
+def cpu_matmul_flops(
+    dtype: torch.dtype,
+    *,
+    measure: Callable[[torch.device, torch.dtype], float] | None = None,
+    path: Path | None = None,
+) -> tuple[float, bool]:
+    """This machine's matmul FLOP/s in ``dtype`` with all its cores, from the cache or measured
+    (and cached); True when it came from the cache."""
+    path = path or peak_cache_path()
+    key = _cpu_key(dtype)
+    try:
+        entries = json.loads(path.read_text())
+    except (OSError, ValueError):
+        entries = {}
+    entries = entries if isinstance(entries, dict) else {}
+    cached = entries.get(key)
+    if isinstance(cached, (int, float)) and cached > 0:
+        return float(cached), True
+    rate = (measure or measure_matmul_flops)(torch.device("cpu"), dtype)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps({**entries, key: rate}, indent=1) + "\n")
+        tmp.replace(path)  # atomic: a run beside this one reads the old file or the new
+    except OSError:
+        pass  # a read-only home (a locked-down pod): measured every start, as before
+    return rate, False
