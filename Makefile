@@ -30,9 +30,9 @@ demo: setup
 # lane prints its slowest tests. With PYTEST_ARGS, one pytest run with those arguments instead.
 test: setup
 ifeq ($(strip $(PYTEST_ARGS)),)
-	@$(BIN)/python -m pytest -q --durations=10 -p no:cacheprovider tests/sandbox tests/operator \
+	@$(BIN)/python -m pytest -q --durations=25 -p no:cacheprovider tests/sandbox tests/operator \
 	  > .pytest-kubernetes.log 2>&1 & lane=$$!; \
-	$(BIN)/python -m pytest -q --durations=10 --ignore=tests/sandbox --ignore=tests/operator; \
+	$(BIN)/python -m pytest -q --durations=25 --ignore=tests/sandbox --ignore=tests/operator; \
 	rest=$$?; wait $$lane; kube=$$?; \
 	echo "---- tests/sandbox tests/operator (run beside the above)"; cat .pytest-kubernetes.log; \
 	echo "test lanes: rest exit $$rest, kubernetes exit $$kube"; [ $$rest -eq 0 ] && [ $$kube -eq 0 ]
