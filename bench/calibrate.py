@@ -58,8 +58,8 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 import yaml
 
-from omni_trainer.components.flops import attention_flops
 from omni_trainer.config import load_manifest
+from omni_trainer.costs.flops import attention_flops
 from omni_trainer.planner.calibration import (
     CpuRates,
     concurrent_processes,

@@ -59,7 +59,7 @@ from omni_operator.status import (
     PreflightStatus,
     RestartRecord,
 )
-from omni_trainer.supervisor import ATTEMPT_KEY
+from omni_trainer.pod_protocol import ATTEMPT_KEY
 
 Obj = dict[str, Any]
 TERMINAL: frozenset[str] = frozenset({"Succeeded", "Failed"})

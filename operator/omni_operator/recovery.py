@@ -40,7 +40,7 @@ from omni_operator.spec import GROUP, OmniTrainingJobSpec, RestartPolicyConfig
 from omni_operator.status import RestartRecord
 from omni_operator.times import format_time, parse_time
 from omni_trainer.distributed.netcheck_rules import parse_failure
-from omni_trainer.supervisor import untag
+from omni_trainer.pod_protocol import untag
 
 Obj = Mapping[str, Any]
 FailureKind = Literal[

@@ -28,7 +28,7 @@ from omni_operator.pod_access import SCRATCH_DIR, render_access
 from omni_operator.spec import GROUP, VERSION, OmniTrainingJob
 from omni_trainer.checkpoint.owner import JOB_NAME_ENV, JOB_NAMESPACE_ENV, JOB_UID_ENV
 from omni_trainer.failure_report import HEALTH_PATH, REPORT_PORT
-from omni_trainer.supervisor import ATTEMPT_KEY, STATE_DIR, order, rdzv_id
+from omni_trainer.pod_protocol import ATTEMPT_KEY, STATE_DIR, order, rdzv_id
 
 Obj = dict[str, Any]
 RDZV_PORT = 29500

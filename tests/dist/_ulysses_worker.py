@@ -14,13 +14,13 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from omni_trainer.balance.lssp import plan_lssp
 from omni_trainer.models.encoders.audio import AudioEncoder
 from omni_trainer.models.encoders.config import AudioEncoderConfig, VisionEncoderConfig
 from omni_trainer.models.encoders.qwen_vision import QwenVisionTower
 from omni_trainer.models.encoders.vision import VisionEncoder
 from omni_trainer.models.recompute import Recompute
-from omni_trainer.multiplex.lssp import plan_lssp
-from omni_trainer.multiplex.ulysses import UlyssesMixer, encode_sequence_parallel
+from omni_trainer.models.ulysses import UlyssesMixer, encode_sequence_parallel
 
 VIT = VisionEncoderConfig(preset="vit-tiny")
 # kernel 15 reaches 7 tokens either side: more than a 4-rank shard of a 37-token clip holds

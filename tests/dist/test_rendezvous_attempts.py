@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from omni_trainer.supervisor import rdzv_id
+from omni_trainer.pod_protocol import rdzv_id
 
 from .harness import free_port
 
@@ -114,7 +114,7 @@ def test_a_supervisor_starts_its_attempt_again_when_the_old_store_closes_under_i
     when rank 0 restarts. Its supervisor sees the failure was the agent's rendezvous (no worker
     ran) and starts the same attempt again, which meets rank 0's new torchrun: no failure
     reaches the operator (it restarted the whole job once more, and counted it against node 1)."""
-    from omni_trainer.supervisor import order
+    from omni_trainer.pod_protocol import order
 
     (tmp_path / "worker.py").write_text(WORKER)
     port = free_port()

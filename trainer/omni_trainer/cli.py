@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from omni_trainer.cli_common import ManifestArg, err_console, fail, load_job
 from omni_trainer.config import ManifestError, load_manifest
 from omni_trainer.launch import silence_known_noise
 
@@ -23,27 +24,6 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-err_console = Console(stderr=True, soft_wrap=True, highlight=False)
-
-
-def _fail(message: str, code: int = 2) -> typer.Exit:
-    err_console.print("[bold red]error:[/bold red] ", end="")
-    err_console.print(message, markup=False)
-    return typer.Exit(code)
-
-
-ManifestArg = Annotated[Path, typer.Argument(help="OmniTrainingJob YAML")]
-
-
-def _load(
-    path: Path, *, whole: bool = False, local_world_size: int | None = None, defer_hf: bool = False
-):
-    try:
-        return load_manifest(
-            path, whole=whole, local_world_size=local_world_size, defer_hf=defer_hf
-        )
-    except ManifestError as err:
-        raise _fail(str(err)) from None
 
 
 def _warn(job) -> None:
@@ -77,7 +57,7 @@ def validate(
     """Check a whole manifest without starting anything (the operator's checks, cluster fields
     included); every problem is listed with its field path and the fix."""
     # Without --sources nothing is opened, the HF model either (as the operator cannot).
-    job = _load(manifest, whole=True, local_world_size=nproc, defer_hf=not sources)
+    job = load_job(manifest, whole=True, local_world_size=nproc, defer_hf=not sources)
     cfg = job.spec.trainer
     _warn(job)
     for field, part in cfg.model.unread_hf():
@@ -91,7 +71,7 @@ def validate(
         try:
             _check_sources(cfg)
         except ManifestError as err:
-            raise _fail(f"{manifest}: {err}") from None
+            raise fail(f"{manifest}: {err}") from None
     where = f"--nproc {nproc}" if nproc else "its cluster fields"
     typer.echo(
         f"{manifest}: valid OmniTrainingJob {job.metadata.name!r} on {where} "
@@ -129,7 +109,7 @@ def train(
     from omni_trainer.launch import inside_torchrun, launch_torchrun, run_worker
 
     if resume not in ("auto", "none", None):
-        raise _fail(f"--resume must be 'auto' or 'none', not {resume!r}")
+        raise fail(f"--resume must be 'auto' or 'none', not {resume!r}")
     # Every rank of torchrun re-enters here: the manifest is checked at the world it runs in,
     # and before torchrun starts at --nproc, so a bad manifest is reported once.
     world = int(os.environ["WORLD_SIZE"]) if inside_torchrun() else nproc
@@ -204,7 +184,7 @@ def _fatal_to_termination_log() -> Iterator[None]:
         raise
     except ManifestError as err:
         report(str(err))
-        raise _fail(str(err)) from None
+        raise fail(str(err)) from None
     except Exception as err:
         report(fatal_message(err))
         raise
@@ -240,10 +220,10 @@ def plan(
     from omni_trainer.multiplex.dataflow import POLICIES, format_dataflow
     from omni_trainer.plan import plan_step
 
-    job = _load(manifest)
+    job = load_job(manifest)
     cfg = job.spec.trainer
     if policy is not None and policy not in POLICIES:
-        raise _fail(f"--policy must be one of {', '.join(POLICIES)}, not {policy!r}")
+        raise fail(f"--policy must be one of {', '.join(POLICIES)}, not {policy!r}")
     p = cfg.parallelism
     if tune:
         _tune(
@@ -259,7 +239,7 @@ def plan(
     try:
         result = plan_step(cfg, world_size=world, step=step, policy=policy)
     except ManifestError as err:
-        raise _fail(str(err)) from None
+        raise fail(str(err)) from None
     sim = result.simulation
     typer.echo(
         f"layout {result.dims.describe()} (world {world}); encoder items: "
@@ -303,15 +283,15 @@ def export_cmd(
     from omni_trainer.interop.export import check_export, write_hf
     from omni_trainer.interop.runtime import resolve_checkpoint, single_process_model
 
-    cfg = _load(manifest).spec.trainer
+    cfg = load_job(manifest).spec.trainer
     try:
         check_export(cfg, out)  # before any weight is allocated
         if not initial_weights and resolve_checkpoint(cfg, checkpoint) is None:
-            raise _fail(no_checkpoint(cfg.checkpoint))
+            raise fail(no_checkpoint(cfg.checkpoint))
         with single_process_model(cfg, checkpoint=checkpoint) as (model, step):
             result = write_hf(model, cfg, out, step=step)
     except (ValueError, OSError) as err:
-        raise _fail(str(err)) from None
+        raise fail(str(err)) from None
     source = f"checkpoint step {step}" if step is not None else "initial weights"
     typer.echo(
         f"exported {source}: {result.tensors} tensors, {result.bytes / 2**20:,.1f} MiB -> {out} "
@@ -343,7 +323,7 @@ def generate(
 
     from omni_trainer.interop.generate import generate as run
 
-    cfg = _load(manifest).spec.trainer
+    cfg = load_job(manifest).spec.trainer
     try:
         result = run(
             cfg,
@@ -355,7 +335,7 @@ def generate(
             max_new_tokens=max_new_tokens,
         )
     except (ValueError, OSError) as err:
-        raise _fail(str(err)) from None
+        raise fail(str(err)) from None
     typer.echo(json.dumps(result.as_dict()) if as_json else result.output_text)
 
 
@@ -390,7 +370,7 @@ def _tune(
     try:
         device, source = device_for(device_name, cluster)
     except ValueError as err:
-        raise _fail(str(err)) from None
+        raise fail(str(err)) from None
     started = time.perf_counter()
     workload = workload_from_config(cfg, world_size=gpus, name=name)
     with Progress(console=err_console, transient=True) as bar:
@@ -413,7 +393,7 @@ def _tune(
             policy = cfg.parallelism.encoder.policy
             mine = predict(workload, own, policy=policy, device=device)
     if not best:
-        raise _fail(f"no configuration of {name} fits in {device.name} memory on {gpus} GPUs")
+        raise fail(f"no configuration of {name} fits in {device.name} memory on {gpus} GPUs")
     searched = time.perf_counter() - started
     console = Console()
     console.print(f"device: {device.name} ({source})", highlight=False)
@@ -462,7 +442,7 @@ def _tune(
     try:
         proxy = propose_proxy(workload, top, device=device, max_gpus=proxy_gpus)
     except ValueError as err:
-        raise _fail(str(err)) from None
+        raise fail(str(err)) from None
     console.print(proxy.reason, highlight=False)
 
 
@@ -498,17 +478,18 @@ def supervise(
     """A trainer pod's init: run the command after `--` for the operator's restart attempt, and
     restart it in place when the operator names a newer one (restartPolicy.mode: in-place)."""
     from omni_trainer.failure_report import FailureReport
-    from omni_trainer.supervisor import ATTEMPT_ENV, Supervisor
+    from omni_trainer.pod_protocol import ATTEMPT_ENV
+    from omni_trainer.supervisor import Supervisor
 
     if not ctx.args:
-        raise _fail("omni supervise needs the command to run after `--`")
+        raise fail("omni supervise needs the command to run after `--`")
     pods = int(os.environ.get(ATTEMPT_ENV, "0"))  # the attempt that created this pod
     report = None
     if report_port is not None:
         try:
             report = FailureReport(report_port, os.environ.get("OMNI_METRICS_ADDR", "0.0.0.0"))
         except OSError as err:
-            raise _fail(f"omni supervise --report-port={report_port}: {err}") from None
+            raise fail(f"omni supervise --report-port={report_port}: {err}") from None
     code = Supervisor(ctx.args, attempt_file=attempt_file, state_dir=state_dir, pods=pods,
                       pod=os.environ.get("POD_NAME"), standby=standby, warm=warm,
                       report=report.start() if report else None).run()  # fmt: skip

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError, model_validator
@@ -19,9 +19,6 @@ from omni_trainer.config_base import Spec
 from omni_trainer.data.config import DataConfig
 from omni_trainer.distributed.config import ParallelismConfig
 from omni_trainer.models.config import DEFER_HF, ModelConfig
-
-if TYPE_CHECKING:  # numpy: the operator imports this module and has no numpy
-    from omni_trainer.data.sample import MediaGeometry
 
 API_VERSION = "omni.megascale.io/v1alpha1"
 KIND = "OmniTrainingJob"
@@ -116,41 +113,6 @@ class TrainerConfig(Spec):
     lr_schedule: LRScheduleConfig = LRScheduleConfig()
     train: TrainConfig = TrainConfig()
     checkpoint: CheckpointConfig | None = None
-
-    def media_geometry(self) -> MediaGeometry:
-        """The data pipeline's view of the encoders: pixels per patch, frames per token, mels."""
-        from omni_trainer.data.sample import MediaGeometry
-
-        image, audio = self.model.encoders.image, self.model.encoders.audio
-        imported = image is not None and image.tower is not None
-        qwen = image.qwen if imported else None
-        processor = settings = None
-        if qwen is not None:  # dynamic resolution within the tower processor's pixel bounds
-            from omni_trainer.data.media import ImageSettings, preprocessor_config
-
-            settings = ImageSettings.from_processor(
-                preprocessor_config(image.hf),
-                patch_size=image.patch_size,
-                merge_size=qwen.merge_size,
-                temporal_patch_size=qwen.temporal_patch_size,
-            )
-        elif imported:  # the tower's own processor sizes the images
-            from omni_trainer.data.media import tower_image_processor
-
-            processor = tower_image_processor(
-                image.hf, family=image.tower.family, side=image.tower.image_size
-            )
-        return MediaGeometry(
-            patch_size=image.position_side if image else 14,
-            audio_subsampling=audio.subsampling if audio else 4,
-            n_mels=audio.n_mels if audio else 80,
-            encoders=tuple(m for m, _ in self.model.encoders.items()),
-            image_extra_tokens=image.prefix_tokens - image.drop_prefix if imported else 0,
-            image_processor=processor,
-            image_settings=settings,
-            image_wrap=qwen.image_wrap if qwen and self.model.hf else None,
-            audio_max_frames=audio.max_frames if audio else None,
-        )
 
     @model_validator(mode="after")
     def _positions_fit_layout(self) -> TrainerConfig:

@@ -11,16 +11,16 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
-data_app = typer.Typer(help="Inspect a job's data; make the tiny example dataset.")
+from omni_trainer.cli_common import ManifestArg, fail, load_job
+from omni_trainer.data.sample import media_geometry
 
-ManifestArg = Annotated[Path, typer.Argument(help="OmniTrainingJob YAML")]
+data_app = typer.Typer(help="Inspect a job's data; make the tiny example dataset.")
 
 
 def _sources(manifest: Path) -> tuple[Any, list]:
-    from omni_trainer.cli import _load
     from omni_trainer.data.loader import build_source
 
-    cfg = _load(manifest).spec.trainer
+    cfg = load_job(manifest).spec.trainer
     try:
         return cfg, [
             build_source(
@@ -28,7 +28,7 @@ def _sources(manifest: Path) -> tuple[Any, list]:
                 source_index=i,
                 seed=cfg.seed,
                 vocab_size=cfg.model.llm.vocab_size,
-                geometry=cfg.media_geometry(),
+                geometry=media_geometry(cfg.model),
                 seq_length=cfg.data.seq_length,
                 tokenizer=cfg.tokenizer,
                 media=cfg.data.media,
@@ -36,9 +36,7 @@ def _sources(manifest: Path) -> tuple[Any, list]:
             for i, c in enumerate(cfg.data.sources)
         ]
     except (ValueError, OSError) as err:
-        from omni_trainer.cli import _fail
-
-        raise _fail(f"{manifest}: {err}") from None
+        raise fail(f"{manifest}: {err}") from None
 
 
 def describe(sample: Any, tokenizer: Any | None) -> dict[str, Any]:

@@ -140,7 +140,7 @@ def _network_preflight(manifest: JobManifest, rank: int):
     process with the code and message the operator classifies as PreflightFailed."""
     from omni_trainer.distributed.netcheck import enforce, node_name, run_preflight
     from omni_trainer.distributed.netcheck_rules import PreflightConfig
-    from omni_trainer.supervisor import SAME_NODES_ENV
+    from omni_trainer.pod_protocol import SAME_NODES_ENV
 
     if os.environ.get(SAME_NODES_ENV) == "1":  # an in-place restart: these nodes passed it
         if rank == 0:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from omni_trainer.config import TrainerConfig
 from omni_trainer.data.loader import MultimodalStream, hosted_shards
 from omni_trainer.data.packing import split_micro_batches
+from omni_trainer.data.sample import media_geometry
 from omni_trainer.distributed.config import ParallelDims
 from omni_trainer.distributed.layout import layout_for
 from omni_trainer.multiplex.dataflow import DataflowTable, plan_dataflow, simulate
@@ -44,7 +45,7 @@ def plan_step(
             cfg.data,
             seed=cfg.seed,
             vocab_size=cfg.model.llm.vocab_size,
-            geometry=cfg.media_geometry(),
+            geometry=media_geometry(cfg.model),
             shard=s,
             num_shards=num_shards,
             tokenizer=cfg.tokenizer,

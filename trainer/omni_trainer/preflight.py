@@ -13,6 +13,7 @@ from typing import Any
 
 from omni_trainer.config import TrainerConfig
 from omni_trainer.data.config import SyntheticSourceConfig
+from omni_trainer.data.sample import media_geometry
 
 _CREDENTIALS = (
     "S3 credentials come from the standard AWS chain (AWS_ACCESS_KEY_ID and "
@@ -64,7 +65,7 @@ def check_sources(cfg: TrainerConfig, *, for_export: bool = True) -> SourceCheck
                 source_index=i,
                 seed=cfg.seed,
                 vocab_size=cfg.model.llm.vocab_size,
-                geometry=cfg.media_geometry(),
+                geometry=media_geometry(cfg.model),
                 seq_length=cfg.data.seq_length,
                 tokenizer=cfg.tokenizer,
                 media=cfg.data.media,
@@ -111,7 +112,7 @@ def _missing_placeholders(cfg: TrainerConfig) -> list[str]:
 
     tok = load_checked_tokenizer(cfg)
 
-    if cfg.media_geometry().image_wrap is not None:  # Qwen2.5-VL: its own vision tokens
+    if media_geometry(cfg.model).image_wrap is not None:  # Qwen2.5-VL: its own vision tokens
         return []
     out = []
     for modality, _ in cfg.model.encoders.items():

@@ -3,7 +3,7 @@
 Each component is built by its own builder from its section of the manifest, as torchtitan
 does: the model and its parallelisation (``components/model_parts.py``: ``model``,
 ``parallelism``, ``train.precision`` / ``recompute``), the optimizer (``optimizer``,
-``lrSchedule``), the data plane (``data``), the checkpoints (``checkpoint/session.py``:
+``lrSchedule``), the data plane (``data``), the checkpoints (``components/checkpoint_session.py``:
 ``checkpoint``), the metrics and the summary (``components/run_summary.py``). The megatron
 schedule and the encoder anchor are glued together by ``components/step_runner.py``.
 """
@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import time
 
-from omni_trainer.checkpoint.session import CheckpointSession
 from omni_trainer.checkpoint.state import ModelState
+from omni_trainer.components.checkpoint_session import CheckpointSession
 from omni_trainer.components.dataplane import DataPlane
-from omni_trainer.components.flops import mfu
 from omni_trainer.components.graceful_stop import GracefulStop, NullStop, StopDecision
 from omni_trainer.components.metrics import MetricsSink, NullTrainerMetrics
-from omni_trainer.components.model_flops import step_flops
 from omni_trainer.components.model_parts import build_model_parts
 from omni_trainer.components.optim import check_finite, lr_at
 from omni_trainer.components.progress import NullReporter, StepReporter
@@ -34,6 +32,8 @@ from omni_trainer.components.stragglers import BusyTracker, busy_seconds, node_r
 from omni_trainer.components.throughput import resolve_peak_flops
 from omni_trainer.components.timing import PhaseTimer
 from omni_trainer.config import TrainerConfig
+from omni_trainer.costs.flops import mfu
+from omni_trainer.costs.model_flops import step_flops
 from omni_trainer.distributed.layout import check_layout
 from omni_trainer.mcore.parallel import ProcessGroups, seed_everything
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from omni_trainer.balance import EncoderCost, cost_from_config, cost_from_llm_config
-from omni_trainer.components.flops import attention_flops
+from omni_trainer.costs.flops import attention_flops
 from omni_trainer.models.config import LLMConfig
 from omni_trainer.models.encoders.config import AudioEncoderConfig, VisionEncoderConfig
 
@@ -44,7 +44,7 @@ def test_encoder_cost_matches_config_flops(encoder: VisionEncoderConfig) -> None
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_llm_cost_matches_transformer_flops(causal: bool) -> None:
-    from omni_trainer.components.flops import transformer_flops
+    from omni_trainer.costs.flops import transformer_flops
 
     llm = LLMConfig(preset="llama-7b")
     cost = cost_from_llm_config(llm, causal=causal)

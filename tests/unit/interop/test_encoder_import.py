@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from omni_trainer.data.sample import media_geometry
 from omni_trainer.models.encoders.config import AudioEncoderConfig, VisionEncoderConfig
 from omni_trainer.models.omni import build_encoder
 from tests.unit.interop.hf_models import save_vision, save_whisper
@@ -158,7 +159,7 @@ def test_conversations_feed_the_tower_what_transformers_would(tmp_path, family) 
     )
     image_cfg = cfg.model.encoders.image
     stream = MultimodalStream(
-        cfg.data, seed=0, vocab_size=512, geometry=cfg.media_geometry(),
+        cfg.data, seed=0, vocab_size=512, geometry=media_geometry(cfg.model),
         tokenizer=cfg.tokenizer,
     )  # fmt: skip
     source = stream.sources[0]

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from omni_trainer.data.media import ImageSettings, qwen2vl_patches
+from omni_trainer.data.sample import media_geometry
 from omni_trainer.models.encoders.config import VisionEncoderConfig
 from omni_trainer.models.omni import build_encoder
 from tests.unit.interop.hf_models import QWEN_VISION, save_qwen2_5_vl
@@ -118,7 +119,7 @@ def test_conversations_feed_the_tower_what_transformers_would(tmp_path, qwen) ->
         }
     )  # fmt: skip
     image_cfg = cfg.model.encoders.image
-    geometry = cfg.media_geometry()
+    geometry = media_geometry(cfg.model)
     assert geometry.patch_size == 8 and geometry.image_settings.min_pixels == 256
     stream = MultimodalStream(
         cfg.data, seed=0, vocab_size=512, geometry=geometry, tokenizer=cfg.tokenizer

@@ -9,6 +9,7 @@ import torch
 
 from omni_trainer.config import parse_manifest
 from omni_trainer.data.media import ImageSettings, qwen2vl_patches
+from omni_trainer.data.sample import media_geometry
 from omni_trainer.interop.generate import logits
 from omni_trainer.interop.qwen2_5_vl import mrope_positions
 from omni_trainer.interop.runtime import single_process_model
@@ -175,7 +176,7 @@ def test_images_are_wrapped_in_vision_start_and_end(tmp_path) -> None:
     config |= {"vision_start_token_id": start, "vision_end_token_id": end}
     (path / "config.json").write_text(json.dumps(config))
     trainer = vlm_job(path)["spec"]["trainer"]
-    geometry = TrainerConfig.model_validate(trainer).media_geometry()
+    geometry = media_geometry(TrainerConfig.model_validate(trainer).model)
     assert geometry.image_wrap == (start, end)
     rendered = ChatRenderer(tok, image_wrap=geometry.image_wrap).render(
         [{"from": "human", "value": "<image>\nwhat is it"}, {"from": "gpt", "value": "a fox"}],

@@ -8,8 +8,8 @@ from functools import partial
 import pytest
 import torch
 
-from omni_trainer.components.activation_bytes import kept_bytes_per_token
 from omni_trainer.config import ManifestError, parse_manifest
+from omni_trainer.costs.activation_bytes import kept_bytes_per_token
 from omni_trainer.data.packing import PackedSequence, Segment
 from omni_trainer.distributed.config import ParallelDims, memory_bytes
 from omni_trainer.multiplex.dataflow import HEADROOM, simulate

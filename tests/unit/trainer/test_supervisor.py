@@ -15,15 +15,8 @@ from pathlib import Path
 import pytest
 
 from omni_trainer.failure_report import FAILURE_PATH, HEALTH_PATH, FailureReport
-from omni_trainer.supervisor import (
-    Supervisor,
-    decide,
-    for_target,
-    order,
-    read_target,
-    tag,
-    untag,
-)
+from omni_trainer.pod_protocol import order, read_target, tag, untag
+from omni_trainer.supervisor import Supervisor, decide, for_target
 
 
 def test_decide() -> None:

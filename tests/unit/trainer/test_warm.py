@@ -217,7 +217,8 @@ def test_a_trainer_stopped_with_its_zygote_restarts_without_waiting(tmp_path: Pa
     included): the next attempt kills the trainer, continues the zygote so it reaps its dead
     children, and starts forked again within seconds (it used to wait out 30 s for zombies)."""
     from omni_trainer.failure_report import FailureReport
-    from omni_trainer.supervisor import Supervisor, order, read_int
+    from omni_trainer.pod_protocol import order
+    from omni_trainer.supervisor import Supervisor, read_int
 
     _job(tmp_path, steps=100000)
     (tmp_path / "attempt").write_text(order(0, pods=0))

@@ -67,7 +67,7 @@ def cost_from_config(encoder: _FlopsCounter) -> EncoderCost:
 
     Reads the coefficients off the config's own ``flops()``, so the planner can never disagree
     with the FLOPs/MFU accounting: the quadratic part is the attention term of
-    ``components/flops.attention_flops``, the linear part everything else. Lengths are encoder
+    ``costs/flops.attention_flops``, the linear part everything else. Lengths are encoder
     output tokens (image patches, audio frames / 4).
     """
     return _fit(encoder.flops([1]), encoder.flops([2]))

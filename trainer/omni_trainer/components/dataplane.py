@@ -24,7 +24,7 @@ from omni_trainer.balance.reorder import ItemMeta, ReorderPlan, plan_reorder
 from omni_trainer.config import TrainerConfig
 from omni_trainer.data.loader import MediaReader, MultimodalStream, hosted_shards
 from omni_trainer.data.packing import PackedSequence
-from omni_trainer.data.sample import MediaRef
+from omni_trainer.data.sample import MediaRef, media_geometry
 from omni_trainer.distributed import comm
 from omni_trainer.models.config import ModelConfig
 
@@ -94,7 +94,7 @@ class DataPlane:
                 data,
                 seed=cfg.seed,
                 vocab_size=cfg.model.llm.vocab_size,
-                geometry=cfg.media_geometry(),
+                geometry=media_geometry(cfg.model),
                 shard=s,
                 num_shards=num_shards,
                 tokenizer=cfg.tokenizer,

@@ -1,8 +1,8 @@
 """What a run reports: per step (:class:`StepResult`) and for the run (:class:`RunSummary`,
 ``--summary``), every figure measured; the global work and sample fingerprint of a step.
 
-MFU is ``components.flops.mfu`` everywhere (steps, Prometheus, the summary, the planner), over
-model FLOPs counted as ``components.flops.MFU_CONVENTION`` says (the summary names it).
+MFU is ``costs.flops.mfu`` everywhere (steps, Prometheus, the summary, the planner), over
+model FLOPs counted as ``costs.flops.MFU_CONVENTION`` says (the summary names it).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from omni_trainer.components.flops import MFU_CONVENTION, mfu
 from omni_trainer.components.metrics import TRAINER_PHASES as PHASES
-from omni_trainer.components.model_flops import StepFlops
+from omni_trainer.costs.flops import MFU_CONVENTION, mfu
+from omni_trainer.costs.model_flops import StepFlops
 from omni_trainer.data.packing import PackedSequence
 from omni_trainer.distributed import comm
 from omni_trainer.mcore.parallel import ProcessGroups
@@ -92,7 +92,7 @@ class RunSummary:
     peak_flops: float
     peak_flops_source: str
     mfu_convention: str
-    """How model FLOPs are counted: ``components.flops.MFU_CONVENTION``."""
+    """How model FLOPs are counted: ``costs.flops.MFU_CONVENTION``."""
     samples_per_modality: dict[str, int]
     tokens_per_modality: dict[str, int]
     world_size: int

@@ -14,6 +14,7 @@ from functools import partial
 
 import torch
 
+from omni_trainer.components.anchor import EncoderAnchor, EncoderWork, build_works
 from omni_trainer.components.dataplane import DataPlane
 from omni_trainer.components.memory import SavedActivationMeter
 from omni_trainer.components.model_parts import ModelParts
@@ -30,7 +31,6 @@ from omni_trainer.models.batch import (
 )
 from omni_trainer.models.context_parallel import set_rope_positions, shard_for_context
 from omni_trainer.models.omni import first_stage_input
-from omni_trainer.multiplex.anchor import EncoderAnchor, EncoderWork, build_works
 from omni_trainer.multiplex.dataflow import PRE, DataflowTable, plan_dataflow
 from omni_trainer.multiplex.workload import encoder_micro_batches, media_encoded_on
 from omni_trainer.planner.budget import device_memory_bytes as device_bytes

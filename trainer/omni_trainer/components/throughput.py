@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from omni_trainer.components.flops import detect_peak_flops, matmul_flops, measure_peak_flops
+from omni_trainer.costs.flops import detect_peak_flops, matmul_flops, measure_peak_flops
 from omni_trainer.distributed import comm
 
 MATMUL_SIZES = (256, 512, 1024, 2048)

@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from omni_trainer.data.blobs import join, read_bytes
 from omni_trainer.data.chat import ChatRenderer, ConversationError
 from omni_trainer.data.config import (
     ConversationSourceConfig,
@@ -41,7 +40,8 @@ from omni_trainer.data.media import (
 )
 from omni_trainer.data.record_layouts import describe, inline_bytes, local_path, media_of
 from omni_trainer.data.sample import MediaGeometry, MediaRef, MediaSpan, Sample, Skipped
-from omni_trainer.data.shards import _is_s3
+from omni_trainer.storage.blobs import join, read_bytes
+from omni_trainer.storage.s3 import is_s3
 
 
 def load_records(url: str) -> list[dict[str, Any]]:
@@ -132,7 +132,7 @@ class ConversationSource:
         """Read the annotation file; the number of samples."""
         url = self.config.url
         self.records = load_records(url)
-        default_root = url.rpartition("/")[0] if _is_s3(url) else None
+        default_root = url.rpartition("/")[0] if is_s3(url) else None
         self.root = self.config.media_root or default_root or os.path.dirname(url)
         return len(self.records)
 
@@ -146,7 +146,7 @@ class ConversationSource:
     def _open(self, index: int, rel: str) -> bytes | str:
         """What the header readers take: a local path (lazy) or the object's bytes (S3)."""
         path = join(self.root, rel)
-        if _is_s3(path):
+        if is_s3(path):
             return read_bytes(path)
         if not os.path.isfile(path):
             raise FileNotFoundError(path)

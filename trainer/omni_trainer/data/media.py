@@ -232,7 +232,7 @@ def preprocessor_config(path: str) -> dict:
     empty when it has none (its family's defaults apply)."""
     import json
 
-    from omni_trainer.data.blobs import read_bytes
+    from omni_trainer.storage.blobs import read_bytes
 
     try:
         return json.loads(read_bytes(f"{path.rstrip('/')}/preprocessor_config.json"))

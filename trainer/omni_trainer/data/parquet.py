@@ -14,10 +14,10 @@ from bisect import bisect_right
 from collections import OrderedDict
 from typing import Any
 
-from omni_trainer.data.blobs import list_dir, read_bytes
 from omni_trainer.data.conversations import ConversationSource, with_text
 from omni_trainer.data.sample import Skipped
-from omni_trainer.data.shards import _is_s3
+from omni_trainer.storage.blobs import list_dir, read_bytes
+from omni_trainer.storage.s3 import is_s3
 
 MEDIA_COLUMNS = {"image": ("image", "images"), "audio": ("audio",), "video": ("video",)}
 CACHED_GROUPS = 4
@@ -25,7 +25,7 @@ CACHED_GROUPS = 4
 
 def list_parquet(url: str) -> list[str]:
     """The ``.parquet`` files of a directory, a glob or an ``s3://`` prefix, sorted."""
-    if _is_s3(url):
+    if is_s3(url):
         if url.endswith(".parquet"):
             return [url]
         return [f"{url.rstrip('/')}/{n}" for n in list_dir(url) if n.endswith(".parquet")]
@@ -65,7 +65,7 @@ class ParquetSource(ConversationSource):
         return total
 
     def _handle(self, path: str) -> Any:
-        return io.BytesIO(read_bytes(path)) if _is_s3(path) else path
+        return io.BytesIO(read_bytes(path)) if is_s3(path) else path
 
     def _row(self, index: int) -> dict[str, Any]:
         import pyarrow.parquet as pq

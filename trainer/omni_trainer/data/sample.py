@@ -5,11 +5,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from omni_trainer.data.config import Modality
-from omni_trainer.data.media import FixedImageSettings, ImageSettings
+from omni_trainer.data.media import (
+    FixedImageSettings,
+    ImageSettings,
+    preprocessor_config,
+    tower_image_processor,
+)
+
+if TYPE_CHECKING:
+    from omni_trainer.models.config import ModelConfig
 
 MEDIA_DTYPE = np.dtype(np.float32)
 """What every loaded media array is, whatever its source stores."""
@@ -164,4 +173,35 @@ def chunk_of(sample: Sample, k: int, seq_length: int) -> Sample:
         modality=sample.modality,
         text=sample.text[k * seq_length : (k + 1) * seq_length],
         chunk=k,
+    )
+
+
+def media_geometry(model: ModelConfig) -> MediaGeometry:
+    """The data pipeline's view of ``model``'s encoders: pixels per patch, frames per token,
+    mels."""
+    image, audio = model.encoders.image, model.encoders.audio
+    imported = image is not None and image.tower is not None
+    qwen = image.qwen if imported else None
+    processor = settings = None
+    if qwen is not None:  # dynamic resolution within the tower processor's pixel bounds
+        settings = ImageSettings.from_processor(
+            preprocessor_config(image.hf),
+            patch_size=image.patch_size,
+            merge_size=qwen.merge_size,
+            temporal_patch_size=qwen.temporal_patch_size,
+        )
+    elif imported:  # the tower's own processor sizes the images
+        processor = tower_image_processor(
+            image.hf, family=image.tower.family, side=image.tower.image_size
+        )
+    return MediaGeometry(
+        patch_size=image.position_side if image else 14,
+        audio_subsampling=audio.subsampling if audio else 4,
+        n_mels=audio.n_mels if audio else 80,
+        encoders=tuple(m for m, _ in model.encoders.items()),
+        image_extra_tokens=image.prefix_tokens - image.drop_prefix if imported else 0,
+        image_processor=processor,
+        image_settings=settings,
+        image_wrap=qwen.image_wrap if qwen and model.hf else None,
+        audio_max_frames=audio.max_frames if audio else None,
     )

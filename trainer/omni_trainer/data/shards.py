@@ -25,6 +25,7 @@ import numpy as np
 
 from omni_trainer.data.config import Modality, ShardSourceConfig
 from omni_trainer.data.sample import MEDIA_DTYPE, MediaGeometry, MediaRef, Sample, Skipped
+from omni_trainer.storage.s3 import is_s3, s3_client, split_s3
 
 log = logging.getLogger(__name__)
 
@@ -34,31 +35,6 @@ NPY_HEADER_PEEK = 128
 of 64) fits unless the shape is unusually long, which costs a second small read."""
 RANGE_GAP = 1024
 """Members of one sample closer than this (two tar header blocks) are read in one request."""
-
-
-def _is_s3(url: str) -> bool:
-    return url.startswith("s3://")
-
-
-def _split_s3(url: str) -> tuple[str, str]:
-    bucket, _, prefix = url[len("s3://") :].partition("/")
-    if not bucket:
-        raise ValueError(f"url {url!r}: expected s3://bucket/prefix")
-    return bucket, prefix
-
-
-def s3_client() -> Any:
-    """A boto3 S3 client with retries; honours AWS_ENDPOINT_URL (MinIO, moto, ...)."""
-    import boto3
-    from botocore.config import Config
-
-    return boto3.client(
-        "s3",
-        endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None,
-        config=Config(
-            retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=10, read_timeout=60
-        ),
-    )
 
 
 def _npy(arr: np.ndarray) -> bytes:
@@ -133,7 +109,7 @@ def write_shards(
     """
     if samples_per_shard < 1:
         raise ValueError(f"samples_per_shard must be >= 1, got {samples_per_shard}")
-    client = s3_client() if _is_s3(out) else None
+    client = s3_client() if is_s3(out) else None
     if client is None:
         os.makedirs(out, exist_ok=True)
     written: list[str] = []
@@ -145,7 +121,7 @@ def write_shards(
         name = f"shard-{len(written):06d}.tar"
         idx = json.dumps(index).encode()
         if client is not None:
-            bucket, prefix = _split_s3(out)
+            bucket, prefix = split_s3(out)
             key = f"{prefix.rstrip('/')}/{name}" if prefix else name
             client.put_object(Bucket=bucket, Key=key, Body=data)
             client.put_object(Bucket=bucket, Key=key + INDEX_SUFFIX, Body=idx)
@@ -311,8 +287,8 @@ class ShardSource:
         return self._client
 
     def _list_shards(self, url: str) -> list[str]:
-        if _is_s3(url):
-            bucket, prefix = _split_s3(url)
+        if is_s3(url):
+            bucket, prefix = split_s3(url)
             prefix = prefix.rstrip("/") + "/" if prefix else ""  # a folder, not a key prefix
             pages = (
                 self._s3().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
@@ -328,8 +304,8 @@ class ShardSource:
         return found
 
     def _read(self, shard: str, start: int | None = None, end: int | None = None) -> bytes:
-        if _is_s3(shard):
-            bucket, key = _split_s3(shard)
+        if is_s3(shard):
+            bucket, key = split_s3(shard)
             kwargs = {} if start is None else {"Range": f"bytes={start}-{end - 1}"}
             return self._s3().get_object(Bucket=bucket, Key=key, **kwargs)["Body"].read()
         with open(shard, "rb") as f:

@@ -13,8 +13,8 @@ import os
 import tempfile
 from typing import Any
 
-from omni_trainer.data.blobs import list_dir, read_bytes
-from omni_trainer.data.shards import _is_s3
+from omni_trainer.storage.blobs import list_dir, read_bytes
+from omni_trainer.storage.s3 import is_s3
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -82,7 +82,7 @@ def load_tokenizer(path: str, *, chat_template: bool = True) -> Any:
     """
     from transformers import AutoTokenizer
 
-    local = _local_copy(path) if _is_s3(path) else path
+    local = _local_copy(path) if is_s3(path) else path
     if not os.path.isdir(local):
         raise ValueError(f"spec.trainer.tokenizer: {path!r} is not a directory of tokenizer files")
     try:

@@ -12,10 +12,11 @@ import json
 import os
 from typing import Any
 
-from omni_trainer.data.blobs import list_dir, read_bytes
 from omni_trainer.data.conversations import ConversationSource, with_text
 from omni_trainer.data.sample import Skipped
-from omni_trainer.data.shards import _is_s3, scan_members
+from omni_trainer.data.shards import scan_members
+from omni_trainer.storage.blobs import list_dir, read_bytes
+from omni_trainer.storage.s3 import is_s3
 
 EXTENSIONS = {"image": ("jpg", "jpeg", "png", "webp"), "audio": ("wav", "flac", "mp3"),
               "video": ("mp4",)}  # fmt: skip
@@ -23,7 +24,7 @@ EXTENSIONS = {"image": ("jpg", "jpeg", "png", "webp"), "audio": ("wav", "flac", 
 
 def list_tars(url: str) -> list[str]:
     """The ``.tar`` files of a directory, a glob or an ``s3://`` prefix, sorted."""
-    if _is_s3(url):
+    if is_s3(url):
         base = url.rstrip("/")
         return [f"{base}/{n}" for n in list_dir(url) if n.endswith(".tar")]
     if os.path.isdir(url):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from omni_trainer.data.sample import media_geometry
 from omni_trainer.interop.source import HFModelError
 
 
@@ -175,7 +176,7 @@ def generate(
     items = load_items(cfg, images, audio)
     tokens = item_tokens(cfg, items)
     text = place_media(tok, prompt, {m: len(x) for m, x in items.items()}, raw=raw)
-    image = wrapped_image(tok, cfg.media_geometry().image_wrap)  # as training renders images
+    image = wrapped_image(tok, media_geometry(cfg.model).image_wrap)  # as training renders images
     text = text.replace(PLACEHOLDERS["image"], image)
     placed = media_prompt(tok, text, tokens, raw=raw)
     gen_file = hf_files_dir(cfg.tokenizer) / "generation_config.json"

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from omni_trainer.data.sample import media_geometry
 from omni_trainer.interop.source import HFModelError
 
 PLACEHOLDERS = {"image": "<image>", "audio": "<audio>"}
@@ -123,7 +124,7 @@ def load_items(cfg, images: list[Path], audio: list[Path]) -> dict[str, list[tor
     """
     from omni_trainer.data.media import AudioSettings, ImageSettings, read_audio
 
-    g = cfg.media_geometry()
+    g = media_geometry(cfg.model)
     for modality, paths in (("image", images), ("audio", audio)):
         if paths and modality not in g.encoders:
             raise HFModelError(
@@ -152,7 +153,7 @@ def item_tokens(cfg, items: dict[str, list[torch.Tensor]]) -> dict[str, list[int
     """LLM positions of each item (``MediaGeometry.media_tokens``, as training counts them)."""
     from omni_trainer.data.sample import MediaRef
 
-    g = cfg.media_geometry()
+    g = media_geometry(cfg.model)
     return {
         m: [g.media_tokens(m, MediaRef(0, 0, tuple(x.shape))) for x in xs]
         for m, xs in items.items()

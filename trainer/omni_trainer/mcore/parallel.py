@@ -14,6 +14,44 @@ from omni_trainer.distributed import comm, strict
 from omni_trainer.distributed.config import ParallelDims
 from omni_trainer.mcore.cpu_compat import apply_cpu_compat
 
+FORWARD, BACKWARD = 0, 1
+"""Directions of the encoder anchor's traffic: outputs forward, gradients backward."""
+
+
+@dataclass(frozen=True)
+class AnchorGroups:
+    """Where this rank sits and whom it talks to, for one data-parallel replica's pipeline."""
+
+    rank: int
+    stage: int
+    tp_rank: int
+    stage_ranks: tuple[tuple[int, ...], ...]  # [stage][tp_rank] -> global rank, this replica
+    sp_group: dist.ProcessGroup  # this stage's encoder group (its TP ranks), for Ulysses
+    channels: tuple[dist.ProcessGroup, ...]  # encoder traffic only: see :meth:`channel`
+
+    @property
+    def tp(self) -> int:
+        return len(self.stage_ranks[0])
+
+    def channel(self, direction: int, src: int, dst: int) -> dist.ProcessGroup:
+        """The group a message of ``direction`` (outputs or gradients) from global rank ``src``
+        to ``dst`` travels on: each pair communicator of it carries one kind, one way."""
+        return self.channels[2 * direction + (src > dst)]
+
+    def unbatched_channels(self) -> list[tuple[int, int]]:
+        """(channel index, peer) for every pair communicator this rank's encoder traffic can
+        use: outputs from every encoder rank of the replica to stage 0's TP ranks, gradients
+        back; the same pairs on both ends."""
+        me, first = self.rank, self.stage_ranks[0]
+        encoders = [r for ranks in self.stage_ranks for r in ranks]
+        talks = {(e, z) for e in encoders for z in first if e != z and me in (e, z)}
+        used = set()
+        for e, z in talks:
+            peer = z if me == e else e
+            used.add((2 * FORWARD + (e > z), peer))
+            used.add((2 * BACKWARD + (z > e), peer))
+        return sorted(used)
+
 
 @dataclass(frozen=True)
 class ProcessGroups:
@@ -31,7 +69,7 @@ class ProcessGroups:
     dp_rank: int
     cp_rank: int
     device: torch.device
-    anchor: object  # multiplex.anchor.AnchorGroups (imported lazily: it needs the groups first)
+    anchor: AnchorGroups
     reorder: dist.ProcessGroup | None  # this rank's data reorder group (None: no reordering)
 
 
@@ -174,7 +212,7 @@ def global_rank(
     return tp_rank + dims.tp * (cp_rank + dims.cp * (dp_rank + dims.dp * stage))
 
 
-def build_anchor_groups(dims: ParallelDims):
+def build_anchor_groups(dims: ParallelDims) -> AnchorGroups:
     """Groups of the encoder anchor: who holds stage k of this replica, the encoder SP group of
     each (stage, replica) and the process groups of its own for encoder traffic.
 
@@ -184,8 +222,6 @@ def build_anchor_groups(dims: ParallelDims):
     Every rank creates every group in the same order, as torch.distributed requires.
     """
     from megatron.core import parallel_state as ps
-
-    from omni_trainer.multiplex.anchor import AnchorGroups
 
     tp, dp, pp, cp = dims.tp, dims.dp, dims.pp, dims.cp
     rank = dist.get_rank()

@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, model_validator
 
-from omni_trainer.components.flops import transformer_flops
 from omni_trainer.config_base import Spec
+from omni_trainer.costs.flops import transformer_flops
 from omni_trainer.interop.hf_config import SUPPORTED_LLMS, SUPPORTED_VLMS
 from omni_trainer.models.encoders.config import (
     DEFER_HF,  # re-exported: the operator and the CLI import it from here
@@ -184,7 +184,7 @@ class LLMConfig(Spec):
 
     def flops(self, seq_lengths: Sequence[int], *, causal: bool = True) -> float:
         """Forward FLOPs over independent sequences (packed samples), LM head included; causal
-        attention counts half of each square, as ``components.flops.MFU_CONVENTION`` says."""
+        attention counts half of each square, as ``costs.flops.MFU_CONVENTION`` says."""
         return transformer_flops(
             num_layers=self.num_layers,
             hidden_size=self.hidden_size,

@@ -13,7 +13,7 @@ from omni_trainer.models.llm import FP32, LLMRuntime, build_gpt_chunks
 def build_encoder(modality: str, cfg) -> nn.Module:
     """An encoder whose token mixing can switch to Ulysses sequence parallelism per sample; an
     imported one (``hf``) carries the checkpoint's weights."""
-    from omni_trainer.multiplex.ulysses import UlyssesMixer
+    from omni_trainer.models.ulysses import UlyssesMixer
 
     if cfg.hf is not None:
         from omni_trainer.interop.encoders import load_encoder
@@ -37,7 +37,7 @@ def imported_tower(cfg) -> nn.Module:
     built under ``torch.device("meta")`` it gives the shapes the checkpoint must have)."""
     from omni_trainer.models.encoders.pretrained import PretrainedVisionTower, WhisperAudioEncoder
     from omni_trainer.models.encoders.qwen_vision import QwenVisionTower
-    from omni_trainer.multiplex.ulysses import UlyssesMixer
+    from omni_trainer.models.ulysses import UlyssesMixer
 
     tower_cls = {"whisper": WhisperAudioEncoder, "qwen2_5_vl": QwenVisionTower}.get(
         cfg.tower.family, PretrainedVisionTower

@@ -1,4 +1,5 @@
-"""Encoder-LLM multiplexing: EncoderAnchor's dataflow table (pure) and, later, its runtime.
+"""Encoder-LLM multiplexing: the dataflow tables (pure) that the encoder anchor
+(:mod:`omni_trainer.components.anchor`) runs.
 
 Importing this package must not import torch: the planner and simulator use it on machines
 without one. Torch-side modules live in submodules imported explicitly.

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from omni_trainer.components.activation_bytes import kept_bytes_per_token
-from omni_trainer.components.model_flops import llm_forward_flops
+from omni_trainer.costs.activation_bytes import kept_bytes_per_token
+from omni_trainer.costs.model_flops import llm_forward_flops
 from omni_trainer.data.packing import PackedSequence
 from omni_trainer.models.config import ModelConfig
 from omni_trainer.multiplex.dataflow import DataflowTable, EncoderMicroBatch

@@ -1,7 +1,7 @@
 """Per-op times and per-rank memory of a multimodal job on a device profile.
 
 Compute time is FLOPs over ``peak x efficiency`` (``devices.EfficiencyTable``), with the FLOPs of
-the trainer's own accounting (``components/flops``, the encoder configs' ``flops()``), split into
+the trainer's own accounting (``costs/flops``, the encoder configs' ``flops()``), split into
 GEMM and attention parts because they run at different efficiencies. Communication is the
 alpha-beta model of ``devices``. Memory follows Megatron's bookkeeping: bf16 parameters, fp32
 main gradients, fp32 master weights + Adam moments (sharded over data parallel with the
@@ -21,12 +21,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from omni_trainer.components.activation_bytes import BF16, kept_bytes_per_token
-from omni_trainer.components.flops import attention_flops, transformer_matmul_params
+from omni_trainer.balance.lssp import plan_lssp
+from omni_trainer.costs.activation_bytes import BF16, kept_bytes_per_token
+from omni_trainer.costs.flops import attention_flops, transformer_matmul_params
 from omni_trainer.data.packing import PackedSequence
 from omni_trainer.models.config import LLMConfig, ModelConfig
 from omni_trainer.models.encoders.config import AudioEncoderConfig, VisionEncoderConfig
-from omni_trainer.multiplex.lssp import plan_lssp
 from omni_trainer.planner.devices import (
     DeviceProfile,
     all_gather_time,
@@ -307,7 +307,7 @@ def encoder_mb_cost(
 ) -> EncoderMBCost:
     """Time and memory of one encoder micro-batch under LSSP on a stage's ``tp`` ranks.
 
-    The plan is :func:`~omni_trainer.multiplex.lssp.plan_lssp` itself, with each sample's cost in
+    The plan is :func:`~omni_trainer.balance.lssp.plan_lssp` itself, with each sample's cost in
     seconds: short samples are placed LPT on single ranks, long ones split evenly; the busiest
     rank sets the time. Ulysses moves q, k, v in and the output back (four ``shard x h`` bf16
     all-to-alls per layer and direction). The projector (``enc_h -> llm_h -> llm_h``) is counted

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from omni_trainer.components.flops import DEVICE_PEAK_FLOPS
+from omni_trainer.costs.flops import DEVICE_PEAK_FLOPS
 
 __all__ = [
     "A100",

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from omni_trainer.balance.reorder import ItemMeta, plan_reorder
-from omni_trainer.components.flops import mfu
-from omni_trainer.components.model_flops import step_flops
+from omni_trainer.costs.flops import mfu
+from omni_trainer.costs.model_flops import step_flops
 from omni_trainer.data.packing import PackedSequence, split_micro_batches
 from omni_trainer.multiplex.dataflow import (
     POST,

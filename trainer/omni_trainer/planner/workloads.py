@@ -205,7 +205,7 @@ def sample_sequences(workload: Workload, count: int, *, seed: int = 0) -> list[P
 
     Returns real :class:`~omni_trainer.data.packing.PackedSequence` objects (without sample
     arrays), so the trainer's own helpers (``multiplex/workload.encoder_micro_batches``,
-    ``components/model_flops``) read them. The stream is a pure function of the data fields and
+    ``costs/model_flops``) read them. The stream is a pure function of the data fields and
     the seed, and a longer draw starts with a shorter one, so draws are cached by those (the tuner
     samples the same data for every configuration).
     """

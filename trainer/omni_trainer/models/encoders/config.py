@@ -23,8 +23,8 @@ from pydantic import (
     model_validator,
 )
 
-from omni_trainer.components.flops import attention_flops
 from omni_trainer.config_base import Spec
+from omni_trainer.costs.flops import attention_flops
 from omni_trainer.interop.hf_config import SUPPORTED_AUDIO, SUPPORTED_VISION, HFTower
 
 VisionPreset = Literal["vit-tiny", "vit-l-14", "vit-g-14", "vit-h-14", "vit-G-14"]
@@ -352,7 +352,7 @@ class VisionEncoderConfig(ImportableEncoder):
 
     def flops(self, token_lengths: Sequence[int]) -> float:
         """Forward FLOPs for images of these output token counts (see
-        ``components/flops.py``; Qwen2.5-VL: merge_size^2 patches per token, attention counted
+        ``costs/flops.py``; Qwen2.5-VL: merge_size^2 patches per token, attention counted
         over whole images, an upper bound for its windowed blocks)."""
         if self.qwen is not None:
             conv, blocks, merger = self._qwen_matmuls()

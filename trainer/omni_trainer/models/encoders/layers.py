@@ -8,7 +8,7 @@ No padding is computed, and a sample's output never depends on which samples sha
 Every op through which the tokens of one sample mix goes through one :class:`TokenMixer`, shared
 by all layers of an encoder: attention (:meth:`TokenMixer.attention`) and the Conformer's
 depthwise convolution (:meth:`TokenMixer.gather_sequence` / :meth:`TokenMixer.scatter_sequence`
-around it). Everything else is per token, so sequence parallelism (``multiplex/ulysses.py``)
+around it). Everything else is per token, so sequence parallelism (``models/ulysses.py``)
 replaces the mixer and no block changes.
 """
 
@@ -243,7 +243,7 @@ class TokenMixer:
     """The ops through which the tokens of one sample mix, for tokens held whole on this rank.
 
     An encoder builds (or is given) one mixer and hands it to all its layers. This default computes
-    locally; :class:`~omni_trainer.multiplex.ulysses.UlyssesMixer` overrides the three methods to
+    locally; :class:`~omni_trainer.models.ulysses.UlyssesMixer` overrides the three methods to
     run one sample sharded along the sequence across ranks.
 
     The mixer also runs the encoder's blocks (:meth:`run_blocks`), so activation recompute

@@ -15,14 +15,15 @@ megatron-core's schedules are used as released. The anchor hooks in from outside
   has produced them all (with sequence parallelism each rank its rows; without, one rank per
   piece); that rank runs the encoder backward at its next backward slot.
 
-Encoder traffic travels on four process groups of its own (:meth:`AnchorGroups.channel`): one per
-direction (outputs, gradients) and per way round a pair (lower to higher global rank, higher to
-lower), as megatron's unbatched pipeline P2P puts a pair's two ways on two groups. NCCL runs a
-pair communicator's unbatched ops in issue order and a send may wait for its receive, so the two
-ends of a pair must issue mirrored sequences: on a one-way channel that only needs both ends to
-issue the same messages in the same order, which they do (ascending encoder micro-batch, then
-piece), although one end sends at its encoder slot and the other receives at its LLM forward or
-backward. Every message also has a tag, which gloo matches by.
+Encoder traffic travels on four process groups of its own
+(:meth:`~omni_trainer.mcore.parallel.AnchorGroups.channel`): one per direction (outputs, gradients)
+and per way round a pair (lower to higher global rank, higher to lower), as megatron's unbatched
+pipeline P2P puts a pair's two ways on two groups. NCCL runs a pair communicator's unbatched ops in
+issue order and a send may wait for its receive, so the two ends of a pair must issue mirrored
+sequences: on a one-way channel that only needs both ends to issue the same messages in the same
+order, which they do (ascending encoder micro-batch, then piece), although one end sends at its
+encoder slot and the other receives at its LLM forward or backward. Every message also has a tag,
+which gloo matches by.
 """
 
 from __future__ import annotations
@@ -36,56 +37,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from omni_trainer.balance.lssp import LSSPPlan, TokenRange, plan_lssp
 from omni_trainer.components.precision import encoder_autocast
 from omni_trainer.components.timing import ActivationMeter, PhaseTimer
 from omni_trainer.distributed import comm
+from omni_trainer.mcore.parallel import BACKWARD, FORWARD, AnchorGroups
 from omni_trainer.models.batch import MediaRows
 from omni_trainer.models.freeze import is_frozen
+from omni_trainer.models.ulysses import encode_sequence_parallel
 from omni_trainer.multiplex.dataflow import POST, PRE, DataflowTable, EncoderMicroBatch
-from omni_trainer.multiplex.lssp import LSSPPlan, TokenRange, plan_lssp
 from omni_trainer.multiplex.reshard import Part, plan_parts
-from omni_trainer.multiplex.ulysses import encode_sequence_parallel
-
-_FORWARD, _BACKWARD = 0, 1
 
 
 def _tag(emb: int, piece: int, direction: int) -> int:
     return ((emb * 4096 + piece) << 1) | direction
-
-
-@dataclass(frozen=True)
-class AnchorGroups:
-    """Where this rank sits and whom it talks to, for one data-parallel replica's pipeline."""
-
-    rank: int
-    stage: int
-    tp_rank: int
-    stage_ranks: tuple[tuple[int, ...], ...]  # [stage][tp_rank] -> global rank, this replica
-    sp_group: dist.ProcessGroup  # this stage's encoder group (its TP ranks), for Ulysses
-    channels: tuple[dist.ProcessGroup, ...]  # encoder traffic only: see :meth:`channel`
-
-    @property
-    def tp(self) -> int:
-        return len(self.stage_ranks[0])
-
-    def channel(self, direction: int, src: int, dst: int) -> dist.ProcessGroup:
-        """The group a message of ``direction`` (outputs or gradients) from global rank ``src``
-        to ``dst`` travels on: each pair communicator of it carries one kind, one way."""
-        return self.channels[2 * direction + (src > dst)]
-
-    def unbatched_channels(self) -> list[tuple[int, int]]:
-        """(channel index, peer) for every pair communicator this rank's encoder traffic can
-        use: outputs from every encoder rank of the replica to stage 0's TP ranks, gradients
-        back; the same pairs on both ends."""
-        me, first = self.rank, self.stage_ranks[0]
-        encoders = [r for ranks in self.stage_ranks for r in ranks]
-        talks = {(e, z) for e in encoders for z in first if e != z and me in (e, z)}
-        used = set()
-        for e, z in talks:
-            peer = z if me == e else e
-            used.add((2 * _FORWARD + (e > z), peer))
-            used.add((2 * _BACKWARD + (z > e), peer))
-        return sorted(used)
 
 
 @dataclass
@@ -266,8 +231,8 @@ class EncoderAnchor:
                         comm.isend(
                             rows,
                             dst=dst,
-                            group=self.groups.channel(_FORWARD, self.groups.rank, dst),
-                            tag=_tag(emb, idx, _FORWARD),
+                            group=self.groups.channel(FORWARD, self.groups.rank, dst),
+                            tag=_tag(emb, idx, FORWARD),
                         )
                     )
         self._held[emb] = held
@@ -290,10 +255,8 @@ class EncoderAnchor:
                     parts.append(self._local_grads.pop((emb, idx)))
                     continue
                 buf = out.new_empty((part.hi - part.lo, *out.shape[1:]), dtype=self.dtype)
-                group = self.groups.channel(_BACKWARD, src, self.groups.rank)
-                requests.append(
-                    comm.irecv(buf, src=src, group=group, tag=_tag(emb, idx, _BACKWARD))
-                )
+                group = self.groups.channel(BACKWARD, src, self.groups.rank)
+                requests.append(comm.irecv(buf, src=src, group=group, tag=_tag(emb, idx, BACKWARD)))
                 parts.append(buf)
             grads.append(parts)
         with self.timer.span("encoder_wait"):
@@ -328,9 +291,9 @@ class EncoderAnchor:
                     buf = torch.empty(
                         part.hi - part.lo, self.hidden_size, device=self.device, dtype=self.dtype
                     )
-                    group = self.groups.channel(_FORWARD, src, self.groups.rank)
+                    group = self.groups.channel(FORWARD, src, self.groups.rank)
                     requests.append(
-                        comm.irecv(buf, src=src, group=group, tag=_tag(emb, idx, _FORWARD))
+                        comm.irecv(buf, src=src, group=group, tag=_tag(emb, idx, FORWARD))
                     )
                 leaf = buf.detach().requires_grad_()
                 leaves.append((emb, idx, leaf))
@@ -387,8 +350,8 @@ class EncoderAnchor:
                     comm.isend(
                         grad.contiguous(),
                         dst=dst,
-                        group=self.groups.channel(_BACKWARD, self.groups.rank, dst),
-                        tag=_tag(emb, idx, _BACKWARD),
+                        group=self.groups.channel(BACKWARD, self.groups.rank, dst),
+                        tag=_tag(emb, idx, BACKWARD),
                     )
                 )
 
@@ -441,4 +404,4 @@ def build_works(
     ]
 
 
-__all__ = ["PRE", "AnchorGroups", "EncoderAnchor", "EncoderWork", "build_works"]
+__all__ = ["PRE", "EncoderAnchor", "EncoderWork", "build_works"]

@@ -11,7 +11,7 @@ import os
 import time
 from typing import Any
 
-from omni_trainer.data.shards import _is_s3, _split_s3, s3_client
+from omni_trainer.storage.s3 import is_s3, s3_client, split_s3
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +32,9 @@ def _s3() -> Any:
 
 def join(root: str, rel: str) -> str:
     """``rel`` under ``root`` (a directory or an ``s3://`` prefix); absolute ``rel`` wins."""
-    if not root or _is_s3(rel) or os.path.isabs(rel):
+    if not root or is_s3(rel) or os.path.isabs(rel):
         return rel
-    return f"{root.rstrip('/')}/{rel}" if _is_s3(root) else os.path.join(root, rel)
+    return f"{root.rstrip('/')}/{rel}" if is_s3(root) else os.path.join(root, rel)
 
 
 def _missing(err: BaseException) -> bool:
@@ -54,8 +54,8 @@ def read_bytes(url: str, start: int | None = None, end: int | None = None) -> by
     """
     for attempt in range(RETRIES + 1):
         try:
-            if _is_s3(url):
-                bucket, key = _split_s3(url)
+            if is_s3(url):
+                bucket, key = split_s3(url)
                 extra = {} if start is None else {"Range": f"bytes={start}-{end - 1}"}
                 return _s3().get_object(Bucket=bucket, Key=key, **extra)["Body"].read()
             with open(url, "rb") as f:
@@ -76,8 +76,8 @@ def read_bytes(url: str, start: int | None = None, end: int | None = None) -> by
 
 def list_dir(url: str) -> list[str]:
     """File names directly under a directory or ``s3://`` prefix."""
-    if _is_s3(url):
-        bucket, prefix = _split_s3(url)
+    if is_s3(url):
+        bucket, prefix = split_s3(url)
         prefix = prefix.rstrip("/") + "/" if prefix else ""
         pages = _s3().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
         keys = [o["Key"][len(prefix) :] for page in pages for o in page.get("Contents", [])]

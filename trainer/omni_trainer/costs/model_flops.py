@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from omni_trainer.components.flops import matmul_flops, training_flops
+from omni_trainer.costs.flops import matmul_flops, training_flops
 from omni_trainer.models.config import ModelConfig
 
 

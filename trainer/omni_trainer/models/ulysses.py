@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from omni_trainer.balance.lssp import shard_offsets, shard_sizes
 from omni_trainer.distributed import comm
 from omni_trainer.models.encoders.layers import (
     AttentionFn,
@@ -34,7 +35,6 @@ from omni_trainer.models.encoders.layers import (
     Varlen,
     varlen_attention,
 )
-from omni_trainer.multiplex.lssp import shard_offsets, shard_sizes
 
 
 class _AllToAll(torch.autograd.Function):

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from omni_trainer.components.flops import (
+from omni_trainer.costs.flops import (
     DEVICE_PEAK_FLOPS,
     DEVICE_PEAKS,
     attention_flops,
@@ -136,7 +136,7 @@ def test_measure_peak_keeps_fastest_call() -> None:
 
 def test_flops_module_is_torch_free() -> None:
     code = (
-        "import sys, omni_trainer.components.flops, omni_trainer.models.encoders.config;"
+        "import sys, omni_trainer.costs.flops, omni_trainer.models.encoders.config;"
         "sys.exit('torch' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
@@ -158,7 +158,7 @@ def megatron_num_floating_point_operations(
     """Megatron-LM's ``num_floating_point_operations`` (``megatron/training/training.py``,
     NVIDIA/Megatron-LM commit 001b00c2734d8f0fad096fe48a382fedf755d321, ``transformer_flops()``),
     transcribed for a dense GPT: no MoE, no MTP, no MLA, no attention output gate. An independent
-    reference: it shares no code with ``components.flops``."""
+    reference: it shares no code with ``costs.flops``."""
     forward_backward_expansion_factor = 3
     fma_expansion_factor = 2
     ffn_expansion_factor = 3 if swiglu else 2
@@ -207,7 +207,7 @@ def megatron_num_floating_point_operations(
 def test_llm_training_flops_equal_megatron_lm(shape: dict, seq_length: int) -> None:
     """The LLM's FLOPs (what the summary, metrics, planner and calibration count) equal
     Megatron-LM's on the same config: causal attention counts half of each square."""
-    from omni_trainer.components.flops import MFU_CONVENTION
+    from omni_trainer.costs.flops import MFU_CONVENTION
     from omni_trainer.models.config import LLMConfig
 
     llm = LLMConfig(**shape, normalization="RMSNorm")

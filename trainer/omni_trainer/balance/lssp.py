@@ -3,7 +3,7 @@
 Per micro-batch, the encoder samples of one sequence-parallel group are split by length (paper,
 technique 2): a sample of at most ``eta`` tokens is encoded whole by one rank (data parallel; the
 ranks' loads balanced by longest-processing-time-first on ``cost``), a longer one by all ranks of
-the group together (Ulysses sequence parallelism, ``multiplex/ulysses.py``), each rank holding a
+the group together (Ulysses sequence parallelism, ``models/ulysses.py``), each rank holding a
 contiguous shard of its tokens. The plan is pure arithmetic on the lengths, so every rank computes
 the same plan without communicating. Torch-free.
 """

@@ -6,7 +6,7 @@ import builtins
 
 import pytest
 
-from omni_trainer.data import blobs
+from omni_trainer.storage import blobs
 
 
 def test_transient_errors_are_retried_then_succeed(tmp_path, monkeypatch):

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from omni_trainer.multiplex.lssp import TokenRange, plan_lssp, shard_sizes
+from omni_trainer.balance.lssp import TokenRange, plan_lssp, shard_sizes
 
 
 def quadratic(n: int) -> float:
