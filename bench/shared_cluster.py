@@ -9,7 +9,12 @@ GPU utilisation (GPU-seconds used over GPU-seconds available until the last job 
 
 Policies: ``fifo`` is the operator's (first come first served within a priority, no
 overtaking); ``backfill`` lets any job that fits start at once (no ``queue_ahead``), which fills
-gaps but can starve large jobs.
+gaps but can starve large jobs; ``scheduler`` is ``fifo`` admission with
+``scheduling.placement: scheduler``: the pods name no node and an emulated scheduler binds them
+(the sandbox's kube-scheduler filters, :mod:`omni_operator.sandbox.scheduling`: first fit by
+node name on free capacity, honouring the pods' affinity; a job's pods bind all or none, as a
+gang scheduler admits them). A job whose pods do not all bind waits, holding nothing, and is
+tried again at every later event (the start timeout is not simulated).
 
     python bench/shared_cluster.py --jobs 48 --nodes 32 --seed 0
 """
@@ -32,6 +37,7 @@ from omni_operator import capacity
 from omni_operator.admission import admit, queue_ahead
 from omni_operator.render import render_all
 from omni_operator.sandbox.cluster import SPINE, ZONE, node_object
+from omni_operator.sandbox.scheduling import first_fit
 from omni_operator.spec import OmniTrainingJob, parse_job
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -47,6 +53,8 @@ class SimJob:
     duration: float
     priority: str | None
     job: OmniTrainingJob
+    scheduled: OmniTrainingJob
+    """The same job with ``scheduling.placement: scheduler``."""
     start: float | None = None
     pods: list[dict[str, Any]] = field(default_factory=list)
 
@@ -58,14 +66,17 @@ class SimJob:
                 "spec": {"scheduling": sched}, "status": {"phase": phase}}  # fmt: skip
 
 
-def manifest(name: str, nodes: int, priority: str | None) -> OmniTrainingJob:
+def manifest(
+    name: str, nodes: int, priority: str | None, placement: str = "operator"
+) -> OmniTrainingJob:
     doc = yaml.safe_load((EXAMPLES / "tiny-cpu.yaml").read_text())
     doc["metadata"] = {"name": name, "namespace": "bench", "uid": name}
     world = nodes * GPUS
     doc["spec"].update(nodes=nodes, gpusPerNode=GPUS,
                        topology={"networkDomainLabels": [ZONE, SPINE]})  # fmt: skip
+    doc["spec"]["scheduling"] = {"placement": placement}
     if priority:
-        doc["spec"]["scheduling"] = {"priorityClassName": priority}
+        doc["spec"]["scheduling"]["priorityClassName"] = priority
     doc["spec"]["trainer"]["data"].update(globalBatchSize=world, microBatchSize=1,
                                           loaderShards=world)  # fmt: skip
     return parse_job(doc)
@@ -82,7 +93,8 @@ def workload(n_jobs: int, seed: int) -> list[SimJob]:
         prio = "high" if rng.random() < 0.125 else None
         name = f"job-{i:02d}"
         out.append(SimJob(name, nodes, t, rng.uniform(1200, 7200), prio,
-                          manifest(name, nodes, prio)))  # fmt: skip
+                          manifest(name, nodes, prio),
+                          manifest(name, nodes, prio, "scheduler")))  # fmt: skip
     return out
 
 
@@ -93,14 +105,41 @@ def cluster(n_nodes: int) -> list[dict[str, Any]]:
             for i in range(n_nodes)]  # fmt: skip
 
 
+def bind(pods: list[dict[str, Any]], nodes: list[dict[str, Any]],
+         cluster_pods: list[dict[str, Any]]) -> list[dict[str, Any]] | None:  # fmt: skip
+    """The emulated scheduler: each pod in turn on the first node that admits it beside the
+    pods bound so far; all of them bound, or None (a gang binds whole)."""
+    bound: list[dict[str, Any]] = []
+    for pod in pods:
+        node = first_fit(pod, nodes, cluster_pods + bound, EPOCH)
+        if node is None:
+            return None
+        bound.append({**pod, "spec": {**pod["spec"], "nodeName": node}})
+    return bound
+
+
 def simulate(jobs: list[SimJob], nodes: list[dict[str, Any]], policy: str) -> dict[str, Any]:
     classes = [{"metadata": {"name": "high"}, "value": 1000}]
     events: list[tuple[float, int, str, str]] = [(j.arrival, 0, "arrive", j.name) for j in jobs]
     heapq.heapify(events)
     by_name = {j.name: j for j in jobs}
     queued: list[SimJob] = []
+    unbound: list[SimJob] = []
+    """Admitted, their pods created, not all bound by the scheduler yet."""
     running: dict[str, SimJob] = {}
     busy_gpu_s, now, seq = 0.0, 0.0, 1
+
+    def run(job: SimJob) -> None:
+        nonlocal seq
+        held = [p for r in running.values() for p in r.pods] + job.pods
+        over = {n: {k: v for k, v in r.items() if v < -1e-9}
+                for n, r in capacity.free(nodes, held).items()}  # fmt: skip
+        assert not any(over.values()), f"overcommitted: {over}"
+        job.start = now
+        running[job.name] = job
+        heapq.heappush(events, (now + job.duration, seq, "end", job.name))
+        seq += 1
+
     while events:
         now, _, kind, name = heapq.heappop(events)
         job = by_name[name]
@@ -110,26 +149,35 @@ def simulate(jobs: list[SimJob], nodes: list[dict[str, Any]], policy: str) -> di
             del running[name]
             busy_gpu_s += job.nodes * GPUS * job.duration
         pods = [p for r in running.values() for p in r.pods]
+        for u in list(unbound):  # the scheduler tries the pending pods again
+            bound = bind(u.pods, nodes, pods)
+            if bound is not None:
+                u.pods = bound
+                pods += bound
+                unbound.remove(u)
+                run(u)
         raws = [q.raw("Queued") for q in queued]
         for q in sorted(queued, key=lambda q: (q.priority is None, q.arrival)):
-            ahead = queue_ahead(q.raw("Queued"), raws, classes) if policy == "fifo" else []
+            ahead = queue_ahead(q.raw("Queued"), raws, classes) if policy != "backfill" else []
             ahead = [k for k in ahead if k[1] in {x.name for x in queued}]
             d = admit(nodes, q.job, cluster_pods=pods, ahead=ahead)
             if d.placement is None:
                 assert d.queued, d.message  # every job fits the empty cluster
                 continue
-            q.pods = [p for p in render_all(q.job, d.placement) if p["kind"] == "Pod"]
-            pods += q.pods
-            over = {n: {k: v for k, v in r.items() if v < -1e-9}
-                    for n, r in capacity.free(nodes, pods).items()}  # fmt: skip
-            assert not any(over.values()), f"overcommitted: {over}"
-            q.start = now
-            running[q.name] = q
+            spec = q.scheduled if policy == "scheduler" else q.job
+            q.pods = [p for p in render_all(spec, d.placement) if p["kind"] == "Pod"]
             queued.remove(q)
             raws = [x.raw("Queued") for x in queued]
-            heapq.heappush(events, (now + q.duration, seq, "end", q.name))
-            seq += 1
-    assert not queued and not running and all(j.start is not None for j in jobs)
+            if policy == "scheduler":
+                bound = bind(q.pods, nodes, pods)
+                if bound is None:
+                    unbound.append(q)
+                    continue
+                q.pods = bound
+            pods += q.pods
+            run(q)
+    assert not queued and not unbound and not running
+    assert all(j.start is not None for j in jobs)
     waits = [j.start - j.arrival for j in jobs if j.start is not None]
     makespan = max(j.start + j.duration for j in jobs if j.start is not None) - jobs[0].arrival
     big = [j.start - j.arrival for j in jobs if j.start is not None and j.nodes == 8]
@@ -161,7 +209,7 @@ def main() -> None:
     print(f"{args.jobs} jobs on {args.nodes} nodes x {GPUS} GPUs, sizes {sizes}, "
           f"{high} at high priority, seed {args.seed}")  # fmt: skip
     rows = []
-    for policy in ("fifo", "backfill"):
+    for policy in ("fifo", "backfill", "scheduler"):
         for j in jobs:
             j.start, j.pods = None, []
         rows.append(simulate(jobs, cluster(args.nodes), policy))

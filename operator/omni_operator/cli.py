@@ -320,8 +320,11 @@ def render(
         f"{job.spec.procs_per_node} processes, attempt {attempt}",
         *placement.explain().splitlines(),
     ]
+    if job.spec.scheduling.placement == "scheduler":
+        header.append("placement scheduler: the pods name no node (the layout above fits); "
+                      "ranks follow the nodes the scheduler binds them to")  # fmt: skip
     typer.echo("\n".join(f"# {line}" for line in header))
-    for obj in render_all(job, placement, attempt=attempt):
+    for obj in render_all(job, placement, attempt=attempt, quarantined=quarantine or ()):
         typer.echo("---")
         typer.echo(dump_yaml(obj), nl=False)
 

@@ -104,8 +104,8 @@ def place(
     scan = usable_nodes(nodes, spec, quarantined=quarantined, free=free)
     usable, skipped, domain_of = scan.usable, scan.skipped, scan.domain_of
 
-    G, N = spec.group_size, spec.nodes
-    need = N // G
+    G = spec.group_size
+    need = spec.nodes // G
     capacity = {d: len(names) // G for d, names in usable.items()}
     chosen = _choose(capacity, need, level=0, prefix=())
     if chosen is None:
@@ -120,24 +120,57 @@ def place(
         start = taken.get(d, 0)
         groups.append((d, usable[d][start : start + G]))
         taken[d] = start + G
-    groups = _order_for_pipeline(groups, spec)
+    return Placement(_number(groups, spec, allocatable), labels, skipped)
 
+
+def _number(
+    groups: list[tuple[Domain, list[str]]],
+    spec: OmniTrainingJobSpec,
+    allocatable: Mapping[str, Mapping[str, str]],
+) -> tuple[PlacedNode, ...]:
+    """Node ranks for reorder groups in domain order: pipeline neighbours first
+    (:func:`_order_for_pipeline`), then rank by rank through each group."""
     pp = spec.trainer.parallelism.pipeline
-    placed = []
-    for gid, (d, names) in enumerate(groups):
+    placed: list[PlacedNode] = []
+    for gid, (d, names) in enumerate(_order_for_pipeline(groups, spec)):
         for name in names:
             rank = len(placed)
             placed.append(
                 PlacedNode(
                     name=name,
                     rank=rank,
-                    stages=_stages_of(rank, N, pp),
+                    stages=_stages_of(rank, spec.nodes, pp),
                     reorder_group=gid,
                     domain=d,
-                    allocatable=allocatable.get(name, {}),
+                    allocatable=dict(allocatable.get(name, {})),
                 )
             )
-    return Placement(nodes=tuple(placed), domain_labels=labels, skipped=skipped)
+    return tuple(placed)
+
+
+def rank_bound(nodes: Sequence[Node], spec: OmniTrainingJobSpec) -> Placement:
+    """Node ranks for pods a scheduler bound (``scheduling.placement: scheduler``), one pod per
+    node of ``nodes``: the nodes sorted by network domain, then name, cut into reorder groups
+    of consecutive ranks, which the pipeline order then arranges as :func:`place` does. Each
+    group lands in one domain when the scheduler kept the pods' constraints (every domain then
+    holds whole groups), and neighbouring ranks stay close.
+
+    Args:
+        nodes: the Node objects the job's pods are bound to (``spec.nodes`` of them).
+        spec: the validated job spec.
+
+    Returns:
+        The placement, deterministic for the same nodes in any order.
+    """
+    labels = tuple(spec.topology.network_domain_labels)
+    domain = {n["metadata"]["name"]: node_domain(n, labels) or () for n in nodes}
+    names = sorted(domain, key=lambda n: (tuple(map(_natural, domain[n])), _natural(n)))
+    G = spec.group_size
+    groups = [(domain[names[i]], names[i : i + G]) for i in range(0, len(names), G)]
+    allocatable = {
+        n["metadata"]["name"]: dict((n.get("status") or {}).get("allocatable") or {}) for n in nodes
+    }
+    return Placement(_number(groups, spec, allocatable), labels)
 
 
 @dataclass(frozen=True)

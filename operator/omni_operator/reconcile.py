@@ -27,6 +27,12 @@ pod's order annotation for its supervisor (updating the pod makes its kubelet re
 at once; a ConfigMap alone reaches a running pod at the kubelet's next periodic sync). Pods are
 named per attempt (``<job>-a<attempt>-n<rank>``), so a restart never waits for a pod stuck
 Terminating on a lost node: those are force-deleted (grace 0) instead.
+
+With ``scheduling.placement: scheduler`` the attempt's pods name no node (admission still
+queues a job that does not fit beside what runs); ``status.placement`` stays empty until the
+scheduler bound every pod, then node ranks follow the bound nodes' network domains and names
+(:func:`omni_operator.placement.rank_bound`) and reach the pods' standby supervisors through
+their order, with the rank label that moves the rendezvous address (:func:`_rank_bound`).
 """
 
 from __future__ import annotations
@@ -38,17 +44,20 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from omni_operator import admission, kueue, quarantine, recovery, spares, stragglers
-from omni_operator.placement import PlacedNode, PlacementError, place
+from omni_operator.placement import PlacedNode, PlacementError, place, rank_bound
 from omni_operator.render import (
     LABEL_ATTEMPT,
     LABEL_RANK,
     attempt_order,
+    by_scheduler,
     config_map_name,
     order_patch,
+    rank_patch,
     render_all,
     render_config_map,
     render_rendezvous_service,
     render_service,
+    spare_env,
 )
 from omni_operator.spec import OmniTrainingJob, format_warnings, spec_warnings
 from omni_operator.status import (
@@ -501,27 +510,61 @@ def _start_attempt(s: _Step) -> Actions:
     s.set(placing_since=None)
     if admission.was_queued(s.st.conditions):
         s.condition("Queued", "False", "Admitted", "free capacity found")
-    desired = render_all(s.job, placement, attempt=s.st.attempt)
+    desired = render_all(s.job, placement, attempt=s.st.attempt,
+                         quarantined=s.st.quarantined_nodes)  # fmt: skip
     d = diff(desired, s.obs.owned)
     s.actions.create += d.create
     s.actions.adopt += d.adopt
     s.actions.adopt += _config_updates(desired, s.obs.owned)
     s.actions.delete += [Delete(o) for o in d.delete if o["kind"] != "Pod"]  # stale pods: above
-    names = placement.names
-    s.set(placement=names, last_progress_time=None, attempt_start_time=s.now_s,
-          first_step_time=None)  # fmt: skip
-    s.condition("Placed", "True", "Placed", placement.explain())
-    s.condition("PodsRunning", "False", "PodsCreated", f"0 of {s.spec.nodes} pods running")
+    names, n = placement.names, s.spec.nodes
+    scheduled = by_scheduler(s.job)
+    s.set(placement=[] if scheduled else names, last_progress_time=None,
+          attempt_start_time=s.now_s, first_step_time=None)  # fmt: skip
+    if scheduled:
+        s.condition("Placed", "False", "Scheduling", f"0 of {n} pods bound by the scheduler")
+    else:
+        s.condition("Placed", "True", "Placed", placement.explain())
+    s.condition("PodsRunning", "False", "PodsCreated", f"0 of {n} pods running")
     verb = "restarting" if s.st.attempt and s.st.restart_history else "starting"
+    where = "for the scheduler to place" if scheduled else "on " + _nodes_str(placement.nodes)
     s.phase(
         "Starting",
-        f"attempt {s.st.attempt} {verb} on {len(names)} node{'s' if len(names) > 1 else ''}",
-        event=Event(
-            "Normal",
-            "PodsCreated",
-            f"attempt {s.st.attempt}: {len(names)} pods on " + _nodes_str(placement.nodes),
-        ),
+        f"attempt {s.st.attempt} {verb} on {n} node{'s' if n > 1 else ''}",
+        event=Event("Normal", "PodsCreated", f"attempt {s.st.attempt}: {n} pods {where}"),
     )
+    return s.finish()
+
+
+def _rank_bound(s: _Step, pods: list[Obj]) -> Actions | None:
+    """The scheduler placed the attempt's pods: once every one is bound, each gets its node
+    rank from where they landed (:func:`omni_operator.placement.rank_bound`), its rank label
+    and, in its order, its rank's environment, which its standby supervisor starts the trainer
+    with. None while pods wait to be bound (watched as any starting attempt: the start timeout
+    runs) or a bound node is gone (the failure it is)."""
+    bound = {str(p["metadata"]["name"]): (p.get("spec") or {}).get("nodeName") for p in pods}
+    nodes = list(bound.values())
+    if len(pods) != s.spec.nodes or not all(n in s.nodes for n in nodes):
+        n = sum(bool(x) for x in nodes)
+        s.condition("Placed", "False", "Scheduling", f"{n} of {s.spec.nodes} pods bound by "
+                    "the scheduler")  # fmt: skip
+        return None
+    placement = rank_bound([s.nodes[str(n)] for n in nodes], s.spec)
+    pod_on = {node: pod for pod, node in bound.items()}
+    by_pod = {p["metadata"]["name"]: p for p in pods}
+    ranks = {pod_on[x.name]: x for x in placement.nodes}
+    st = s.st
+    doc = attempt_order(st.attempt, pods=st.pods_of, fresh=st.attempt != st.pods_of,
+                        spares={pod: spare_env(s.job, x) for pod, x in ranks.items()})  # fmt: skip
+    s.actions.adopt += [rank_patch(by_pod[pod], x, doc) for pod, x in ranks.items()]
+    s.set(placement=placement.names)
+    s.condition("Placed", "True", "BoundByScheduler",
+                "node ranks from the nodes the scheduler bound the pods to (by network domain, "
+                "then name):\n" + placement.explain())  # fmt: skip
+    s.event("Normal", "RanksAssigned", f"attempt {st.attempt}: " + ", ".join(
+        f"rank {x.rank} to {pod} on {x.name}" for pod, x in sorted(
+            ranks.items(), key=lambda kv: kv[1].rank)))  # fmt: skip
+    s.actions.requeue_after = 1.0
     return s.finish()
 
 
@@ -682,6 +725,10 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
     _ensure_shared_objects(s)
     if spec.scheduling.kueue_queue and (held := _kueue_admission(s, pods)) is not None:
         return held
+    if by_scheduler(s.job) and not st.placement:
+        ranked = _rank_bound(s, pods)
+        if ranked is not None:
+            return ranked
     phases = [(p.get("status") or {}).get("phase") or "Pending" for p in pods]
     if len(pods) >= spec.nodes and all(ph == "Succeeded" for ph in phases):
         final = final_progress(pods)

@@ -483,8 +483,10 @@ def classify(
             )
 
     # 5. Pods that are gone or going while the job needs them.
+    #    Pods the scheduler places have no rank until all are bound: counted, not named.
     present = {pod_rank(p) for p in live}
-    missing = [r for r in range(spec.nodes) if r not in present]
+    unranked = sum(pod_rank(p) is None for p in live)
+    missing = [r for r in range(spec.nodes) if r not in present][unranked:]
     if missing:
         deleting = sorted(
             p["metadata"]["name"]
@@ -494,11 +496,13 @@ def classify(
         ranks = ", ".join(map(str, missing))
         how = f" ({', '.join(deleting)} being deleted)" if deleting else ""
         many = len(missing) > 1
+        what = (
+            f"{len(missing)} of the {spec.nodes} pods"
+            if unranked
+            else f"the pod{'s' if many else ''} of node rank{'s' if many else ''} {ranks}"
+        )
         return Failure(
-            "pod_deleted",
-            f"the pod{'s' if many else ''} of node rank{'s' if many else ''} {ranks} "
-            f"{'are' if many else 'is'} gone{how}",
-            pods=tuple(deleting),
+            "pod_deleted", f"{what} {'are' if many else 'is'} gone{how}", pods=tuple(deleting)
         )
 
     # 6. A start that takes too long: pods unschedulable, pulls failing, or no first step.

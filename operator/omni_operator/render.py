@@ -11,19 +11,26 @@ still admit the pods as a group (under Kueue's Topology-Aware Scheduling, Kueue 
 nodes and the pods are not pinned: see :mod:`omni_operator.kueue`). Pod names carry the restart
 attempt, so a restart never waits for an old pod stuck Terminating on a lost node.
 
+With ``scheduling.placement: scheduler`` no node is chosen here: the pods
+(``<job>-a<attempt>-p<index>``) carry the layout as scheduling constraints
+(:func:`scheduler_affinity`) and start as standbys of the in-pod supervisor; once the scheduler
+bound them all, the operator gives each its node rank as it gives a spare one (the rank label,
+which moves the rendezvous address, and the rank's environment in the pod's order:
+:func:`rank_patch`).
+
 The contract with the trainer is the ``OMNI_*`` environment (see :func:`rank_env`) and the
 manifest mounted at :data:`CONFIG_PATH`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
 
 from omni_operator import kueue, volcano
-from omni_operator.placement import PlacedNode, Placement, node_requests
+from omni_operator.placement import Domain, PlacedNode, Placement, node_requests
 from omni_operator.pod_access import SCRATCH_DIR, render_access
 from omni_operator.spec import GROUP, VERSION, OmniTrainingJob
 from omni_trainer.checkpoint.owner import JOB_NAME_ENV, JOB_NAMESPACE_ENV, JOB_UID_ENV
@@ -50,6 +57,10 @@ LABEL_SPARE = f"{GROUP}/spare"
 ``node-rank`` label over and belongs to the gang)."""
 SPARE_RANK = -1
 """A standby's node rank until its supervisor is given one (it starts nothing before)."""
+LABEL_PLACEMENT = f"{GROUP}/placement"
+"""``scheduler`` on the pods whose node the scheduler chose: their rank is given once bound."""
+SCHEDULER = "scheduler"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 ANNOTATION_NODE = f"{GROUP}/placed-node"
 ANNOTATION_ORDER = f"{GROUP}/order"
 """On an in-place pod: the operator's order to its supervisor (:func:`attempt_order`)."""
@@ -62,6 +73,16 @@ STOP_MARGIN_SECONDS = 10
 def pod_name(job_name: str, *, attempt: int, rank: int) -> str:
     """``<job>-a<attempt>-n<rank>``; also the pod's hostname under the job's Service."""
     return f"{job_name}-a{attempt}-n{rank}"
+
+
+def scheduled_pod_name(job_name: str, *, attempt: int, index: int) -> str:
+    """``<job>-a<attempt>-p<index>``: a pod whose node, hence rank, the scheduler chooses."""
+    return f"{job_name}-a{attempt}-p{index}"
+
+
+def by_scheduler(job: OmniTrainingJob) -> bool:
+    """The scheduler chooses the job's nodes (``scheduling.placement: scheduler``)."""
+    return job.spec.scheduling.placement == SCHEDULER
 
 
 def spare_pod_name(job_name: str, index: int) -> str:
@@ -336,19 +357,33 @@ def render_pod(
     attempt: int,
     gang: bool = True,
     spare: str | None = None,
+    quarantined: Sequence[str] = (),
+    domains: Sequence[Domain] = (),
 ) -> Obj:
     """The pod of one node rank (``gang`` adds the Volcano/Kueue group wiring if configured),
     or the standby pod named ``spare`` on ``node`` (rank :data:`SPARE_RANK`), of the gang whose
     pods attempt ``attempt`` created. Pinned to ``node`` unless Kueue's Topology-Aware
-    Scheduling chooses the nodes (see :mod:`omni_operator.kueue`)."""
+    Scheduling chooses the nodes (see :mod:`omni_operator.kueue`) or the scheduler does
+    (:func:`by_scheduler`: ``node.rank`` is then the pod's index, its node only a model for the
+    requests; ``quarantined`` nodes are avoided, and a spare stays in the gang's ``domains``)."""
     spec, sched, res = job.spec, job.spec.scheduling, job.spec.resources
+    scheduled = by_scheduler(job)
+    group: int | None = None
     if spare is not None:
         name, labels = spare, {LABEL_SPARE: "standby", LABEL_ATTEMPT: str(attempt)}
         gang = False  # admitted on its own, never holding the gang back
+    elif scheduled:
+        name = scheduled_pod_name(job.metadata.name, attempt=attempt, index=node.rank)
+        labels = {LABEL_ATTEMPT: str(attempt)}  # its rank label comes once it is bound
+        group = node.reorder_group
+        if spec.group_size < spec.nodes:
+            labels[volcano.REORDER_GROUP_LABEL] = str(group)
     else:
         name = pod_name(job.metadata.name, attempt=attempt, rank=node.rank)
         labels = {LABEL_RANK: str(node.rank), LABEL_ATTEMPT: str(attempt)}
-    annotations = {ANNOTATION_NODE: node.name}
+    annotations = {} if scheduled else {ANNOTATION_NODE: node.name}
+    if scheduled:
+        labels[LABEL_PLACEMENT] = SCHEDULER
     kueue_places = bool(gang and sched.kueue_queue and sched.topology_aware)
     if gang and sched.kueue_queue:
         labels[kueue.QUEUE_LABEL] = sched.kueue_queue
@@ -387,7 +422,9 @@ def render_pod(
         "name": "trainer",
         "image": spec.image,
         "imagePullPolicy": "IfNotPresent",
-        "command": container_command(job, node, attempt=attempt, standby=spare is not None),
+        "command": container_command(
+            job, node, attempt=attempt, standby=spare is not None or scheduled
+        ),
         "env": env,
         "ports": [
             {"name": "rendezvous", "containerPort": RDZV_PORT, "protocol": "TCP"},
@@ -413,7 +450,7 @@ def render_pod(
         "restartPolicy": "OnFailure" if in_place(job) else "Never",
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": termination_grace_seconds(job),
-        **({} if kueue_places else {"affinity": _pin(node.name)}),
+        **({} if kueue_places or scheduled else {"affinity": _pin(node.name)}),
         "tolerations": _tolerations(job),
         "securityContext": _pod_security(job),
         "containers": [container],
@@ -445,6 +482,10 @@ def render_pod(
     container.update(access)
     pod_spec["volumes"] += pod_access.pop("volumes", [])
     pod_spec.update(pod_access)
+    if scheduled:
+        pod_spec["affinity"] = scheduler_affinity(
+            job, attempt=attempt, group=group, quarantined=quarantined, domains=domains
+        )
     if sched.node_selector:
         pod_spec["nodeSelector"] = dict(sched.node_selector)
     scheduler = sched.scheduler_name or ("volcano" if sched.volcano_gang else None)
@@ -453,6 +494,75 @@ def render_pod(
     if sched.priority_class_name:
         pod_spec["priorityClassName"] = sched.priority_class_name
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+
+def scheduler_affinity(
+    job: OmniTrainingJob,
+    *,
+    attempt: int,
+    group: int | None,
+    quarantined: Sequence[str] = (),
+    domains: Sequence[Domain] = (),
+) -> Obj:
+    """The layout as constraints for the scheduler (``scheduling.placement: scheduler``).
+
+    One pod per node: required anti-affinity on the hostname among the pods of the gang
+    ``attempt`` created (standby spares included). A rank pod of reorder group ``group`` (None:
+    a spare) requires the other pods of its group in its network domain: one required term per
+    ``topology.networkDomainLabels`` level (terms are ANDed, so the domain is the same tuple of
+    values placement uses); with several groups the whole job prefers one domain. A spare is
+    required in one of the gang's ``domains`` (it takes over a rank of its own domain).
+    ``quarantined`` nodes are excluded by name.
+
+    Returns:
+        The pod's ``affinity``.
+    """
+    spec, name = job.spec, job.metadata.name
+    gang = {LABEL_JOB: name, LABEL_ATTEMPT: str(attempt)}
+    required = "requiredDuringSchedulingIgnoredDuringExecution"
+    one_per_node = {"labelSelector": {"matchLabels": gang}, "topologyKey": HOSTNAME_LABEL}
+    out: Obj = {"podAntiAffinity": {required: [one_per_node]}}
+    levels = list(spec.topology.network_domain_labels)
+    if levels and group is not None:
+        several = spec.group_size < spec.nodes
+        same = {**gang, volcano.REORDER_GROUP_LABEL: str(group)} if several else gang
+        terms = [{"labelSelector": {"matchLabels": same}, "topologyKey": k} for k in levels]
+        out["podAffinity"] = {required: terms}
+        if several:
+            out["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] = [
+                {"weight": 100, "podAffinityTerm": {"labelSelector": {"matchLabels": gang},
+                                                    "topologyKey": levels[-1]}}
+            ]  # fmt: skip
+    avoid = [{"key": "metadata.name", "operator": "NotIn", "values": sorted(quarantined)}]
+    node_terms: list[Obj] = []
+    if levels and group is None and domains:
+        for d in sorted(set(domains)):
+            exprs = [{"key": k, "operator": "In", "values": [v]}
+                     for k, v in zip(levels, d, strict=True)]  # fmt: skip
+            node_terms.append({"matchExpressions": exprs, **({"matchFields": avoid}
+                                                             if quarantined else {})})  # fmt: skip
+    elif quarantined:
+        node_terms.append({"matchFields": avoid})
+    if node_terms:
+        out["nodeAffinity"] = {required: {"nodeSelectorTerms": node_terms}}
+    return out
+
+
+def rank_patch(pod: Obj, node: PlacedNode, order_doc: str) -> Obj:
+    """The merge patch that gives a pod the scheduler bound its node rank: the rank label (the
+    rendezvous Service of rank 0 follows it), the node it landed on, and the order naming the
+    rank's environment, which its standby supervisor waits for."""
+    meta = pod["metadata"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": meta["name"],
+            "namespace": meta.get("namespace") or "default",
+            "labels": {LABEL_RANK: str(node.rank)},
+            "annotations": {ANNOTATION_NODE: node.name, ANNOTATION_ORDER: order_doc},
+        },
+    }
 
 
 def _pin(node_name: str) -> Obj:
@@ -530,8 +640,16 @@ def _container_security(job: OmniTrainingJob) -> Obj:
     return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": caps}
 
 
-def render_all(job: OmniTrainingJob, placement: Placement, *, attempt: int = 0) -> list[Obj]:
-    """Every object of one attempt, in creation order: ConfigMap, Services, [PodGroup], Pods."""
+def render_all(
+    job: OmniTrainingJob,
+    placement: Placement,
+    *,
+    attempt: int = 0,
+    quarantined: Sequence[str] = (),
+) -> list[Obj]:
+    """Every object of one attempt, in creation order: ConfigMap, Services, [PodGroup], Pods
+    (when the scheduler chooses the nodes, ``placement`` only models the requests and
+    ``quarantined`` nodes are excluded)."""
     objs = [
         render_config_map(job, attempt=attempt),
         render_service(job),
@@ -539,5 +657,7 @@ def render_all(job: OmniTrainingJob, placement: Placement, *, attempt: int = 0) 
     ]
     if job.spec.scheduling.volcano_gang:
         objs.append(render_pod_group(job, attempt=attempt))
-    objs += [render_pod(job, node, attempt=attempt) for node in placement.nodes]
+    objs += [
+        render_pod(job, node, attempt=attempt, quarantined=quarantined) for node in placement.nodes
+    ]
     return objs

@@ -18,6 +18,10 @@ at every later in-place restart. Node rank 0 is taken over too: it hosts the sta
 rendezvous, whose address (``MASTER_ADDR``) is the attempt's rendezvous Service, selecting the
 pod labelled node rank 0; the relabelled spare is that pod once the lost one is deleted, and the
 survivors' torchrun resolves it when it starts.
+
+With ``scheduling.placement: scheduler`` a standby names no node: it requires one of the gang's
+network domains and a node without another pod of the gang, and the scheduler binds it. The
+gang's own pods get their ranks through the same order (:func:`assignments`).
 """
 
 from __future__ import annotations
@@ -31,9 +35,12 @@ from omni_operator.placement import node_domain, place_rank, place_spares
 from omni_operator.recovery import Failure, node_not_ready_since, pod_node, pod_rank
 from omni_operator.render import (
     ANNOTATION_NODE,
+    LABEL_PLACEMENT,
     LABEL_RANK,
     LABEL_SPARE,
+    SCHEDULER,
     SPARE_RANK,
+    by_scheduler,
     render_pod,
     spare_env,
     spare_pod_name,
@@ -136,8 +143,12 @@ def refill(
     labels = tuple(job.spec.topology.network_domain_labels)
     domains = {node_domain(by_name.get(n), labels) for n in gang_nodes} - {None}
     taken = set(gang_nodes) | {pod_node(p) for p in standby}
-    chosen = place_spares(nodes, job.spec, want=missing, domains=domains,
-                          taken=taken - {None}, quarantined=quarantined)  # fmt: skip
+    if by_scheduler(job):  # the scheduler binds them, inside the domains their affinity names
+        model = by_name.get(next(iter(gang_nodes), ""), {"metadata": {"name": ""}})
+        chosen = [model] * missing if domains or not labels else []
+    else:
+        chosen = place_spares(nodes, job.spec, want=missing, domains=domains,
+                              taken=taken - {None}, quarantined=quarantined)  # fmt: skip
     used, index, create = set(taken_names), 0, []
     for node in chosen:
         while spare_pod_name(job.metadata.name, index) in used:
@@ -145,7 +156,8 @@ def refill(
         name = spare_pod_name(job.metadata.name, index)
         used.add(name)
         placed = place_rank(job.spec, SPARE_RANK, node)
-        create.append(render_pod(job, placed, attempt=pods_of, spare=name))
+        create.append(render_pod(job, placed, attempt=pods_of, spare=name,
+                                 quarantined=quarantined, domains=sorted(domains)))  # fmt: skip
     return Refill(create=tuple(create), delete=tuple(drop))
 
 
@@ -217,11 +229,13 @@ def relabel(spare: Obj, rank: int) -> Obj:
 
 
 def assignments(job: OmniTrainingJob, pods: Sequence[Obj]) -> dict[str, dict[str, str]]:
-    """The order's spare map: every assigned spare of the gang and its rank's environment."""
+    """The order's rank map: every pod of the gang given its rank after it started (an assigned
+    spare, a pod the scheduler placed) and its rank's environment."""
     out = {}
     for pod in pods:
-        rank = pod_rank(pod)
-        if _labels(pod).get(LABEL_SPARE) == ASSIGNED and rank is not None:
+        rank, labels = pod_rank(pod), _labels(pod)
+        later = labels.get(LABEL_SPARE) == ASSIGNED or labels.get(LABEL_PLACEMENT) == SCHEDULER
+        if later and rank is not None:
             node = {"metadata": {"name": pod_node(pod) or ""}}
             out[str(pod["metadata"]["name"])] = spare_env(job, place_rank(job.spec, rank, node))
     return out

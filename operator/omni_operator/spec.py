@@ -143,8 +143,19 @@ class Toleration(Spec):
 
 
 class SchedulingConfig(Spec):
-    """Scheduler, priority and gang admission."""
+    """Scheduler, priority, gang admission, and who chooses the nodes."""
 
+    placement: Literal["operator", "scheduler"] = Field(
+        "operator",
+        description="who chooses the nodes. operator: the operator places the job on free "
+        "capacity and pins each pod to its node (required node affinity on metadata.name). "
+        "scheduler: the pods name no node; the layout's constraints are pod anti-affinity (one "
+        "pod per node), pod affinity (each reorder group inside one network domain: the "
+        "same value of every topology.networkDomainLabels key) and node affinity (NotIn the "
+        "quarantined nodes), so kube-scheduler, Kueue or Volcano choose the nodes; node ranks "
+        "are then given from where the pods landed (sorted by network domain, then node "
+        "name) through the in-pod supervisor's order. Needs restartPolicy.mode in-place",
+    )
     scheduler_name: str | None = Field(None, description="default: the cluster's scheduler")
     priority_class_name: str | None = None
     kueue_queue: str | None = Field(
@@ -492,6 +503,15 @@ def _cluster_settings_problems(spec: OmniTrainingJobSpec) -> list[tuple[Loc, str
                 "the node labels of the cluster's network domains, coarse to fine (the levels "
                 "of Kueue's Topology or the labels of Volcano's HyperNode tiers), or remove "
                 "topologyAware",
+            )
+        )
+    if sched.placement == "scheduler" and spec.restart_policy.mode != "in-place":
+        out.append(
+            (
+                ("scheduling", "placement"),
+                "placement scheduler gives each pod its node rank after the scheduler bound "
+                "it, through the in-pod supervisor of restartPolicy.mode in-place; set mode "
+                "in-place or placement operator",
             )
         )
     if spec.spare_nodes and spec.restart_policy.mode != "in-place":

@@ -8,8 +8,9 @@ like the real components do and:
   the pods bound to it (:mod:`omni_operator.capacity`: GPUs, CPU, memory...), holds the pod's
   requests; else it stays Pending, PodScheduled=False reason Unschedulable, as kube-scheduler
   leaves it (reason SchedulingGated while it carries a scheduling gate); a pod that names no
-  node (a Deployment's) goes to the least allocated Ready node that holds its requests and
-  matches its ``nodeSelector`` (kube-scheduler's default scoring, simplified);
+  node (a Deployment's, a job's of ``scheduling.placement: scheduler``) goes to the least
+  allocated Ready node that holds its requests and passes its node and inter-pod constraints
+  (:mod:`omni_operator.sandbox.scheduling`; kube-scheduler's default scoring, simplified);
 * runs: a bound pod's container command (or its image's ENTRYPOINT and CMD, for an image whose
   :class:`ImageConfig` the :class:`Registry` holds: the chart's operator) starts as a process
   group in the sandbox's working directory (a shared filesystem for every node), with the pod's
@@ -89,7 +90,7 @@ import yarl
 from omni_operator import capacity
 from omni_operator.capacity import pinned_node
 from omni_operator.recovery import node_not_ready_since
-from omni_operator.sandbox import degrade, downward
+from omni_operator.sandbox import degrade, downward, scheduling
 from omni_operator.sandbox.probes import ReadinessProbe
 from omni_trainer.termination import ENV as TERMINATION_LOG_ENV
 
@@ -408,6 +409,8 @@ class Kubelet:
     """Pending pods' PodScheduled reason as last reported (Unschedulable, SchedulingGated)."""
     _held: dict[str, capacity.Resources] = field(default_factory=dict)
     """What the pods bound to each node request (this tick's bindings included)."""
+    _bound: list[Obj] = field(default_factory=list)
+    """The pods bound to a node (this tick's bindings included): inter-pod constraints."""
     _pulls: dict[str, _Pull] = field(default_factory=dict)
     _restarts: dict[str, _Restart] = field(default_factory=dict)
     _backoffs: dict[str, _Backoff] = field(default_factory=dict)
@@ -433,7 +436,8 @@ class Kubelet:
             if sim.name in nodes:
                 await self._node_faults(sim, nodes[sim.name])
         pods = await self._list("/api/v1/pods")
-        self._held = capacity.used(p for p in pods if (p.get("spec") or {}).get("nodeName"))
+        self._bound = [p for p in pods if (p.get("spec") or {}).get("nodeName")]
+        self._held = capacity.used(self._bound)
         live = set()
         for pod in pods:
             key = _key(pod)
@@ -620,22 +624,19 @@ class Kubelet:
         return left
 
     def _pick(self, pod: Obj, nodes: Mapping[str, Obj]) -> str | None:
-        """A node for a pod that names none (a Deployment's): among the Ready nodes whose
-        labels match its ``nodeSelector`` and whose free capacity holds its requests, the one
-        least allocated (kube-scheduler's default scoring), the first by name on a tie."""
-        selector = (pod.get("spec") or {}).get("nodeSelector") or {}
-        want = capacity.pod_requests(pod)
+        """A node for a pod that names none: among the Ready nodes that pass its constraints
+        (:func:`omni_operator.sandbox.scheduling.feasible`), the one least allocated
+        (kube-scheduler's default scoring), the first by name on a tie."""
         now = dt.datetime.now(tz=dt.UTC)
+        labels = scheduling.labels_by_node(nodes.values())
         fits = []
         for sim in self.nodes:
             node = nodes.get(sim.name)
-            if node is None or sim.lost or node_not_ready_since(node, now) is not None:
+            if node is None or sim.lost:
                 continue
-            labels = node["metadata"].get("labels") or {}
-            if any(labels.get(k) != v for k, v in selector.items()):
-                continue
-            left = self._free(node)
-            if capacity.shortfall(want, left):
+            free = self._free(node)
+            if not scheduling.feasible(pod, node, pods=self._bound, free=free, labels=labels,
+                                       now=now):  # fmt: skip
                 continue
             held = self._held.get(sim.name, {})
             alloc = capacity.resources((node.get("status") or {}).get("allocatable") or {})
@@ -681,6 +682,7 @@ class Kubelet:
         for k, v in want.items():
             held[k] = held.get(k, 0.0) + v
         await self._patch(_pod_path(pod), {"spec": {"nodeName": name}})
+        self._bound.append({**pod, "spec": {**(pod.get("spec") or {}), "nodeName": name}})
 
     async def _start(self, pod: Obj, sim: SimNode, *, restart: _Restart | None = None) -> None:
         """Start the pod's container (again, in the same pod and address, for ``restart``)."""

@@ -29,6 +29,7 @@ from omni_operator.reconcile import Progress
 from omni_operator.render import ANNOTATION_NODE, LABEL_ATTEMPT, LABEL_JOB
 from omni_operator.sandbox.cluster import SPINE, ZONE, node_object
 from omni_operator.sandbox.emulator import Emulator
+from omni_operator.sandbox.scheduling import first_fit
 from omni_operator.spec import GROUP, PLURAL, VERSION
 
 NS = "ml"
@@ -119,13 +120,25 @@ class Cluster:
         await self.call("PATCH", f"/api/v1/namespaces/{NS}/pods/{name}/status", {"status": status})
 
     async def run_pod(self, pod: dict[str, Any]) -> None:
-        """Bind the pod to the node it was placed on and mark it Running."""
+        """Bind the pod to the node it was placed on (one that names none: where the emulated
+        scheduler puts it, :meth:`schedule`) and mark it Running."""
         name = pod["metadata"]["name"]
-        node = pod["metadata"]["annotations"][ANNOTATION_NODE]
+        node = (pod.get("spec") or {}).get("nodeName") or (
+            pod["metadata"].get("annotations") or {}
+        ).get(ANNOTATION_NODE)
+        if node is None:
+            node = self.schedule(pod)
+            assert node is not None, f"no node for {name}"
         await self.call(
             "PATCH", f"/api/v1/namespaces/{NS}/pods/{name}", {"spec": {"nodeName": node}}
         )
         await self.set_pod(name, {"phase": "Running"})
+
+    def schedule(self, pod: dict[str, Any]) -> str | None:
+        """The node the emulated scheduler binds a pod that names none to: the first by name
+        that its constraints admit (:func:`omni_operator.sandbox.scheduling.first_fit`)."""
+        nodes = self.emu.stored_all("v1/nodes")
+        return first_fit(pod, nodes, self.emu.stored_all("v1/pods"), self.clock())
 
     async def run_pods(self, job: str, attempt: int | None = None, *, at_once: int = 1) -> None:
         """:meth:`run_pod` for every pod of the job (of ``attempt``), ``at_once`` at a time."""
