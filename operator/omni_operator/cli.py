@@ -174,7 +174,7 @@ def sandbox_install_chart(
     kubeconfig): its operator runs as the Deployment's pod; start the sandbox with
     --no-operator so that it is the only one."""
     from omni_operator.sandbox.chart import CHART_DIR, install_chart, merge, set_values
-    from omni_operator.sandbox.cluster import read_state
+    from omni_operator.sandbox.control import read_state
 
     try:
         state = read_state(workdir)
@@ -215,15 +215,13 @@ def sandbox_fault(
     workdir: SandboxDir = Path(".omni-sandbox"),
 ) -> None:
     """Inject a fault into a running sandbox (through an annotation its kubelet acts on)."""
-    import asyncio
-
-    from omni_operator.sandbox.cluster import FAULTS, inject_fault, read_state
+    from omni_operator.sandbox.control import FAULTS, inject_fault, read_state
 
     if fault not in FAULTS:
         _fail(f"unknown fault {fault!r}; choose one of {', '.join(FAULTS)}", code=2)
     try:
         state = read_state(workdir)
-        done = asyncio.run(inject_fault(state["server"], fault, target, namespace=namespace))
+        done = inject_fault(state["server"], fault, target, namespace=namespace)
     except (RuntimeError, OSError) as err:
         _fail(str(err), code=1)
     typer.echo(done)

@@ -18,8 +18,9 @@ import pytest
 import pytest_asyncio
 
 from omni_operator.sandbox.cluster import inject_fault, node_object
+from omni_operator.sandbox.control import FAULT
 from omni_operator.sandbox.emulator import Emulator
-from omni_operator.sandbox.kubelet import FAULT, Kubelet, SimNode, pod_processes
+from omni_operator.sandbox.kubelet import Kubelet, SimNode, pod_processes
 
 pytestmark = pytest.mark.asyncio
 NS = "default"

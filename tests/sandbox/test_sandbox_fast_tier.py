@@ -6,14 +6,13 @@ curve equals an uninterrupted run's."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import yaml
 
 from omni_trainer.components.progress import read_step_log
 
-from .test_sandbox_e2e import OMNI, SANDBOX_DIR, Sandbox, _manifest, uninterrupted_run
+from .test_sandbox_e2e import SANDBOX_DIR, Sandbox, _fault, _manifest, uninterrupted_run
 
 STEPS = 150
 """Long enough that the node loss lands while the job trains (about 0.3 s a step here)."""
@@ -47,8 +46,7 @@ def test_a_lost_node_resumes_from_the_fast_tier_of_its_peer(tmp_path: Path) -> N
             return max(steps) if steps and max(steps) >= 2 * FAST else None
 
         saved = sb.wait("two fast-tier checkpoints on the node", fast_saved, timeout=400)
-        subprocess.run([*OMNI, "sandbox", "fault", "node-lost", lost, "--dir", SANDBOX_DIR],
-                       cwd=tmp_path, capture_output=True, text=True, check=True)  # fmt: skip
+        _fault(tmp_path, "node-lost", lost)
         sb.kubectl("wait", "--for=jsonpath={.status.phase}=Succeeded", "otj/tiny-cpu",
                    "--timeout=600s", timeout=660)  # fmt: skip
         restart = sb.job("tiny-cpu")["status"]["restartHistory"][0]

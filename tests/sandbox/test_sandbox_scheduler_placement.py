@@ -16,11 +16,9 @@ from typing import Any
 import psutil
 import yaml
 
-from omni_operator.sandbox.cluster import FAULTS
-from omni_operator.sandbox.kubelet import FAULT
 from omni_trainer.components.progress import read_step_log, read_step_samples
 
-from .test_sandbox_e2e import BIN, Sandbox, _manifest, _pods, uninterrupted_run
+from .test_sandbox_e2e import BIN, Sandbox, _fault, _manifest, _pods, uninterrupted_run
 
 STEPS = 40
 """The node is lost past the checkpoint at step 10, while the job trains (about 0.3 to 0.6 s a
@@ -81,9 +79,7 @@ def test_scheduler_placed_pods_get_ranks_train_and_survive_a_lost_node(tmp_path:
         lost = by_rank["1"]
         sb.wait("step 12 (a checkpoint at 10, steps to recompute)", lambda: logged() > 12,
                 timeout=300)  # fmt: skip
-        # what `omni sandbox fault node-lost` patches (FAULTS), through kubectl: the CLI's
-        # Python start takes 20-50 s on a busy 2-core machine, past a short job's end
-        sb.kubectl("annotate", "--overwrite", "node", lost, f"{FAULT}={FAULTS['node-lost'][1]}")
+        _fault(tmp_path, "node-lost", lost)
         faulted_at = logged()
 
         sb.kubectl("wait", "--for=jsonpath={.status.phase}=Succeeded", "otj/tiny-cpu",

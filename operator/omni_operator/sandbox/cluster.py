@@ -28,11 +28,11 @@ import kopf
 import yaml
 
 from omni_operator.sandbox import kueue
+from omni_operator.sandbox.control import STATE_FILE
 from omni_operator.sandbox.deployments import DeploymentController
 from omni_operator.sandbox.emulator import Emulator
 from omni_operator.sandbox.kubelet import (
     CRASH_BACKOFF_S,
-    FAULT,
     GPU,
     SYNC_S,
     ImageConfig,
@@ -58,7 +58,6 @@ DEFAULT_IMAGES: tuple[str, ...] = (DEFAULT_IMAGE, OPERATOR_IMAGE)
 the chart use (tests keep this in step with them)."""
 ZONE = "topology.kubernetes.io/zone"
 SPINE = f"{GROUP}/spine"
-STATE_FILE = "sandbox.json"
 API_STORE = "api-objects.json"
 """Every API object, persisted on each write (what etcd holds for a real API server)."""
 KUBECONFIG_FILE = "kubeconfig"
@@ -253,52 +252,3 @@ async def _post(http: aiohttp.ClientSession, url: str, path: str, body: Any) -> 
     async with http.post(url + path, json=body) as resp:
         if resp.status >= 400 and resp.status != 409:  # 409: restored from the last run
             raise RuntimeError(f"sandbox setup: POST {path}: {resp.status} {await resp.text()}")
-
-
-# -- faults, from another process ------------------------------------------------------------
-
-
-def read_state(workdir: Path) -> dict[str, Any]:
-    """The running sandbox's state file, or a clear error."""
-    path = workdir / STATE_FILE
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise RuntimeError(
-            f"no sandbox is running with --dir {workdir} (no {path}); start one with "
-            "`omni sandbox up`"
-        ) from None
-
-
-FAULTS: dict[str, tuple[str, str | None]] = {
-    "node-lost": ("node", "lost"),
-    "node-ready": ("node", "ready"),
-    "degrade-network": ("node", "degraded-network"),
-    "kill-pod": ("pod", "kill"),
-    "crash-pod": ("pod", "crash"),
-    "hang-pod": ("pod", "hang"),
-    "throttle-pod": ("pod", "throttle"),
-    "unthrottle-pod": ("pod", None),
-}
-
-
-async def inject_fault(server: str, fault: str, target: str, *, namespace: str) -> str:
-    """Annotate the node or pod; the sandbox's kubelet acts on it within a tick."""
-    kind, value = FAULTS[fault]
-    path = (
-        f"/api/v1/nodes/{target}"
-        if kind == "node"
-        else (f"/api/v1/namespaces/{namespace}/pods/{target}")
-    )
-    body = {"metadata": {"annotations": {FAULT: value}}}
-    headers = {"Content-Type": "application/merge-patch+json"}
-    async with (
-        aiohttp.ClientSession() as http,
-        http.patch(server + path, json=body, headers=headers) as resp,
-    ):
-        if resp.status == 404:
-            where = "" if kind == "node" else f" in namespace {namespace}"
-            raise RuntimeError(f"{kind} {target!r} not found{where}")
-        if resp.status >= 400:
-            raise RuntimeError(f"{fault} {target}: {resp.status} {await resp.text()}")
-    return f"{kind} {target}: {FAULT}={value}" if value else f"{kind} {target}: {FAULT} removed"

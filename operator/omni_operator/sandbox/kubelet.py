@@ -91,11 +91,11 @@ from omni_operator import capacity
 from omni_operator.capacity import pinned_node
 from omni_operator.recovery import node_not_ready_since
 from omni_operator.sandbox import degrade, downward, scheduling
+from omni_operator.sandbox.control import FAULT
 from omni_operator.sandbox.probes import ReadinessProbe
 from omni_trainer.termination import ENV as TERMINATION_LOG_ENV
 
 Obj = dict[str, Any]
-FAULT = "sandbox.omni.megascale.io/fault"
 POD_MARKER = "OMNI_SANDBOX_POD_UID"
 """Set in every pod process's environment: descendants inherit it, so a pod's processes are
 found even after torchrun's workers lost their parent (what a container's cgroup gives)."""
