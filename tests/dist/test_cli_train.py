@@ -120,7 +120,7 @@ def test_plan_prints_the_dataflow_table(tmp_path) -> None:
 
 def test_plan_tune_recommends_fitting_configurations() -> None:
     proc = omni(
-        "plan", str(EXAMPLES / "paper-workload-a.yaml"), "--tune", "--gpus", "64", timeout=120
+        "plan", str(EXAMPLES / "paper-workload-a.yaml"), "--tune", "--gpus", "64", timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "paper-a on 64 x H100" in proc.stdout
