@@ -82,6 +82,15 @@ def sandbox_up(
             "doubling to 30x, reset after a container ran 60x): a real kubelet's is 10",
         ),
     ] = 1.0,
+    run_operator: Annotated[
+        bool,
+        typer.Option(
+            "--operator/--no-operator",
+            help="run the operator in the sandbox's process; --no-operator: run it yourself "
+            "(`omni operator --standalone --server URL`, as the chart's Deployment does), e.g. "
+            "to SIGKILL and start it again as a Deployment replaces its pod",
+        ),
+    ] = True,
 ) -> None:
     """Run the sandbox until Ctrl-C: pods run as local processes in this directory."""
     import asyncio
@@ -103,6 +112,7 @@ def sandbox_up(
         pull_seconds=pull_seconds,
         sync_seconds=sync_seconds,
         crash_backoff_seconds=crash_backoff_seconds,
+        operator=run_operator,
     )
 
     async def main() -> None:
@@ -117,7 +127,13 @@ def sandbox_up(
                 "  kubectl get otj -w     # pod logs: kubectl logs POD, or "
                 f"{sb.config.workdir}/logs/\n"
                 f"  omni sandbox fault node-lost NODE --dir {workdir}\n"
-                "Ctrl-C stops the sandbox and every pod.",
+                + (
+                    ""
+                    if config.operator
+                    else f"  the operator is not running: omni operator --standalone --server "
+                    f"{sb.url}\n"
+                )
+                + "Ctrl-C stops the sandbox and every pod.",
                 err=True,
             )
             await sb.wait()  # kopf stops the operator on SIGINT/SIGTERM

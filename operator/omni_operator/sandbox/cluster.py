@@ -3,8 +3,10 @@
 The kmock API emulator (:mod:`.emulator`) on 127.0.0.1 with the OmniTrainingJob CRD, N emulated
 GPU nodes labelled with a zone and a spine, the kubelet simulator (:mod:`.kubelet`) that really
 runs the pods, an emulation of Kueue's pod integration (:mod:`.kueue`), and the operator itself
-in the same process. A kubeconfig is written next to a
-state file, so real ``kubectl`` and ``omni sandbox fault`` find it.
+in the same process (or, with ``operator=False``, in a process of its own: ``omni operator
+--standalone --server URL``, as the chart's Deployment runs it, so it can be SIGKILLed and started
+again as a Deployment replaces its pod). A kubeconfig is written next to a state file, so real
+``kubectl`` and ``omni sandbox fault`` find it.
 """
 
 from __future__ import annotations
@@ -78,6 +80,9 @@ class SandboxConfig:
     sync_seconds: float = SYNC_S
     """The kubelets' ``syncFrequency``: a running pod sees a ConfigMap update this late at
     worst, unless the pod itself is updated (a kubelet syncs it then)."""
+    operator: bool = True
+    """Run the operator in the sandbox's process; False: run it elsewhere (``omni operator
+    --standalone --server URL``), e.g. to kill and restart it on its own."""
 
     def __post_init__(self) -> None:
         if (self.nodes < 1 or self.spines < 1 or self.gpus_per_node < 0 or self.pull_seconds < 0
@@ -185,18 +190,19 @@ class Sandbox:
             sb.tasks.append(asyncio.create_task(kubelet.run(), name="sandbox-kubelet"))
             sb.tasks.append(asyncio.create_task(kueue.KueueEmulator(url).run(),
                                                 name="sandbox-kueue"))  # fmt: skip
-            memo = kopf.Memo(api_server=url, resync_seconds=config.resync_seconds)
-            sb.tasks.append(
-                asyncio.create_task(
-                    kopf.operator(
-                        registry=kopf.get_default_registry(),
-                        standalone=True,
-                        clusterwide=True,
-                        memo=memo,
-                    ),
-                    name="sandbox-operator",
+            if config.operator:
+                memo = kopf.Memo(api_server=url, resync_seconds=config.resync_seconds)
+                sb.tasks.append(
+                    asyncio.create_task(
+                        kopf.operator(
+                            registry=kopf.get_default_registry(),
+                            standalone=True,
+                            clusterwide=True,
+                            memo=memo,
+                        ),
+                        name="sandbox-operator",
+                    )
                 )
-            )
             sb._write_state()
             try:
                 yield sb
@@ -227,6 +233,7 @@ class Sandbox:
             "pid": os.getpid(),
             "kubeconfig": str(self.kubeconfig_path),
             "nodes": [n.name for n in self.kubelet.nodes],
+            "operator": self.config.operator,
         }
         (workdir / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
 
