@@ -96,6 +96,7 @@ import contextlib
 import itertools
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -611,6 +612,8 @@ def _measure(sb: Sandbox, cost: Cost, step_log: Path, args: argparse.Namespace) 
     def ready() -> bool:
         recs = [r for r in _records(step_log) if r["attempt"] >= attempt]
         if len(recs) < least:
+            if sb.status().get("phase") in ("Succeeded", "Failed"):
+                raise RuntimeError(f"the job ended ({sb.status()['phase']}) before the fault")
             return False
         step = max(r["step"] for r in recs)
         if cost.fault == "corrupt-checkpoint":  # this interval's checkpoint committed (async)
@@ -778,6 +781,8 @@ def run_suite(sb: Sandbox, args: argparse.Namespace) -> tuple[list[Cost], bool]:
                 _measure(sb, cost, step_log, args)
             except (TimeoutError, RuntimeError, OSError) as err:
                 cost.note = f"{type(err).__name__}: {err}"
+            except KeyboardInterrupt:  # or SIGTERM (a time limit): the table of what was done
+                cost.note = "interrupted"
             print(f"  fault {i}/{len(args.faults)} {fault}: first step after "
                   f"{_fmt(cost.first_step_s)}, {cost.recomputed} recomputed; {cost.note}"
                   + (f"; check {cost.check}: {cost.check_note}" if cost.check_note else ""),
@@ -786,9 +791,10 @@ def run_suite(sb: Sandbox, args: argparse.Namespace) -> tuple[list[Cost], bool]:
                 print(f"  stopping the suite at fault {i}: {fault} not survived", flush=True)
                 break
         else:
-            phase = sb.wait("the job's end",
-                            lambda: sb.status().get("phase") in ("Succeeded", "Failed")
-                            and sb.status()["phase"], timeout=args.timeout * 3)  # fmt: skip
+            with contextlib.suppress(TimeoutError, KeyboardInterrupt):
+                phase = sb.wait("the job's end",
+                                lambda: sb.status().get("phase") in ("Succeeded", "Failed")
+                                and sb.status()["phase"], timeout=args.timeout * 3)  # fmt: skip
         print(f"job {phase or 'not finished'}: {sb.status().get('restarts')} restarts", flush=True)
     finally:
         sb.request("DELETE", sb.job_path())
@@ -802,8 +808,13 @@ def run_suite(sb: Sandbox, args: argparse.Namespace) -> tuple[list[Cost], bool]:
                                        "stepLog": "runs/ref/steps.jsonl"}  # fmt: skip
     (sb.cwd / "ref.yaml").write_text(yaml.safe_dump(ref, sort_keys=False))
     env = {**os.environ, "OMNI_NUM_THREADS": str(os.cpu_count() or 1)}  # a pod's threads
-    subprocess.run([sys.executable, "-m", "omni_trainer.cli", "train", "ref.yaml", "--nproc", "2"],
-                   cwd=sb.cwd, env=env, check=True, capture_output=True)  # fmt: skip
+    try:
+        subprocess.run([sys.executable, "-m", "omni_trainer.cli", "train", "ref.yaml", "--nproc",
+                        "2"], cwd=sb.cwd, env=env, check=True, capture_output=True)  # fmt: skip
+    except KeyboardInterrupt:
+        print("interrupted during the uninterrupted run", flush=True)
+        print_suite(costs, _records(step_log), {}, planned=len(args.faults))
+        return costs, False
     got, want = _records(step_log), _records(sb.cwd / "runs/ref/steps.jsonl")
     ok = compare_with_uninterrupted(got, want)
     print_suite(costs, got, {r["step"]: r for r in want}, planned=len(args.faults))
@@ -943,6 +954,7 @@ def _yes(value: bool) -> str:
 
 def main() -> None:
     args = _args()
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # cleaned up as on Ctrl-C
     os.environ.setdefault("PYTHONPATH", f"{REPO / 'trainer'}:{REPO / 'operator'}")
     pulls = (
         f"{args.pull_seconds:g} s per node and image (assumed)"
