@@ -52,8 +52,9 @@ faults of 12 kinds, one after another; ``--faults`` names another sequence), tra
 and is compared with the same job run uninterrupted: every step's sample fingerprint and loss
 must be equal (no sample lost, none trained twice), recomputed steps included. Its operator runs
 in a process of its own (``omni sandbox up --no-operator`` beside ``omni operator --standalone
---server URL``, as the chart's Deployment runs it), its quarantine lasts 60 s (the minimum;
-``quarantineReadySeconds`` 5), and it adds four kinds of its own:
+--server URL``, as the chart's Deployment runs it), its quarantine lasts
+``--quarantine-seconds`` (default 60, the minimum; ``quarantineReadySeconds`` 5), and it adds
+four kinds of its own:
 
 * operator killed during a restart: a ``crash-pod`` on node rank 1, the operator SIGKILLed as
   soon as the job's status shows the restart decided (restarts incremented or phase
@@ -116,7 +117,7 @@ FAULTS = ("crash", "kill", "hang", "sigterm", "node-lost", "image-missing", "sto
           "suspend", "straggler")  # fmt: skip
 SUITE_ONLY = ("operator-kill", "corrupt-checkpoint", "node-lost-twice", "quarantine-return")
 """Kinds only the suite injects (its job's operator runs in a process of its own, and its
-quarantine lasts ``QUARANTINE_S``)."""
+quarantine lasts ``--quarantine-seconds``)."""
 SUITE = (
     *("crash", "kill", "sigterm", "node-lost", "suspend") * 3,
     "operator-kill", "corrupt-checkpoint", "node-lost-twice", "operator-kill", "hang",
@@ -125,9 +126,8 @@ SUITE = (
 """The suite's faults in order: ``node-lost-twice`` leaves its node lost and quarantined, and
 ``quarantine-return`` brings it back once the quarantine is due (the faults between fill the
 minute), and a missing image is a fault only at a restart that pulls, so it comes last."""
-QUARANTINE_S, QUARANTINE_READY_S = 60, 5
-"""The suite job's ``restartPolicy.quarantineSeconds`` (its minimum: also the window in which a
-node's two losses count) and ``quarantineReadySeconds``."""
+QUARANTINE_READY_S = 5
+"""The suite job's ``restartPolicy.quarantineReadySeconds``."""
 OPERATOR_RESYNC_S = 1
 JOB = "tiny-cpu"
 NS = "default"
@@ -142,6 +142,11 @@ def _args() -> argparse.Namespace:
                    f"order instead of SUITE ({', '.join(SUITE_ONLY)}: only there)")  # fmt: skip
     p.add_argument("--suite", action="store_true", help="the fault suite (--modes unused)")
     p.add_argument("--steps", type=int, default=1200, help="the suite job's steps")
+    p.add_argument("--quarantine-seconds", type=int, default=60,
+                   help="the suite job's restartPolicy.quarantineSeconds (60, the minimum, is "
+                   "also the window in which node-lost-twice's two losses must fall: a loaded "
+                   "machine that brings the job back onto the node later needs "
+                   "more)")  # fmt: skip
     p.add_argument("--interval", type=int, default=5, help="checkpoint every this many steps")
     p.add_argument("--past", type=int, default=2, help="inject this many steps past a checkpoint")
     p.add_argument("--fast-interval", type=int, default=2, help="the fast tier's interval")
@@ -500,7 +505,8 @@ def _await_lift(sb: Sandbox, cost: Cost, timeout: float) -> None:
         sb.wait(f"{node} lifted while the job runs", lambda: node not in sb.quarantined(),
                 timeout=settle)  # fmt: skip
     listed = node in sb.quarantined()
-    cost.facts["returned"] = node
+    if entry:  # else there is no quarantine to end: the check fails (not exercised)
+        cost.facts["returned"] = node
     cost.check_note = (
         f"{node} {'quarantined' if entry else 'NOT quarantined'} until "
         f"{entry.get('until') if entry else '-'}, Ready again after that; while the job ran "
@@ -529,8 +535,13 @@ def _checked(sb: Sandbox, cost: Cost, resumed: int) -> None:
     elif cost.fault == "quarantine-return":
         node = cost.facts.get("returned", "")
         cost.check = bool(node) and node not in sb.quarantined()
-        cost.check_note += "; " + ("not listed after the next attempt started" if cost.check
-                                   else "STILL listed after the next attempt started")  # fmt: skip
+        cost.check_note += "; " + (
+            "not listed after the next attempt started"
+            if cost.check
+            else "not exercised (no quarantine to end)"
+            if not node
+            else "STILL listed after the next attempt started"
+        )
     elif cost.fault == "operator-kill":
         cost.check = sb.operator is not None and sb.operator.poll() is None
 
@@ -768,7 +779,7 @@ def run_suite(sb: Sandbox, args: argparse.Namespace) -> tuple[list[Cost], bool]:
                step_log="runs/suite/steps.jsonl", faults=args.faults,
                steps=args.steps)  # fmt: skip
     doc["spec"]["trainer"]["checkpoint"]["path"] = "runs/suite/ckpt"
-    doc["spec"]["restartPolicy"].update(quarantineSeconds=QUARANTINE_S,
+    doc["spec"]["restartPolicy"].update(quarantineSeconds=args.quarantine_seconds,
                                         quarantineReadySeconds=QUARANTINE_READY_S)  # fmt: skip
     sb.request("POST", f"/apis/omni.megascale.io/v1alpha1/namespaces/{NS}/omnitrainingjobs", doc)
     costs: list[Cost] = []
