@@ -9,6 +9,10 @@ import yaml
 
 # NCCL's rules on CPU for every process the suite starts (omni_trainer.distributed.strict).
 os.environ.setdefault("OMNI_STRICT_COLLECTIVES", "1")
+# The suite's processes outnumber the cores: OpenMP threads that spin between parallel regions
+# (libgomp's default) take the cores from the processes with work (a tiny run: 7x the tokens/s,
+# a quarter of the CPU time with two lanes running). Read when torch loads libgomp, so before.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"

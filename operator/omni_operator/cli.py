@@ -82,19 +82,20 @@ def sandbox_up(
             "doubling to 30x, reset after a container ran 60x): a real kubelet's is 10",
         ),
     ] = 1.0,
-    run_operator: Annotated[
+    operator: Annotated[
         bool,
         typer.Option(
-            "--operator/--no-operator",
-            help="run the operator in the sandbox's process; --no-operator: run it yourself "
-            "(`omni operator --standalone --server URL`, as the chart's Deployment does), e.g. "
-            "to SIGKILL and start it again as a Deployment replaces its pod",
+            help="run the operator in the sandbox's process; --no-operator: none runs until "
+            "one is started beside it, the chart's (`omni sandbox install-chart`: its "
+            "Deployment's pod) or your own (`omni operator --standalone --server URL`, which "
+            "can be SIGKILLed and started again as a Deployment replaces its pod)"
         ),
     ] = True,
 ) -> None:
     """Run the sandbox until Ctrl-C: pods run as local processes in this directory."""
     import asyncio
     import logging
+    import signal
 
     from omni_operator.sandbox.cluster import DEFAULT_IMAGES, Sandbox, SandboxConfig
 
@@ -112,34 +113,92 @@ def sandbox_up(
         pull_seconds=pull_seconds,
         sync_seconds=sync_seconds,
         crash_backoff_seconds=crash_backoff_seconds,
-        operator=run_operator,
+        operator=operator,
     )
 
     async def main() -> None:
         async with Sandbox.start(config) as sb:
+            install = (
+                ""
+                if operator
+                else f"  omni sandbox install-chart --dir {workdir}   # the operator, by Helm\n"
+                f"    (or your own: omni operator --standalone --server {sb.url})\n"
+            )
             typer.echo(
                 f"sandbox up: API server {sb.url}, nodes "
                 f"{', '.join(n.name for n in sb.kubelet.nodes)}\n"
                 f"  registry: {', '.join(config.images)} (a node pulls one in "
                 f"{config.pull_seconds:g} s)\n"
                 f"  export KUBECONFIG={sb.kubeconfig_path}\n"
+                f"{install}"
                 "  kubectl apply -f examples/tiny-cpu.yaml\n"
                 "  kubectl get otj -w     # pod logs: kubectl logs POD, or "
                 f"{sb.config.workdir}/logs/\n"
                 f"  omni sandbox fault node-lost NODE --dir {workdir}\n"
-                + (
-                    ""
-                    if config.operator
-                    else f"  the operator is not running: omni operator --standalone --server "
-                    f"{sb.url}\n"
-                )
-                + "Ctrl-C stops the sandbox and every pod.",
+                "Ctrl-C stops the sandbox and every pod.",
                 err=True,
             )
-            await sb.wait()  # kopf stops the operator on SIGINT/SIGTERM
+            if operator:
+                await sb.wait()  # kopf stops the operator on SIGINT/SIGTERM
+                return
+            stop = asyncio.Event()  # no kopf to catch the signals: stop on them here
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+            waiting = asyncio.ensure_future(stop.wait())
+            parts = asyncio.ensure_future(sb.wait())
+            await asyncio.wait({waiting, parts}, return_when=asyncio.FIRST_COMPLETED)
+            waiting.cancel()
+            if parts.done():
+                parts.result()
+            parts.cancel()
 
     with contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError):
         asyncio.run(main())
+
+
+@sandbox.command("install-chart")
+def sandbox_install_chart(
+    release: Annotated[str, typer.Option(help="the Helm release name")] = "omni",
+    namespace: Annotated[
+        str, typer.Option("--namespace", "-n", help="the release's namespace (created)")
+    ] = "omni-system",
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="a chart value, as `helm install --set` takes it (repeatable)"),
+    ] = None,
+    values: Annotated[Path | None, typer.Option("--values", "-f", help="a values file")] = None,
+    chart: Annotated[
+        Path | None, typer.Option(help="the chart (default: charts/megascale-omni)")
+    ] = None,
+    workdir: SandboxDir = Path(".omni-sandbox"),
+) -> None:
+    """`helm install` the chart into a running sandbox (Helm's Go SDK, the sandbox's
+    kubeconfig): its operator runs as the Deployment's pod; start the sandbox with
+    --no-operator so that it is the only one."""
+    from omni_operator.sandbox.chart import CHART_DIR, install_chart, merge, set_values
+    from omni_operator.sandbox.cluster import read_state
+
+    try:
+        state = read_state(workdir)
+    except RuntimeError as err:
+        _fail(str(err), code=1)
+    given = (_read_yaml(values) or {}) if values else {}
+    try:
+        release_info = install_chart(
+            Path(state["kubeconfig"]),
+            chart=chart or CHART_DIR,
+            release=release,
+            namespace=namespace,
+            values=merge(given, set_values(set_ or [])),
+        )
+    except Exception as err:  # Helm's errors (HelmError and kin): said, exit 1
+        _fail(f"helm install {release}: {err}", code=1)
+    typer.echo(
+        f"release {release} {release_info.get('status')} in namespace {namespace} "
+        f"(revision {release_info.get('revision')})\n"
+        f"  kubectl -n {namespace} rollout status deploy   # the operator's pod Ready"
+    )
+    typer.echo(release_info.get("notes") or "")
 
 
 @sandbox.command("fault")

@@ -16,6 +16,12 @@ Kueue's contract for plain pods (kueue.sigs.k8s.io, "Run Plain Pods"; its pod co
 A gated attempt is queued, not starting: its start deadline counts from admission. A preempted
 attempt is stopped gracefully (the trainers' emergency checkpoint within the grace), is no
 failure (the restart budget is untouched) and waits queued for a new admission.
+
+With ``scheduling.topologyAware``, the pods also carry Kueue's Topology-Aware Scheduling (TAS)
+request derived from the layout (:func:`topology_annotations`, "Run Workloads with
+Topology-Aware Scheduling"); Kueue then chooses the nodes, so the pods are not pinned: a pod
+group whose pods differ in node affinity would be split into one PodSet per pod, and a slice
+larger than its PodSet is invalid.
 """
 
 from __future__ import annotations
@@ -24,12 +30,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from omni_operator.spec import OmniTrainingJobSpec
+
 Obj = Mapping[str, Any]
 
 GATE = "kueue.x-k8s.io/admission"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 GROUP_TOTAL = "kueue.x-k8s.io/pod-group-total-count"
+POD_INDEX_LABEL = "kueue.x-k8s.io/pod-group-pod-index"
+"""A pod's index in its group: TAS assigns consecutive indices to consecutive places in the
+chosen domains, so pods numbered by node rank keep each slice on consecutive ranks."""
+REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
+PREFERRED_TOPOLOGY = "kueue.x-k8s.io/podset-preferred-topology"
+SLICE_TOPOLOGY = "kueue.x-k8s.io/podset-slice-required-topology"
+SLICE_SIZE = "kueue.x-k8s.io/podset-slice-size"
 STOP_CONDITIONS = ("DisruptionTarget", "TerminationTarget")
 KUEUE_REASONS = frozenset({
     "Preempted", "EvictedByKueue", "WorkloadEvicted", "InClusterQueue", "InCohortReclamation",
@@ -98,3 +113,27 @@ def evicted(pods: Sequence[Obj]) -> Eviction | None:
         return None
     first = hit[0][1]
     return Eviction(tuple(sorted(n for n, _ in hit)), first["reason"], first.get("message") or "")
+
+
+def topology_annotations(spec: OmniTrainingJobSpec) -> dict[str, str]:
+    """Kueue's TAS request for the job's pod group, the constraints placement keeps itself.
+
+    A reorder group (``topology.reorderGroupSize`` consecutive node ranks) must lie inside one
+    domain of the finest ``topology.networkDomainLabels`` level, the level whose values all its
+    nodes share. When one group is the whole job that is the PodSet's required topology; else
+    each group is a PodSet slice required at that level, and the whole job prefers that level,
+    which Kueue relaxes one level up at a time as placement widens its choice when no domain
+    holds everything. Tensor and encoder sequence-parallel groups never leave a node (one pod),
+    so they need no constraint. Kueue takes a slice to be consecutive pod indices
+    (:data:`POD_INDEX_LABEL`), as reorder groups are consecutive node ranks.
+
+    Args:
+        spec: a validated spec with ``topology.networkDomainLabels`` set.
+
+    Returns:
+        The annotations every pod of the group carries.
+    """
+    level = spec.topology.network_domain_labels[-1]
+    if spec.group_size == spec.nodes:
+        return {REQUIRED_TOPOLOGY: level}
+    return {PREFERRED_TOPOLOGY: level, SLICE_TOPOLOGY: level, SLICE_SIZE: str(spec.group_size)}

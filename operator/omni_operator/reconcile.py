@@ -733,8 +733,9 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
     if failure is None:
         failure = _straggler_replacement(s)
     if failure is None:
+        _lift_quarantine(s)  # a node back in time can hold a spare, or the next attempt
         _keep_spares(s)
-        s.actions.requeue_after = recovery.next_deadline(
+        due = recovery.next_deadline(
             pods,
             s.nodes,
             spec=spec,
@@ -744,6 +745,8 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
             starting_since=starting_since,
             current=current,
         )
+        lift = quarantine.next_lift(s.st.quarantine, s.now)
+        s.actions.requeue_after = min((x for x in (due, lift) if x is not None), default=None)
         return s.finish()
 
     latest = st.last_checkpoint.step if st.last_checkpoint else None

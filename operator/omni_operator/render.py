@@ -7,8 +7,9 @@ node rank 0: when a hot spare takes node rank 0 over, its new label moves the ad
 (pods' hostnames stay under the job's Service, ``<pod hostname>.<job>.<namespace>.svc``). Pods
 are pinned with required node affinity on ``metadata.name`` rather than ``nodeName``: the
 scheduler still accounts resources and gang schedulers (Volcano, Kueue's scheduling gates)
-still admit the pods as a group. Pod names carry the restart attempt, so a restart never waits
-for an old pod stuck Terminating on a lost node.
+still admit the pods as a group (under Kueue's Topology-Aware Scheduling, Kueue chooses the
+nodes and the pods are not pinned: see :mod:`omni_operator.kueue`). Pod names carry the restart
+attempt, so a restart never waits for an old pod stuck Terminating on a lost node.
 
 The contract with the trainer is the ``OMNI_*`` environment (see :func:`rank_env`) and the
 manifest mounted at :data:`CONFIG_PATH`.
@@ -21,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from omni_operator import kueue, volcano
 from omni_operator.placement import PlacedNode, Placement, node_requests
 from omni_operator.pod_access import SCRATCH_DIR, render_access
 from omni_operator.spec import GROUP, VERSION, OmniTrainingJob
@@ -175,15 +177,13 @@ def render_rendezvous_service(job: OmniTrainingJob, *, attempt: int) -> Obj:
 
 
 def render_pod_group(job: OmniTrainingJob, *, attempt: int) -> Obj:
-    """Volcano gang: all node pods are admitted together or not at all."""
-    spec: Obj = {"minMember": job.spec.nodes}
-    if job.spec.scheduling.priority_class_name:
-        spec["priorityClassName"] = job.spec.scheduling.priority_class_name
+    """Volcano gang: all node pods are admitted together or not at all
+    (:func:`omni_operator.volcano.pod_group_spec`)."""
     return {
         "apiVersion": "scheduling.volcano.sh/v1beta1",
         "kind": "PodGroup",
         "metadata": _meta(job, _gang_name(job, attempt), {LABEL_ATTEMPT: str(attempt)}),
-        "spec": spec,
+        "spec": volcano.pod_group_spec(job.spec),
     }
 
 
@@ -339,7 +339,8 @@ def render_pod(
 ) -> Obj:
     """The pod of one node rank (``gang`` adds the Volcano/Kueue group wiring if configured),
     or the standby pod named ``spare`` on ``node`` (rank :data:`SPARE_RANK`), of the gang whose
-    pods attempt ``attempt`` created."""
+    pods attempt ``attempt`` created. Pinned to ``node`` unless Kueue's Topology-Aware
+    Scheduling chooses the nodes (see :mod:`omni_operator.kueue`)."""
     spec, sched, res = job.spec, job.spec.scheduling, job.spec.resources
     if spare is not None:
         name, labels = spare, {LABEL_SPARE: "standby", LABEL_ATTEMPT: str(attempt)}
@@ -348,12 +349,18 @@ def render_pod(
         name = pod_name(job.metadata.name, attempt=attempt, rank=node.rank)
         labels = {LABEL_RANK: str(node.rank), LABEL_ATTEMPT: str(attempt)}
     annotations = {ANNOTATION_NODE: node.name}
+    kueue_places = bool(gang and sched.kueue_queue and sched.topology_aware)
     if gang and sched.kueue_queue:
-        labels["kueue.x-k8s.io/queue-name"] = sched.kueue_queue
-        labels["kueue.x-k8s.io/pod-group-name"] = _gang_name(job, attempt)
-        annotations["kueue.x-k8s.io/pod-group-total-count"] = str(spec.nodes)
+        labels[kueue.QUEUE_LABEL] = sched.kueue_queue
+        labels[kueue.GROUP_LABEL] = _gang_name(job, attempt)
+        annotations[kueue.GROUP_TOTAL] = str(spec.nodes)
+    if kueue_places:
+        labels[kueue.POD_INDEX_LABEL] = str(node.rank)
+        annotations.update(kueue.topology_annotations(spec))
     if gang and sched.volcano_gang:
         annotations["scheduling.k8s.io/group-name"] = _gang_name(job, attempt)
+        if sched.topology_aware:
+            labels[volcano.REORDER_GROUP_LABEL] = str(node.reorder_group)
     if in_place(job) and spare is None:
         annotations[ANNOTATION_ORDER] = attempt_order(attempt)
     meta = _meta(job, name, labels)
@@ -406,19 +413,7 @@ def render_pod(
         "restartPolicy": "OnFailure" if in_place(job) else "Never",
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": termination_grace_seconds(job),
-        "affinity": {
-            "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [
-                        {
-                            "matchFields": [
-                                {"key": "metadata.name", "operator": "In", "values": [node.name]}
-                            ]
-                        }
-                    ]
-                }
-            }
-        },
+        **({} if kueue_places else {"affinity": _pin(node.name)}),
         "tolerations": _tolerations(job),
         "securityContext": _pod_security(job),
         "containers": [container],
@@ -458,6 +453,15 @@ def render_pod(
     if sched.priority_class_name:
         pod_spec["priorityClassName"] = sched.priority_class_name
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+
+def _pin(node_name: str) -> Obj:
+    """Required node affinity on ``metadata.name``: the scheduler still accounts resources."""
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node_name]}]}
+    return {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [term]}}
+    }  # fmt: skip
 
 
 def fast_tier_volume(job: OmniTrainingJob) -> tuple[Obj, Obj] | None:

@@ -153,6 +153,18 @@ class SchedulingConfig(Spec):
     volcano_gang: bool = Field(
         False, description="create a Volcano PodGroup (minMember = nodes) and use Volcano"
     )
+    volcano_queue: str | None = Field(
+        None, description="Volcano Queue of the PodGroup (volcanoGang); default: Volcano's default"
+    )
+    topology_aware: bool = Field(
+        False,
+        description="give the gang scheduler the layout's network constraints, derived from "
+        "topology.networkDomainLabels and reorderGroupSize: with kueueQueue, Kueue's "
+        "Topology-Aware Scheduling annotations (the ClusterQueue's ResourceFlavor needs a "
+        "Topology whose levels include the finest label; Kueue then chooses the nodes); with "
+        "volcanoGang, the PodGroup's networkTopology over HyperNode tiers (tier 1 = the finest "
+        "label)",
+    )
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[Toleration] = Field(default_factory=list)
 
@@ -453,6 +465,33 @@ def _cluster_settings_problems(spec: OmniTrainingJobSpec) -> list[tuple[Loc, str
                 ("scheduling", "schedulerName"),
                 f"volcanoGang needs the Volcano scheduler; schedulerName is "
                 f"{sched.scheduler_name!r} (leave it unset or set 'volcano')",
+            )
+        )
+    if sched.volcano_queue and not sched.volcano_gang:
+        out.append(
+            (
+                ("scheduling", "volcanoQueue"),
+                "volcanoQueue is the queue of the Volcano PodGroup; set volcanoGang true or "
+                "remove volcanoQueue",
+            )
+        )
+    if sched.topology_aware and not (sched.kueue_queue or sched.volcano_gang):
+        out.append(
+            (
+                ("scheduling", "topologyAware"),
+                "topologyAware hands the layout's network constraints to Kueue or Volcano; set "
+                "kueueQueue or volcanoGang, or remove topologyAware (the operator's own "
+                "placement keeps them without it)",
+            )
+        )
+    elif sched.topology_aware and not spec.topology.network_domain_labels:
+        out.append(
+            (
+                ("topology", "networkDomainLabels"),
+                "scheduling.topologyAware derives the topology levels from these labels; list "
+                "the node labels of the cluster's network domains, coarse to fine (the levels "
+                "of Kueue's Topology or the labels of Volcano's HyperNode tiers), or remove "
+                "topologyAware",
             )
         )
     if spec.spare_nodes and spec.restart_policy.mode != "in-place":

@@ -194,10 +194,13 @@ def run_scenario(doc: dict, steps: int, out: Path | None) -> dict:
 
 
 def main() -> None:
+    from omni_trainer.mcore.parallel import destroy_groups
+
     spec = json.loads(Path(sys.argv[1]).read_text())
     for name, doc in spec["scenarios"].items():
         run_scenario(doc, spec["steps"], Path(spec["out"]) / name)
         dist.barrier()
+        destroy_groups()  # each scenario's groups (and their threads) end with it
 
 
 if __name__ == "__main__":

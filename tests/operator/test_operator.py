@@ -104,6 +104,48 @@ async def test_node_lost_restarts_on_other_nodes_from_the_checkpoint(cluster: Cl
     assert "from the newest checkpoint (step 100 or newer)" in event["message"]
 
 
+async def test_two_lost_nodes_return_are_unquarantined_and_the_job_succeeds(
+    cluster: Cluster,
+) -> None:
+    """Two node losses in a row, each node quarantined at once (quarantineAfterFailures 1);
+    each returns, and once its quarantine expired and it has been Ready quarantineReadySeconds,
+    it is lifted while the job runs (an Event, status.quarantine empty); the job succeeds."""
+    policy = {"quarantineAfterFailures": 1, "quarantineSeconds": 60, "quarantineReadySeconds": 10}
+    await cluster.apply(job_manifest(restartPolicy=policy))
+    await _running(cluster)
+
+    def quarantined() -> list[str]:
+        return [e["node"] for e in cluster.status("train").get("quarantine") or []]
+
+    for attempt, lost, placed in ((1, "n1", ["n2", "n3"]), (2, "n3", ["n0", "n1"])):
+        await cluster.node_not_ready(lost)
+        cluster.clock.advance(31)  # past nodeLostGraceSeconds (30)
+        pods = await _running(cluster, attempt=attempt)
+        assert [_node_of(p) for p in pods] == placed  # n1 back and lifted before n3 is lost
+        assert quarantined() == [lost] and cluster.status("train")["quarantinedNodes"] == [lost]
+        (entry,) = cluster.status("train")["quarantine"]
+        assert entry["reason"] == "NodeLost" and entry["until"]
+        await cluster.node_ready(lost)
+        cluster.clock.advance(30)  # Ready, but the quarantine has 60 s to run: kept
+        await asyncio.sleep(0.6)
+        assert quarantined() == [lost]
+        cluster.clock.advance(31)  # expired, Ready for 61 s
+        await cluster.wait(f"{lost} lifted", lambda: quarantined() == [])
+        assert cluster.status("train")["phase"] == "Running"
+        assert cluster.status("train")["quarantinedNodes"] == []
+
+    def lifted() -> list[str]:
+        return [e["message"] for e in cluster.events("train") if e["reason"] == "QuarantineLifted"]
+
+    # kopf posts Events from its own queue, after the status patch that lifted the quarantine
+    await cluster.wait("two QuarantineLifted Events", lambda: len(lifted()) >= 2)
+    assert sorted(m.split(": ")[1].split(" (")[0] for m in lifted()) == ["n1", "n3"], lifted()
+    for pod in cluster.pods("train", 2):
+        await cluster.exit_pod(pod["metadata"]["name"], 0, reason="Completed")
+    await cluster.wait("Succeeded", lambda: cluster.status("train").get("phase") == "Succeeded")
+    assert [r["nodes"] for r in cluster.status("train")["restartHistory"]] == [["n1"], ["n3"]]
+
+
 async def test_hang_restarts(cluster: Cluster) -> None:
     await cluster.apply(job_manifest(restartPolicy={"hangTimeoutSeconds": 600}))
     cluster.progress["train"] = Progress(step=5)

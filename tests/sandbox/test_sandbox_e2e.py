@@ -432,13 +432,26 @@ def _corrupt_newest_checkpoint(root: Path) -> int:
     return int(newest.name.removeprefix("step-"))
 
 
+FRESH_STEPS = 4
+
+
+def _trainers_started(sb: Sandbox, job: str) -> bool:
+    """Every pod of the job's attempt runs its container (the trainers are importing)."""
+    pods = [p for p in _pods(sb).values() if p["metadata"]["name"].startswith(f"{job}-a0-n")]
+    return len(pods) == 2 and all(
+        "running" in ((p.get("status") or {}).get("containerStatuses") or [{}])[0].get("state", {})
+        for p in pods
+    )
+
+
 def test_a_restarted_sandbox_keeps_the_job_and_it_succeeds_exactly(tmp_path: Path) -> None:
     """`omni sandbox up` stopped mid-run (API server, kubelet, operator and pods all go) and
     started again on the same --dir: the job is still there, its pods are reported as lost, the
     operator restarts it from its checkpoint, and the loss curve is an uninterrupted run's.
     Meanwhile the newest checkpoint was corrupted in place at the same size: the resume skips it
-    for the one before. Then a job of another name on the same path refuses it, naming the
-    owner."""
+    for the one before. A second job whose trainers had started but not reached step 1 when the
+    sandbox stopped restarts too (infrastructure, not a configuration error) and succeeds. Then
+    a job of another name on the same path refuses the checkpoint, naming the owner."""
     steps = 80  # long enough that the sandbox stops mid-run even on an idle machine
     for name, ckpt in (("job", "runs/job/ckpt"), ("ref", None)):
         _manifest(tmp_path / f"{name}.yaml", step_log=f"runs/{name}/steps.jsonl", checkpoint=ckpt)
@@ -447,6 +460,11 @@ def test_a_restarted_sandbox_keeps_the_job_and_it_succeeds_exactly(tmp_path: Pat
         if ckpt:
             doc["spec"]["trainer"]["checkpoint"]["intervalSteps"] = 5
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(doc))
+    _manifest(tmp_path / "fresh.yaml", step_log="runs/fresh/steps.jsonl", checkpoint=None,
+              steps=FRESH_STEPS)  # fmt: skip
+    fresh = yaml.safe_load((tmp_path / "fresh.yaml").read_text())
+    fresh["metadata"]["name"] = "fresh"
+    (tmp_path / "fresh.yaml").write_text(yaml.safe_dump(fresh))
     with Sandbox(tmp_path) as sb:
         sb.kubectl("apply", "-f", "job.yaml")
 
@@ -455,18 +473,24 @@ def test_a_restarted_sandbox_keeps_the_job_and_it_succeeds_exactly(tmp_path: Pat
             return (last.get("step") or 0) >= 10  # two: the newest is corrupted below
 
         sb.wait("two checkpoints", checkpointed, timeout=400)
+        sb.kubectl("apply", "-f", "fresh.yaml")  # on the other two nodes
+        sb.wait("fresh's trainers started", lambda: _trainers_started(sb, "fresh"), timeout=300)
+        assert not (tmp_path / "runs/fresh/steps.jsonl").exists()  # stopped before its step 1
     corrupted = _corrupt_newest_checkpoint(tmp_path / "runs/job/ckpt")
     with Sandbox(tmp_path) as sb:  # the same directory: the stored objects come back
         assert "tiny-cpu" in sb.kubectl("get", "otj")
         sb.kubectl("wait", "--for=jsonpath={.status.phase}=Succeeded", "otj/tiny-cpu",
-                   "--timeout=600s", timeout=660)  # fmt: skip
+                   "otj/fresh", "--timeout=600s", timeout=660)  # fmt: skip
+        fresh = sb.job("fresh")["status"]
+        assert fresh["step"] == FRESH_STEPS and fresh["restarts"] == 1, fresh
+        assert "previous kubelet" in fresh["restartHistory"][0]["message"], fresh
         status = sb.job("tiny-cpu")["status"]
         assert status["step"] == steps and status["restarts"] == 1
         (restart,) = status["restartHistory"]
         assert "previous kubelet" in restart["message"] and restart["confirmed"]
         pods = json.loads(sb.kubectl("get", "pods", "-o", "json"))["items"]
         names = sorted(p["metadata"]["name"] for p in pods)
-        assert names == ["tiny-cpu-a1-n0", "tiny-cpu-a1-n1"], names  # no duplicates
+        assert names == ["fresh-a1-n0", "fresh-a1-n1", "tiny-cpu-a1-n0", "tiny-cpu-a1-n1"], names
         other = yaml.safe_load((tmp_path / "job.yaml").read_text())
         other["metadata"]["name"] = "other"
         (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))

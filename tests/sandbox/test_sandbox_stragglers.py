@@ -61,7 +61,8 @@ def test_a_throttled_node_is_reported_as_a_straggler(tmp_path: Path) -> None:
         assert cond["reason"] == "SlowNode" and f"node {node} (rank 1)" in cond["message"], cond
         (entry,) = [s for s in status()["stragglers"] if s["detectedStep"] is not None]
         assert entry["node"] == node and entry["nodeRank"] == 1
-        assert entry["busySeconds"] > 1.4 * entry["medianSeconds"], entry
+        # kept a straggler until within half the margin: the status figure is past 1.2x
+        assert entry["busySeconds"] > 1.2 * entry["medianSeconds"], entry
         assert entry["detectedStep"] - entry["slowSinceStep"] >= 10
         events = json.loads(sb.kubectl("get", "events", "--field-selector",
                                        "involvedObject.name=tiny-cpu", "-o", "json"))  # fmt: skip

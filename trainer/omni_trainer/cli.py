@@ -149,8 +149,10 @@ def train(
                 "--resume",
                 resume or "none",
             ]
-            os.environ[SOURCES_CHECKED] = "1"  # the local workers need not check again
-            raise typer.Exit(launch_torchrun(manifest, nproc=nproc, forwarded=forwarded))
+            checked = {SOURCES_CHECKED: "1"}  # the local workers need not check again
+            raise typer.Exit(
+                launch_torchrun(manifest, nproc=nproc, forwarded=forwarded, env=checked)
+            )
         result = run_worker(
             job,
             steps=steps,

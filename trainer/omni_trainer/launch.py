@@ -24,10 +24,13 @@ def torchrun_argv(nproc: int) -> list[str]:
             f"--nproc-per-node={nproc}"]  # fmt: skip
 
 
-def launch_torchrun(manifest_path: Path, *, nproc: int, forwarded: list[str]) -> int:
-    """Start ``nproc`` local workers; each re-enters ``omni train`` and sees the torchrun env."""
+def launch_torchrun(
+    manifest_path: Path, *, nproc: int, forwarded: list[str], env: dict[str, str] | None = None
+) -> int:
+    """Start ``nproc`` local workers; each re-enters ``omni train`` and sees the torchrun env
+    (plus ``env``, which this process's own environment never receives)."""
     cmd = [*torchrun_argv(nproc), "-m", "omni_trainer.cli", "train", str(manifest_path)]
-    return subprocess.call([*cmd, *forwarded])
+    return subprocess.call([*cmd, *forwarded], env={**os.environ, **(env or {})})
 
 
 # megatron-core warns on every import about optional kernels that CPU runs never have.

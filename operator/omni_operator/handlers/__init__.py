@@ -176,7 +176,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     port = os.environ.get("OMNI_OPERATOR_METRICS_PORT")
     if port and isinstance(st.metrics, NullOperatorMetrics):
         st.metrics = OperatorMetrics()
-        st.metrics.serve(int(port))
+        # on the pod's address where one is given (the sandbox's pods share a loopback)
+        st.metrics.serve(int(port), addr=os.environ.get("OMNI_METRICS_ADDR", "0.0.0.0"))
 
 
 @kopf.on.login()

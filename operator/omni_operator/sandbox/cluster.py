@@ -2,11 +2,11 @@
 
 The kmock API emulator (:mod:`.emulator`) on 127.0.0.1 with the OmniTrainingJob CRD, N emulated
 GPU nodes labelled with a zone and a spine, the kubelet simulator (:mod:`.kubelet`) that really
-runs the pods, an emulation of Kueue's pod integration (:mod:`.kueue`), and the operator itself
-in the same process (or, with ``operator=False``, in a process of its own: ``omni operator
---standalone --server URL``, as the chart's Deployment runs it, so it can be SIGKILLed and started
-again as a Deployment replaces its pod). A kubeconfig is written next to a state file, so real
-``kubectl`` and ``omni sandbox fault`` find it.
+runs the pods, an emulation of Kueue's pod integration (:mod:`.kueue`) and of the Deployment
+controller (:mod:`.deployments`), and the operator itself in the same process (or none:
+``SandboxConfig.operator``, then the chart's, installed by :mod:`.chart`, or one run by hand).
+A kubeconfig is written next to a state file, so real ``kubectl`` and ``omni sandbox fault``
+find it.
 """
 
 from __future__ import annotations
@@ -29,12 +29,14 @@ import kopf
 import yaml
 
 from omni_operator.sandbox import kueue
+from omni_operator.sandbox.deployments import DeploymentController
 from omni_operator.sandbox.emulator import Emulator
 from omni_operator.sandbox.kubelet import (
     CRASH_BACKOFF_S,
     FAULT,
     GPU,
     SYNC_S,
+    ImageConfig,
     Kubelet,
     Registry,
     SimNode,
@@ -45,6 +47,13 @@ from omni_operator.spec import DEFAULT_IMAGE, GROUP, PLURAL, VERSION
 
 OPERATOR_IMAGE = "ghcr.io/megascale-omni/operator:0.1.0"
 """The chart's operator image (``image.repository`` at the chart's ``appVersion``)."""
+OPERATOR_ENTRYPOINT = ImageConfig(
+    entrypoint=("kopf", "run", "-m", "omni_operator.handlers"),
+    cmd=("--all-namespaces", "--standalone", "--liveness=http://0.0.0.0:8080/healthz"),
+)
+"""``dockerfiles/operator.Dockerfile``'s ENTRYPOINT and CMD (the chart passes only args): the
+kubelet runs this Python's ``kopf`` console script with them (a test keeps them in step)."""
+IMAGE_CONFIGS = {OPERATOR_IMAGE: OPERATOR_ENTRYPOINT}
 DEFAULT_IMAGES: tuple[str, ...] = (DEFAULT_IMAGE, OPERATOR_IMAGE)
 """What the sandbox's registry holds unless ``--image`` says otherwise: the images examples/ and
 the chart use (tests keep this in step with them)."""
@@ -81,8 +90,9 @@ class SandboxConfig:
     """The kubelets' ``syncFrequency``: a running pod sees a ConfigMap update this late at
     worst, unless the pod itself is updated (a kubelet syncs it then)."""
     operator: bool = True
-    """Run the operator in the sandbox's process; False: run it elsewhere (``omni operator
-    --standalone --server URL``), e.g. to kill and restart it on its own."""
+    """Run the operator in the sandbox's process; False: none runs until one is started beside
+    it: the chart's Deployment (``omni sandbox install-chart``) or ``omni operator --standalone
+    --server URL`` (a process that can be SIGKILLed and started again, as a Deployment's pod)."""
 
     def __post_init__(self) -> None:
         if (self.nodes < 1 or self.spines < 1 or self.gpus_per_node < 0 or self.pull_seconds < 0
@@ -147,7 +157,6 @@ class Sandbox:
     @classmethod
     @contextlib.asynccontextmanager
     async def start(cls, config: SandboxConfig) -> AsyncIterator[Sandbox]:
-        import omni_operator.handlers  # noqa: F401  (registers the operator's handlers)
         from omni_operator.crd import crd
 
         workdir = config.workdir.resolve()
@@ -169,7 +178,8 @@ class Sandbox:
                         schema=served["schema"]["openAPIV3Schema"])  # fmt: skip
             url = str(server.url).rstrip("/")
             nodes = [SimNode(f"node-{i}", i, config.gpus_per_node) for i in range(config.nodes)]
-            registry = Registry.of(config.images, pull_s=config.pull_seconds)
+            registry = Registry.of(config.images, pull_s=config.pull_seconds,
+                                   configs=IMAGE_CONFIGS)  # fmt: skip
             kubelet = Kubelet(api=url, nodes=nodes, workdir=workdir, registry=registry,
                               sync_s=config.sync_seconds,
                               crash_backoff_s=config.crash_backoff_seconds)  # fmt: skip
@@ -190,7 +200,11 @@ class Sandbox:
             sb.tasks.append(asyncio.create_task(kubelet.run(), name="sandbox-kubelet"))
             sb.tasks.append(asyncio.create_task(kueue.KueueEmulator(url).run(),
                                                 name="sandbox-kueue"))  # fmt: skip
+            sb.tasks.append(asyncio.create_task(DeploymentController(url).run(),
+                                                name="sandbox-deployments"))  # fmt: skip
             if config.operator:
+                import omni_operator.handlers  # noqa: F401  (registers the operator's handlers)
+
                 memo = kopf.Memo(api_server=url, resync_seconds=config.resync_seconds)
                 sb.tasks.append(
                     asyncio.create_task(

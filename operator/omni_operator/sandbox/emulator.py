@@ -4,9 +4,14 @@ kmock 0.8 stores objects and streams watch events, but: objects get no uid / res
 creationTimestamp / generateName, label and field selectors are ignored, ``/status`` is not a
 subresource, JSON patches (kopf's finalizers) and resourceVersion preconditions are unknown, and a
 watch replays every object whatever resourceVersion it starts from. :class:`Emulator` takes over
-the writes (create, patch, delete) with those semantics and filters reads. What it still does not
-do, on purpose: garbage collection by ownerReferences (the operator must clean up itself here),
-strategic merge (a strategic patch is applied as a JSON merge patch), PUT. Admission checks what
+the writes (create, patch, delete) with those semantics and filters reads. It also takes what
+Helm and client-go send: a server-side apply (creates the object when absent, else is merged as
+a JSON merge patch: no field ownership), PUT (a replacement under its resourceVersion),
+``dryRun=All`` (admitted, answered, not stored) and protobuf bodies of Secrets, ConfigMaps and
+Namespaces (:mod:`.protobuf`); a CRD's resource is served once the CRD is created (Established).
+What it still does not do, on purpose: garbage collection by ownerReferences (the operator must
+clean up itself here; the sandbox's Deployment emulation removes its own pods), strategic merge
+(a strategic patch is applied as a JSON merge patch), RBAC or token checks. Admission checks what
 a real API server checks on every create: the name (a DNS-1123 subdomain) and, for a resource
 declared with a schema (a CRD's ``openAPIV3Schema``), the object against it, rejected with 422
 and the field paths. Pod logs are served from :attr:`Emulator.pod_logs` (the sandbox's kubelet
@@ -32,9 +37,11 @@ import attrs
 import jsonpatch
 import jsonschema
 import kmock
+import yaml
 from kmock._internal import parsing, rendering
 
-from omni_operator.sandbox.tables import BUILTIN, Column, as_table
+from omni_operator.sandbox import protobuf
+from omni_operator.sandbox.tables import BUILTIN, Column, as_table, printer_columns
 
 Obj = dict[str, Any]
 _parse_path = parsing.parse_path
@@ -70,7 +77,21 @@ RESOURCES: list[tuple[str, str, bool, bool, tuple[str, ...]]] = [
      ("crd", "crds")),
     ("scheduling.volcano.sh/v1beta1/podgroups", "PodGroup", True, True, ("pg",)),
     ("scheduling.k8s.io/v1/priorityclasses", "PriorityClass", False, False, ("pc",)),
+    # what the chart renders (`helm install` into the sandbox): its operator's Deployment (run
+    # by :mod:`.deployments`), identity, RBAC (stored, not enforced) and NetworkPolicies (stored,
+    # not enforced: the sandbox's network is the loopback)
+    ("apps/v1/deployments", "Deployment", True, True, ("deploy",)),
+    ("v1/serviceaccounts", "ServiceAccount", True, False, ("sa",)),
+    ("rbac.authorization.k8s.io/v1/roles", "Role", True, False, ()),
+    ("rbac.authorization.k8s.io/v1/rolebindings", "RoleBinding", True, False, ()),
+    ("rbac.authorization.k8s.io/v1/clusterroles", "ClusterRole", False, False, ()),
+    ("rbac.authorization.k8s.io/v1/clusterrolebindings", "ClusterRoleBinding", False, False, ()),
+    ("networking.k8s.io/v1/networkpolicies", "NetworkPolicy", True, False, ("netpol",)),
 ]  # fmt: skip
+SERVER_VERSION = "1.33"
+"""The Kubernetes the emulator reports at ``/version`` (its API is that of recent releases:
+watch-lists, server-side apply)."""
+CRDS = kmock.resource("apiextensions.k8s.io/v1/customresourcedefinitions")
 VERBS = {"create", "delete", "get", "list", "patch", "update", "watch"}
 
 
@@ -269,6 +290,11 @@ def nesting_depth(value: Any) -> int:
     return deepest
 
 
+def _dry_run(request: rendering.Request) -> bool:
+    """``?dryRun=All``: the write is admitted and answered, nothing is stored."""
+    return request.params.get("dryRun") == "All"
+
+
 def _failure(code: int, reason: str, message: str) -> aiohttp.web.StreamResponse:
     """A ``Status`` failure as the API server answers it (kubectl prints its message)."""
     status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
@@ -343,6 +369,37 @@ class Emulator(kmock.KubernetesEmulator):
         if schema is not None:
             self._schemas[res] = schema
 
+    def serve_crd(self, definition: Obj) -> Obj:
+        """Serve a CustomResourceDefinition's resource (its storage version, schema, status
+        subresource, short names, printer columns) unless it is served already, as an API
+        server does once it is created; returns the status it reports (Established)."""
+        spec = definition["spec"]
+        names = spec["names"]
+        version = next((v for v in spec["versions"] if v.get("storage")), spec["versions"][0])
+        key = f"{spec['group']}/{version['name']}/{names['plural']}"
+        if kmock.resource(key) not in self._namespaced:
+            self.declare(
+                key,
+                kind=names["kind"],
+                namespaced=spec.get("scope", "Namespaced") == "Namespaced",
+                status="status" in (version.get("subresources") or {}),
+                short_names=names.get("shortNames", ()),
+                columns=printer_columns(definition),
+                schema=(version.get("schema") or {}).get("openAPIV3Schema"),
+            )
+        now = _now()
+        return {
+            "acceptedNames": names,
+            "storedVersions": [version["name"]],
+            "conditions": [
+                {"type": t, "status": "True", "reason": r, "message": m,
+                 "lastTransitionTime": now}
+                for t, r, m in (("NamesAccepted", "NoConflicts", "no conflicts found"),
+                                ("Established", "InitialNamesAccepted",
+                                 "the initial names have been accepted"))
+            ],
+        }  # fmt: skip
+
     def persist(self) -> None:
         """Write every live object (and the resourceVersion counter) to :attr:`store`."""
         if self.store is None:
@@ -363,6 +420,8 @@ class Emulator(kmock.KubernetesEmulator):
         state = json.loads(self.store.read_text())
         for key, ns, raw in state["objects"]:
             self._objects[kmock.resource(key), ns, raw["metadata"]["name"]] = raw
+            if kmock.resource(key) == CRDS:
+                self.serve_crd(raw)
         self._rv = max(self._rv, int(state["resourceVersion"]))
         return len(state["objects"])
 
@@ -382,14 +441,17 @@ class Emulator(kmock.KubernetesEmulator):
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         if "protobuf" in raw_request.headers.get("Content-Type", ""):
-            # `kubectl create secret|configmap` sends built-in kinds as protobuf, and kubectl
-            # does not retry in JSON (kubernetes#86253); `kubectl apply` sends JSON.
-            message = (
-                "the sandbox's API server reads JSON only: pipe it through apply, e.g. `kubectl "
-                "create secret generic NAME --from-literal=K=V --dry-run=client -o yaml | "
-                "kubectl apply -f -`"
-            )
-            return _failure(415, "UnsupportedMediaType", message)
+            # client-go's typed clients (`kubectl create secret|configmap`, Helm's release
+            # storage) send built-in kinds as protobuf and do not retry in JSON
+            # (kubernetes#86253): Secrets and ConfigMaps are read as their JSON objects
+            obj = protobuf.decode(await raw_request.read()) if raw_request.can_read_body else None
+            if obj is None:
+                message = (
+                    "the sandbox's API server reads JSON (protobuf: only Secrets, ConfigMaps "
+                    "and Namespaces): send JSON (`kubectl apply` does)"
+                )
+                return _failure(415, "UnsupportedMediaType", message)
+            raw_request._read_bytes = json.dumps(obj).encode()  # what kmock parses next
         size = raw_request.content_length or 0
         try:
             if size > MAX_BODY_BYTES:
@@ -418,6 +480,8 @@ class Emulator(kmock.KubernetesEmulator):
             return await super()._handle(request)
         if request.action == kmock.action.CREATE and request.name is None:
             write = self._create
+        elif request.method == "PUT" and request.name is not None:
+            write = self._replace
         elif request.action == kmock.action.UPDATE and request.name is not None:
             write = self._patch
         elif request.action == kmock.action.DELETE and request.name is not None:
@@ -438,8 +502,11 @@ class Emulator(kmock.KubernetesEmulator):
     async def _publish(self, request: rendering.Request, kind: str, obj: Obj) -> None:
         await self._buses[request.resource].put({"type": kind, "object": copy.deepcopy(obj)})
 
-    async def _create(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
-        obj = copy.deepcopy(request.data)
+    async def _create(
+        self, request: rendering.Request, data: Any = None
+    ) -> aiohttp.web.StreamResponse:
+        """POST (or a server-side apply of an object that does not exist: ``data``)."""
+        obj = copy.deepcopy(request.data if data is None else data)
         if not isinstance(obj, dict):
             raise kmock.KubernetesError(status=400, reason="BadRequest", message="not an object")
         api_times(obj)
@@ -453,6 +520,8 @@ class Emulator(kmock.KubernetesEmulator):
             meta["namespace"] = request.namespace or meta.get("namespace") or "default"
         else:
             meta.pop("namespace", None)
+        if request.resource == kmock.resource("v1/secrets"):
+            obj["type"] = obj.get("type") or "Opaque"  # the API server's default
         if request.resource in self._status_sub and request.resource != kmock.resource("v1/pods"):
             obj.pop("status", None)  # custom resources: status is written through /status only
         self._admit(request, obj)
@@ -466,7 +535,11 @@ class Emulator(kmock.KubernetesEmulator):
                     reason="AlreadyExists",
                     message=f"{request.resource.plural} {meta['name']!r} already exists",
                 )
+            if _dry_run(request):  # admitted, not stored (`kubectl apply --dry-run=server`)
+                return aiohttp.web.json_response(obj, status=201)
             self._stamp(obj)
+            if request.resource == CRDS:
+                obj["status"] = self.serve_crd(obj)
             if key in self._objects:
                 self._objects[key].create(obj)
             else:
@@ -519,24 +592,44 @@ class Emulator(kmock.KubernetesEmulator):
             )
         return key, copy.deepcopy(self._objects[key].raw)
 
-    async def _patch(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+    async def _patch(
+        self, request: rendering.Request, data: Any = None
+    ) -> aiohttp.web.StreamResponse:
+        """PATCH (``data``: the body when another write is served as one)."""
+        body = request.data if data is None else data
         content_type = request.headers.get("Content-Type", "")
+        if "apply-patch" in content_type:  # server-side apply (Helm 4, `kubectl apply
+            # --server-side`): the object is created when absent, else merged as below
+            applied = body if body is not None else yaml.safe_load(request.text)
+            if not isinstance(applied, dict):
+                raise kmock.KubernetesError(
+                    status=400, reason="BadRequest", message="not an object"
+                )
+            if (request.resource, request.namespace, request.name) not in self._objects or (
+                self._objects[request.resource, request.namespace, request.name].deleted
+            ):
+                return await self._create(request, applied)
+            body = {k: v for k, v in applied.items() if k not in ("apiVersion", "kind")}
         async with self._lock:
             key, old = self._get(request)
             if "json-patch" in content_type:
                 try:
-                    new = jsonpatch.apply_patch(old, request.data)
+                    new = jsonpatch.apply_patch(old, body)
                 except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as err:
                     raise kmock.KubernetesError(
                         status=422, reason="Invalid", message=f"json patch: {err}"
                     ) from None
             else:
-                want_rv = ((request.data or {}).get("metadata") or {}).get("resourceVersion")
+                want_rv = ((body or {}).get("metadata") or {}).get("resourceVersion")
                 if want_rv and want_rv != old["metadata"]["resourceVersion"]:
                     raise kmock.KubernetesError(
                         status=409, reason="Conflict", message="the object has been modified"
                     )
-                new = _merge(old, request.data or {})
+                new = (
+                    copy.deepcopy(body)
+                    if request.method == "PUT"  # see _replace
+                    else _merge(old, body or {})
+                )
             if request.resource in self._status_sub:
                 if request.subresource == "status":
                     new = {**old, "status": new.get("status")}
@@ -549,6 +642,8 @@ class Emulator(kmock.KubernetesEmulator):
             new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
             if new == old:  # a no-op patch changes nothing and emits no event (like the server)
                 return aiohttp.web.json_response(old)
+            if _dry_run(request):
+                return aiohttp.web.json_response(new)
             new["metadata"]["resourceVersion"] = self._next_rv()
             meta = new["metadata"]
             if meta.get("deletionTimestamp") and not meta.get("finalizers"):
@@ -559,9 +654,34 @@ class Emulator(kmock.KubernetesEmulator):
                 await self._publish(request, "MODIFIED", new)
         return aiohttp.web.json_response(new)
 
+    async def _replace(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        """PUT (client-go's ``Update``: Helm's release records): the object as sent replaces
+        the stored one, under its resourceVersion precondition; /status and the main resource
+        keep each other's part as with a patch."""
+        sent = request.data if isinstance(request.data, dict) else None
+        if sent is None:
+            raise kmock.KubernetesError(status=400, reason="BadRequest", message="not an object")
+        async with self._lock:
+            _, old = self._get(request)
+        replacement = {k: v for k, v in sent.items() if k != "metadata"}
+        meta = {
+            **old["metadata"],
+            **{
+                k: v
+                for k, v in (sent.get("metadata") or {}).items()
+                if k not in ("uid", "creationTimestamp", "generation")
+            },
+        }
+        for key in ("labels", "annotations", "finalizers", "ownerReferences"):
+            if key not in (sent.get("metadata") or {}):
+                meta.pop(key, None)  # a replacement without them drops them
+        return await self._patch(request, {**replacement, "metadata": meta})
+
     async def _delete(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         async with self._lock:
             key, obj = self._get(request)
+            if _dry_run(request):
+                return aiohttp.web.json_response(obj)
             meta = obj["metadata"]
             grace = self._pod_grace(request, obj)
             if grace:
@@ -663,6 +783,14 @@ class Emulator(kmock.KubernetesEmulator):
             if "/" in res["name"]:
                 res.update(singularName="", shortNames=[])
         return doc
+
+    async def _serve_server_version(self, request: rendering.Request) -> rendering.Payload:
+        """``/version``: a Kubernetes the chart supports (kmock says 1.26, which Helm refuses
+        for the chart's ``kubeVersion: >=1.27.0-0``); the build names the sandbox."""
+        doc = await super()._serve_server_version(request)
+        major, minor = SERVER_VERSION.split(".")
+        return {**doc, "major": major, "minor": minor,
+                "gitVersion": f"v{SERVER_VERSION}.0+omni-sandbox"}  # fmt: skip
 
     def _selected(self, request: rendering.Request, obj: Obj) -> bool:
         labels = (obj.get("metadata") or {}).get("labels") or {}

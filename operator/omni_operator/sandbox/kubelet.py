@@ -7,9 +7,14 @@ like the real components do and:
   or ``nodeSelector`` names, if that node is Ready and its allocatable, less the requests of
   the pods bound to it (:mod:`omni_operator.capacity`: GPUs, CPU, memory...), holds the pod's
   requests; else it stays Pending, PodScheduled=False reason Unschedulable, as kube-scheduler
-  leaves it (reason SchedulingGated while it carries a scheduling gate);
-* runs: a bound pod's container command starts as a process group in the sandbox's working
-  directory (a shared filesystem for every node), with the pod's environment, its ConfigMap
+  leaves it (reason SchedulingGated while it carries a scheduling gate); a pod that names no
+  node (a Deployment's) goes to the least allocated Ready node that holds its requests and
+  matches its ``nodeSelector`` (kube-scheduler's default scoring, simplified);
+* runs: a bound pod's container command (or its image's ENTRYPOINT and CMD, for an image whose
+  :class:`ImageConfig` the :class:`Registry` holds: the chart's operator) starts as a process
+  group in the sandbox's working directory (a shared filesystem for every node), with the pod's
+  environment (and the API server's address, plus its service account's credentials unless
+  ``automountServiceAccountToken: false``: :meth:`Kubelet.in_cluster`), its ConfigMap
   volumes written to files, and its status reported through ``/status`` (Running with a pod IP,
   then Succeeded/Failed with the exit code);
 * restarts: a container that ends is restarted in its pod under the pod's ``restartPolicy``
@@ -38,7 +43,8 @@ Networking is emulated on the loopback: every pod gets its own address ``127.<s>
 (the trainer's metrics endpoint binds to it through ``OMNI_METRICS_ADDR``, so the operator scrapes
 ``podIP:9464`` as in a cluster), cluster names (``*.svc``) resolve to the loopback where every
 listener is, and a service port (torchrun's rendezvous) maps to a free local port per service
-name so that jobs never collide. ``torchrun`` is this Python's ``torch.distributed.run``.
+name so that jobs never collide; ``0.0.0.0`` in a command is the pod's own address. ``torchrun``
+is this Python's ``torch.distributed.run``.
 
 Faults are requested through the API, so ``kubectl annotate`` works as well as
 ``omni sandbox fault``: the annotation :data:`FAULT` on a Node (``lost``: its processes are
@@ -61,6 +67,7 @@ import asyncio
 import base64
 import contextlib
 import datetime as dt
+import json
 import logging
 import os
 import random
@@ -77,6 +84,7 @@ from typing import Any
 
 import aiohttp
 import psutil
+import yarl
 
 from omni_operator import capacity
 from omni_operator.capacity import pinned_node
@@ -214,16 +222,48 @@ def image_ref(image: str) -> str:
 
 
 @dataclass(frozen=True)
+class ImageConfig:
+    """What an image runs when a container names no ``command`` (its Dockerfile's)."""
+
+    entrypoint: tuple[str, ...]
+    cmd: tuple[str, ...] = ()
+
+
+def container_argv(container: Obj, config: ImageConfig | None) -> list[str]:
+    """A container's argv as a runtime builds it: ``command`` replaces the image's
+    ENTRYPOINT (and drops its CMD), ``args`` replace its CMD."""
+    command, args = container.get("command"), container.get("args")
+    if command:
+        return [*command, *(args or [])]
+    if config is None:
+        return list(args or [])
+    return [*config.entrypoint, *(args if args else config.cmd)]
+
+
+@dataclass(frozen=True)
 class Registry:
     """The images the sandbox's nodes can pull (``omni sandbox up --image``)."""
 
     images: frozenset[str]
     pull_s: float = 0.0
     """How long a node takes to pull one of them that it does not hold yet."""
+    configs: Mapping[str, ImageConfig] = field(default_factory=dict)
+    """Image reference -> its ``ENTRYPOINT`` and ``CMD``, for images a container runs without
+    a ``command`` (the sandbox runs their local equivalents: the same console scripts)."""
 
     @classmethod
-    def of(cls, images: Iterable[str], *, pull_s: float = 0.0) -> Registry:
-        return cls(frozenset(image_ref(i) for i in images), pull_s)
+    def of(
+        cls,
+        images: Iterable[str],
+        *,
+        pull_s: float = 0.0,
+        configs: Mapping[str, ImageConfig] | None = None,
+    ) -> Registry:
+        refs = {image_ref(i): c for i, c in (configs or {}).items()}
+        return cls(frozenset(image_ref(i) for i in images), pull_s, refs)
+
+    def config(self, image: str) -> ImageConfig | None:
+        return self.configs.get(image_ref(image))
 
     def has(self, image: str) -> bool:
         return image_ref(image) in self.images
@@ -572,9 +612,40 @@ class Kubelet:
                                                "restartCount": 0, "state": waiting}]}},
         )  # fmt: skip
 
+    def _free(self, node: Obj) -> capacity.Resources:
+        """The node's allocatable less what the pods bound to it request."""
+        (left,) = capacity.free([node], []).values()
+        for k, v in self._held.get(node["metadata"]["name"], {}).items():
+            left[k] = left.get(k, 0.0) - v
+        return left
+
+    def _pick(self, pod: Obj, nodes: Mapping[str, Obj]) -> str | None:
+        """A node for a pod that names none (a Deployment's): among the Ready nodes whose
+        labels match its ``nodeSelector`` and whose free capacity holds its requests, the one
+        least allocated (kube-scheduler's default scoring), the first by name on a tie."""
+        selector = (pod.get("spec") or {}).get("nodeSelector") or {}
+        want = capacity.pod_requests(pod)
+        now = dt.datetime.now(tz=dt.UTC)
+        fits = []
+        for sim in self.nodes:
+            node = nodes.get(sim.name)
+            if node is None or sim.lost or node_not_ready_since(node, now) is not None:
+                continue
+            labels = node["metadata"].get("labels") or {}
+            if any(labels.get(k) != v for k, v in selector.items()):
+                continue
+            left = self._free(node)
+            if capacity.shortfall(want, left):
+                continue
+            held = self._held.get(sim.name, {})
+            alloc = capacity.resources((node.get("status") or {}).get("allocatable") or {})
+            used = sum(held.get(k, 0.0) / alloc[k] for k in ("cpu", "memory") if alloc.get(k))
+            fits.append((used, sim.index, sim.name))
+        return min(fits)[2] if fits else None
+
     async def _schedule(self, pod: Obj, nodes: Mapping[str, Obj]) -> None:
         key = _key(pod)
-        name = pinned_node(pod)
+        name = pinned_node(pod) or self._pick(pod, nodes)
         sim = self._sim(name) if name else None
         why = None
         want = capacity.pod_requests(pod)
@@ -582,7 +653,12 @@ class Kubelet:
         if (pod.get("spec") or {}).get("schedulingGates"):
             reason, why = "SchedulingGated", GATED_MESSAGE
         elif sim is None:
-            why = f"node {name!r} is not a sandbox node" if name else "no node affinity"
+            why = (
+                f"node {name!r} is not a sandbox node"
+                if name
+                else f"0/{len(self.nodes)} nodes are available: none is Ready with room for "
+                "the pod's requests and the labels of its nodeSelector"
+            )
         elif (
             sim.lost
             or name not in nodes
@@ -590,10 +666,7 @@ class Kubelet:
         ):
             why = f"node {name} is not Ready"
         else:
-            (left,) = capacity.free([nodes[name]], []).values()
-            for k, v in self._held.get(sim.name, {}).items():
-                left[k] = left.get(k, 0.0) - v
-            short = capacity.shortfall(want, left)
+            short = capacity.shortfall(want, self._free(nodes[name]))
             why = f"node {name}: insufficient resources ({short})" if short else None
         if why is not None:
             if self._unschedulable.get(key) != reason:
@@ -736,6 +809,9 @@ class Kubelet:
                         (path / file).write_bytes(content)
             dirs[vol["name"]] = path
         mounts: dict[str, Path] = {}
+        if automount(pod):  # the projected service account volume a kubelet mounts
+            mounts[SERVICE_ACCOUNT_DIR] = root / "volumes" / "kube-api-access"
+            mounts[SERVICE_ACCOUNT_DIR].mkdir(parents=True, exist_ok=True)
         for c in spec["containers"]:
             for m in c.get("volumeMounts") or []:
                 if m["mountPath"] != "/dev/shm":
@@ -759,9 +835,13 @@ class Kubelet:
     ) -> tuple[list[str], dict[str, str]]:
         """argv and environment: the sandbox's own, then ``envFrom``, then ``env`` (which wins,
         as on a kubelet)."""
-        words = [*(container.get("command") or []), *(container.get("args") or [])]
+        config = self.registry.config(container.get("image", "")) if self.registry else None
+        words = container_argv(container, config)
         if not words:
-            raise ValueError("the sandbox runs only containers with a command")
+            raise ValueError(
+                "the sandbox runs only containers with a command (or an image whose "
+                "entrypoint it knows)"
+            )
         fields = {"metadata.name": pod["metadata"]["name"],
                   "metadata.namespace": pod["metadata"]["namespace"],
                   "spec.nodeName": node, "status.podIP": ip}  # fmt: skip
@@ -772,7 +852,7 @@ class Kubelet:
             elif "fieldRef" in (item.get("valueFrom") or {}):
                 pod_env[item["name"]] = fields.get(item["valueFrom"]["fieldRef"]["fieldPath"], "")
         map_service_ports(words, pod_env, self.net)
-        words = [localize(w, mounts) for w in words]
+        words = [own_address(localize(w, mounts), ip) for w in words]
         # torchrun, also as the command a supervisor runs (after its `--`): this Python's
         words = [x for w in words
                  for x in ([sys.executable, "-m", "torch.distributed.run"] if w == "torchrun"
@@ -780,11 +860,44 @@ class Kubelet:
         if not os.path.isabs(words[0]):
             local = Path(sys.executable).parent / words[0]
             words[0] = str(local) if local.exists() else words[0]
-        env = {**os.environ, **{k: localize(v, mounts) for k, v in pod_env.items()}}
+        env = {**os.environ, **self.in_cluster(pod, mounts)}
+        env.update({k: localize(v, mounts) for k, v in pod_env.items()})
+        if not automount(pod):
+            env.pop("KUBECONFIG", None)  # no credentials at all, as in such a pod
         env[POD_MARKER] = pod["metadata"]["uid"]
         env["OMNI_METRICS_ADDR"] = ip
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        # The sandbox's nodes share this machine's cores: OpenMP threads spinning between
+        # parallel regions (libgomp's default) would take them from the other nodes' trainers.
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         return words, env
+
+    def in_cluster(self, pod: Obj, mounts: Mapping[str, Path]) -> dict[str, str]:
+        """The API server as a pod sees it: ``KUBERNETES_SERVICE_HOST`` / ``_PORT`` (every
+        pod), and unless ``automountServiceAccountToken: false`` the service account's files
+        (``token``, ``namespace``) in :data:`SERVICE_ACCOUNT_DIR`'s pod directory. A local
+        process cannot open that fixed path (kopf's and client-go's in-cluster login do), so
+        the same credentials are handed over as ``KUBECONFIG`` too (the API server is plain
+        HTTP on the loopback, and does not check tokens)."""
+        url = yarl.URL(self.api)
+        env = {"KUBERNETES_SERVICE_HOST": str(url.host), "KUBERNETES_SERVICE_PORT": str(url.port),
+               "KUBERNETES_PORT": f"tcp://{url.host}:{url.port}"}  # fmt: skip
+        local = mounts.get(SERVICE_ACCOUNT_DIR)
+        if local is None:
+            return env
+        meta = pod["metadata"]
+        account = pod["spec"].get("serviceAccountName") or "default"
+        token = f"sandbox:{meta['namespace']}:{account}"
+        (local / "token").write_text(token)
+        (local / "namespace").write_text(meta["namespace"])
+        config = {"apiVersion": "v1", "kind": "Config", "current-context": "in-cluster",
+                  "clusters": [{"name": "in-cluster", "cluster": {"server": self.api}}],
+                  "users": [{"name": account, "user": {"token": token}}],
+                  "contexts": [{"name": "in-cluster", "context": {
+                      "cluster": "in-cluster", "user": account,
+                      "namespace": meta["namespace"]}}]}  # fmt: skip
+        (local.parent / "kubeconfig").write_text(json.dumps(config))
+        return {**env, "KUBECONFIG": str(local.parent / "kubeconfig")}
 
     async def _reap(self) -> None:
         loop = asyncio.get_running_loop()
@@ -980,6 +1093,25 @@ def termination_message(c: Container, exit_code: int) -> str | None:
             tail = c.log_path.read_bytes().splitlines()[-80:]
             text = b"\n".join(tail)[-2048:].decode(errors="replace").strip()
     return text or None
+
+
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def automount(pod: Obj) -> bool:
+    """Whether the pod gets its service account's credentials (the pod's
+    ``automountServiceAccountToken``, default true)."""
+    return (pod.get("spec") or {}).get("automountServiceAccountToken", True) is not False
+
+
+_ANY_ADDRESS = re.compile(r"(?<![\d.])0\.0\.0\.0(?![\d.])")
+
+
+def own_address(word: str, ip: str) -> str:
+    """``0.0.0.0`` (every address of the pod's network namespace) -> the pod's own address:
+    pods share the machine's loopback here, so a listener on a fixed port (kopf's
+    ``--liveness=http://0.0.0.0:8080/healthz``) binds to its pod's address only."""
+    return _ANY_ADDRESS.sub(ip, word)
 
 
 def _key(pod: Obj) -> str:

@@ -124,7 +124,17 @@ def _created(o: Obj) -> str:
     return age(_created_at(o))
 
 
+def _deploy_ready(d: Obj) -> str:
+    return f"{json_path(d, '.status.readyReplicas') or 0}/{json_path(d, '.spec.replicas') or 0}"
+
+
 BUILTIN: dict[str, list[Column]] = {
+    "Deployment": [
+        _cell(_deploy_ready, "Ready"),
+        _cell(lambda d: json_path(d, ".status.updatedReplicas") or 0, "Up-to-date"),
+        _cell(lambda d: json_path(d, ".status.availableReplicas") or 0, "Available"),
+        _cell(_created, "Age"),
+    ],
     "Pod": [
         _cell(_pod_ready, "Ready"),
         _cell(_pod_status, "Status"),

@@ -162,22 +162,18 @@ class Cluster:
         await self.set_pod(name, {"phase": "Running", "containerStatuses": [status]})
 
     async def node_not_ready(self, name: str, *, seconds_ago: float = 0) -> None:
-        await self.call(
-            "PATCH",
-            f"/api/v1/nodes/{name}",
-            {
-                "status": {
-                    "conditions": [
-                        {
-                            "type": "Ready",
-                            "status": "Unknown",
-                            "reason": "NodeStatusUnknown",
-                            "lastTransitionTime": self.clock.iso(seconds_ago),
-                        }
-                    ]
-                }
-            },
-        )
+        await self._node_ready_condition(name, "Unknown", "NodeStatusUnknown", seconds_ago)
+
+    async def node_ready(self, name: str) -> None:
+        """The node is back: Ready since now (the cluster's clock)."""
+        await self._node_ready_condition(name, "True", "KubeletReady", 0)
+
+    async def _node_ready_condition(
+        self, name: str, status: str, reason: str, seconds_ago: float
+    ) -> None:
+        condition = {"type": "Ready", "status": status, "reason": reason,
+                     "lastTransitionTime": self.clock.iso(seconds_ago)}  # fmt: skip
+        await self.call("PATCH", f"/api/v1/nodes/{name}", {"status": {"conditions": [condition]}})
 
     # -- reads --------------------------------------------------------------------------------
     def job(self, name: str) -> dict[str, Any]:

@@ -80,6 +80,9 @@ class _Params:
     def bucket_view(self, b: int) -> torch.Tensor:
         return torch.full((4,), float(b))
 
+    def wire_view(self, b: int) -> torch.Tensor:
+        return self.bucket_view(b)
+
 
 @pytest.fixture
 def started(monkeypatch) -> list[int]:

@@ -70,6 +70,8 @@ CASES = {
     "plain": {},
     "rdma-volcano": RDMA,
     "kueue": {"scheduling": {"kueueQueue": "team-a", "schedulerName": "default-scheduler"}},
+    "kueue-topology": {"scheduling": {"kueueQueue": "team-a", "topologyAware": True}},
+    "volcano-topology": {"scheduling": {"volcanoGang": True, "topologyAware": True}},
     "no-uid": None,
     "storage": {
         "envFrom": [{"secretRef": {"name": "s3-credentials"}}, {"configMapRef": {"name": "hf"}}],
@@ -209,6 +211,90 @@ def test_kueue_pod_group_labels() -> None:
         assert pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
         assert pod["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] == "paper-a-a0"
         assert pod["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "4"
+
+
+def _kueue_tas(group: int) -> list[dict[str, Any]]:
+    job = _job(
+        scheduling={"kueueQueue": "team-a", "topologyAware": True},
+        topology={"networkDomainLabels": [ZONE, SPINE], "reorderGroupSize": group},
+    )
+    return [o for o in _objects(job) if o["kind"] == "Pod"]
+
+
+def test_kueue_topology_aware_scheduling_follows_the_reorder_groups() -> None:
+    """Two reorder groups of two nodes: each a slice inside one spine, the job as close as it
+    fits; pods indexed by node rank, so a slice is two consecutive ranks; Kueue picks the
+    nodes (no pin, so the gang is one PodSet)."""
+    pods = _kueue_tas(group=2)
+    assert [p["metadata"]["labels"]["kueue.x-k8s.io/pod-group-pod-index"] for p in pods] == [
+        "0", "1", "2", "3"
+    ]  # fmt: skip
+    for pod in pods:
+        tas = {k: v for k, v in pod["metadata"]["annotations"].items() if "podset" in k}
+        assert tas == {
+            "kueue.x-k8s.io/podset-preferred-topology": SPINE,
+            "kueue.x-k8s.io/podset-slice-required-topology": SPINE,
+            "kueue.x-k8s.io/podset-slice-size": "2",
+        }
+        assert "affinity" not in pod["spec"]
+
+
+def test_kueue_topology_of_one_reorder_group_is_required() -> None:
+    for pod in _kueue_tas(group=4):
+        tas = {k: v for k, v in pod["metadata"]["annotations"].items() if "podset" in k}
+        assert tas == {"kueue.x-k8s.io/podset-required-topology": SPINE}
+
+
+def test_kueue_without_topology_awareness_keeps_the_pin_and_no_tas() -> None:
+    for pod in (
+        o for o in _objects(_job(scheduling={"kueueQueue": "team-a"})) if o["kind"] == "Pod"
+    ):
+        meta = pod["metadata"]
+        assert not [k for k in {**meta["labels"], **meta["annotations"]} if "podset" in k
+                    or k == "kueue.x-k8s.io/pod-group-pod-index"]  # fmt: skip
+        assert pod["spec"]["affinity"]["nodeAffinity"]
+
+
+def test_volcano_pod_group_network_topology_queue_and_priority() -> None:
+    sched = {**RDMA["scheduling"], "topologyAware": True, "volcanoQueue": "research"}
+    objs = _objects(_job(**{**RDMA, "scheduling": sched}))
+    group = next(o for o in objs if o["kind"] == "PodGroup")
+    assert group["spec"] == {
+        "minMember": 4,
+        "queue": "research",
+        "priorityClassName": "training",
+        "networkTopology": {"mode": "soft"},
+        "subGroupPolicy": [
+            {
+                "name": "reorder-group",
+                "subGroupSize": 2,
+                "labelSelector": {
+                    "matchExpressions": [
+                        {"key": "omni.megascale.io/reorder-group", "operator": "Exists"}
+                    ]
+                },
+                "matchLabelKeys": ["omni.megascale.io/reorder-group"],
+                "networkTopology": {"mode": "hard", "highestTierAllowed": 1},
+            }
+        ],
+    }
+    pods = [o for o in objs if o["kind"] == "Pod"]
+    assert [p["metadata"]["labels"]["omni.megascale.io/reorder-group"] for p in pods] == [
+        "0", "0", "1", "1"
+    ]  # fmt: skip
+    assert all(p["spec"]["affinity"]["nodeAffinity"] for p in pods)  # Volcano sees one gang
+
+
+def test_volcano_network_topology_of_one_reorder_group_is_hard() -> None:
+    sched = {**RDMA["scheduling"], "topologyAware": True}
+    job = _job(**{**RDMA, "scheduling": sched},
+               topology={"networkDomainLabels": [ZONE, SPINE], "reorderGroupSize": 4})  # fmt: skip
+    group = next(o for o in _objects(job) if o["kind"] == "PodGroup")
+    assert group["spec"] == {
+        "minMember": 4,
+        "priorityClassName": "training",
+        "networkTopology": {"mode": "hard", "highestTierAllowed": 1},
+    }
 
 
 def test_config_map_is_a_manifest_the_trainer_reads() -> None:

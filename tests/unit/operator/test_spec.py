@@ -103,6 +103,24 @@ INVALID = [
         "Volcano scheduler",
     ),
     (
+        "spec.scheduling",
+        {"topologyAware": True},
+        "spec.scheduling.topologyAware",
+        "set kueueQueue or volcanoGang, or remove topologyAware",
+    ),
+    (
+        "spec.scheduling",
+        {"topologyAware": True, "kueueQueue": "q"},
+        "spec.topology.networkDomainLabels",
+        "derives the topology levels from these labels; list the node labels",
+    ),
+    (
+        "spec.scheduling",
+        {"volcanoQueue": "research"},
+        "spec.scheduling.volcanoQueue",
+        "set volcanoGang true or remove volcanoQueue",
+    ),
+    (
         "spec.topology.networkDomainLabels",
         ["zone", "zone"],
         "spec.topology.networkDomainLabels",

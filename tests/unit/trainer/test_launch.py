@@ -40,3 +40,31 @@ def test_every_command_hides_megatrons_te_apex_import_warnings() -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "unrelated" in done.stderr and "Apex" not in done.stderr
+
+
+def test_the_launcher_tells_its_workers_the_sources_were_checked_and_keeps_nothing(
+    tmp_path, tiny_manifest: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`omni train --nproc 2` checks the sources once and says so to its workers through their
+    environment, not its own (a second run in the same process, as under CliRunner, checks
+    again)."""
+    import yaml
+    from typer.testing import CliRunner
+
+    import omni_trainer.launch as launch
+    from omni_trainer.cli import SOURCES_CHECKED, app
+
+    monkeypatch.delenv(SOURCES_CHECKED, raising=False)
+    handed: list[dict] = []
+
+    def start(manifest, *, nproc: int, forwarded: list[str], env=None) -> int:
+        handed.append(dict(env or {}))
+        return 0
+
+    monkeypatch.setattr(launch, "launch_torchrun", start)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(tiny_manifest))
+    result = CliRunner().invoke(app, ["train", str(path), "--nproc", "2", "--resume", "none"])
+    assert result.exit_code == 0, result.output
+    assert handed == [{SOURCES_CHECKED: "1"}]
+    assert SOURCES_CHECKED not in os.environ

@@ -247,6 +247,8 @@ def load_targets(
     flat_applies: list[Callable[[], None]] = []
     for name, p, is_llm in state._entries():
         key = MODEL + name
+        if is_llm and name in state.flat and state.flat[name].main is None:
+            continue  # no part of it is this rank's: the ranks that hold it load it
         if key not in available:
             raise KeyError(f"checkpoint has no {key}")
         if is_llm and name in state.flat:

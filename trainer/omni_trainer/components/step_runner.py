@@ -216,7 +216,9 @@ class StepRunner:
         """Called by megatron after the last backward: the anchor's POST slot, the arrival
         barrier, then the gradient reduction (which so starts together on every rank)."""
         self.anchor.end_step()
-        strict.audit()  # OMNI_STRICT_COLLECTIVES: this step's P2P, the last step's collectives
         self.arrive()
+        # OMNI_STRICT_COLLECTIVES: this step's P2P, the last step's collectives. After the
+        # arrival, so a slow rank's lateness is waited out there (peer_wait), not in the audit.
+        strict.audit()
         with self.timer.span("sync"):
             self.parts.reduce_gradients()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -140,6 +141,21 @@ def seed_everything(seed: int) -> None:
 
     torch.manual_seed(seed)
     model_parallel_cuda_manual_seed(seed, inference_rng_tracker=True)
+
+
+def destroy_groups() -> None:
+    """Destroy every process group but the default one (megatron's, the anchor's, the
+    checkpoint's...), every rank at the same point. A process that trains several jobs in one
+    world would otherwise keep each job's communicators, and gloo's threads with them."""
+    from megatron.core import parallel_state as ps
+
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    default = dist.distributed_c10d._get_default_group()
+    for group in list(dist.distributed_c10d._world.pg_map):
+        if group is not default:
+            dist.destroy_process_group(group)
+    gc.collect()  # a group's threads end with its last reference (modules, hooks: cycles)
 
 
 def destroy_distributed() -> None:
