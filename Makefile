@@ -189,8 +189,10 @@ bench-faults: setup
 
 .PHONY: fault-suite
 
-# 21 faults of 8 kinds in one in-place job of the tiny model in the sandbox; every step's sample
-# fingerprint and loss compared with the same job run uninterrupted (exit 1 unless all equal).
+# 26 faults of 12 kinds in one in-place job of the tiny model in the sandbox (the operator in a
+# process of its own, SIGKILLed during a restart; a checkpoint corrupted in place; a node lost
+# twice, quarantined, and back): every fault's outcome, and every step's sample fingerprint and
+# loss compared with the same job run uninterrupted (exit 1 unless all equal and all survived).
 fault-suite: setup
 	$(BIN)/python bench/faults.py --suite $(BENCH_ARGS)
 

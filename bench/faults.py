@@ -47,10 +47,37 @@ step (injection to the first step the new attempt logged), steps recomputed (the
 before the fault minus the step resumed from), and training time lost (first step plus the
 recomputed steps at the median step time: the time until training is where it was).
 
-``--suite`` is the fault suite: one in-place job of ``--steps`` steps takes :data:`SUITE` (21
-faults of 8 kinds, one after another), trains to the end, and is compared with the same job run
-uninterrupted: every step's sample fingerprint and loss must be equal (no sample lost, none
-trained twice), recomputed steps included.
+``--suite`` is the fault suite: one in-place job of ``--steps`` steps takes :data:`SUITE` (26
+faults of 12 kinds, one after another; ``--faults`` names another sequence), trains to the end,
+and is compared with the same job run uninterrupted: every step's sample fingerprint and loss
+must be equal (no sample lost, none trained twice), recomputed steps included. Its operator runs
+in a process of its own (``omni sandbox up --no-operator`` beside ``omni operator --standalone
+--server URL``, as the chart's Deployment runs it), its quarantine lasts
+``--quarantine-seconds`` (default 60, the minimum; ``quarantineReadySeconds`` 5), and it adds
+four kinds of its own:
+
+* operator killed during a restart: a ``crash-pod`` on node rank 1, the operator SIGKILLed as
+  soon as the job's status shows the restart decided (restarts incremented or phase
+  Restarting, polled every 0.05 s) and started again (a Deployment replacing its pod): the new
+  operator must carry the restart through;
+* checkpoint corrupted in place: once the current interval's checkpoint committed, 64 bytes in
+  the middle of its largest data file flipped (same size: only the recorded checksums see it),
+  then a ``crash-pod``: the resume must skip it for the previous committed step (checked);
+* two faults on one node in a row: every node but the job's two cordoned, node rank 1's node
+  lost; once the restart is decided it is Ready again and the job, with nowhere else to go, is
+  placed on it again; as soon as it trains there, the node is lost again (the other nodes
+  uncordoned): blamed twice within ``quarantineSeconds``, it must be quarantined
+  (``quarantineAfterFailures`` 2; checked), and it stays lost;
+* a node returning after quarantine: that node, Ready again once its quarantine is due, must
+  leave ``status.quarantine``: the note says whether the running job lifted it within a few
+  resyncs past ``quarantineReadySeconds``; then node rank 1's pod is deleted (a new attempt,
+  which places) and the node must no longer be listed once the job trains again (checked).
+
+The suite prints every fault's outcome: injected, survived (the job trained again), its kind's
+check, detection, first step, and from the step log between its injection and the next fault's:
+steps recomputed (a step trained again), lost (a step skipped) and duplicated (a step run whose
+samples or loss differ from the uninterrupted run's: a batch skipped or trained twice); exit 1
+unless every fault was survived, every check held and the curve is equal.
 
     make bench-faults
     make fault-suite
@@ -59,6 +86,7 @@ trained twice), recomputed steps included.
     python bench/faults.py --modes in-place+spare in-place --faults node-lost
     python bench/faults.py --modes in-place+spare in-place --faults node-lost --pull-seconds 60
     python bench/faults.py --faults crash crash crash crash --crash-backoff-seconds 10
+    python bench/faults.py --suite --steps 400 --faults crash operator-kill corrupt-checkpoint
 """
 
 from __future__ import annotations
@@ -69,6 +97,7 @@ import contextlib
 import itertools
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -76,7 +105,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -86,13 +115,20 @@ REPO = Path(__file__).resolve().parents[1]
 LABEL_ATTEMPT, LABEL_RANK = "omni.megascale.io/attempt", "omni.megascale.io/node-rank"
 FAULTS = ("crash", "kill", "hang", "sigterm", "node-lost", "image-missing", "storage-outage",
           "suspend", "straggler")  # fmt: skip
+SUITE_ONLY = ("operator-kill", "corrupt-checkpoint", "node-lost-twice", "quarantine-return")
+"""Kinds only the suite injects (its job's operator runs in a process of its own, and its
+quarantine lasts ``--quarantine-seconds``)."""
 SUITE = (
     *("crash", "kill", "sigterm", "node-lost", "suspend") * 3,
-    "hang", "straggler", "crash", "kill", "hang", "image-missing",
+    "operator-kill", "corrupt-checkpoint", "node-lost-twice", "operator-kill", "hang",
+    "quarantine-return", "straggler", "crash", "kill", "hang", "image-missing",
 )  # fmt: skip
-"""The suite's faults in order: a lost node and the straggler's stay quarantined (four of the
-sandbox's eight nodes), and a missing image is a fault only at a restart that pulls, so it comes
-last."""
+"""The suite's faults in order: ``node-lost-twice`` leaves its node lost and quarantined, and
+``quarantine-return`` brings it back once the quarantine is due (the faults between fill the
+minute), and a missing image is a fault only at a restart that pulls, so it comes last."""
+QUARANTINE_READY_S = 5
+"""The suite job's ``restartPolicy.quarantineReadySeconds``."""
+OPERATOR_RESYNC_S = 1
 JOB = "tiny-cpu"
 NS = "default"
 MISSING_IMAGE = "ghcr.io/megascale-omni/trainer:0.0.0-missing"
@@ -101,11 +137,16 @@ MISSING_IMAGE = "ghcr.io/megascale-omni/trainer:0.0.0-missing"
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--modes", nargs="+", default=["in-place", "recreate"])
-    p.add_argument("--faults", nargs="+", default=list(FAULTS[:7]), choices=FAULTS)
-    p.add_argument(
-        "--suite", action="store_true", help="the fault suite (--modes, --faults unused)"
-    )
+    p.add_argument("--faults", nargs="+", choices=FAULTS + SUITE_ONLY,
+                   help=f"default: {' '.join(FAULTS[:7])}; with --suite: its faults in this "
+                   f"order instead of SUITE ({', '.join(SUITE_ONLY)}: only there)")  # fmt: skip
+    p.add_argument("--suite", action="store_true", help="the fault suite (--modes unused)")
     p.add_argument("--steps", type=int, default=1200, help="the suite job's steps")
+    p.add_argument("--quarantine-seconds", type=int, default=60,
+                   help="the suite job's restartPolicy.quarantineSeconds (60, the minimum, is "
+                   "also the window in which node-lost-twice's two losses must fall: a loaded "
+                   "machine that brings the job back onto the node later needs "
+                   "more)")  # fmt: skip
     p.add_argument("--interval", type=int, default=5, help="checkpoint every this many steps")
     p.add_argument("--past", type=int, default=2, help="inject this many steps past a checkpoint")
     p.add_argument("--fast-interval", type=int, default=2, help="the fast tier's interval")
@@ -135,6 +176,12 @@ def _args() -> argparse.Namespace:
     if args.smoke:  # the smoke run's defaults; options given still apply
         p.set_defaults(modes=["in-place"], faults=["crash"], interval=2, past=1, timeout=300.0)
         args = p.parse_args()
+    if args.suite:
+        args.faults = tuple(args.faults or SUITE)
+    elif args.faults is None:
+        args.faults = list(FAULTS[:7])
+    elif only := set(args.faults) & set(SUITE_ONLY):
+        p.error(f"{', '.join(sorted(only))}: only with --suite")
     return args
 
 
@@ -147,31 +194,73 @@ class Cost:
     recomputed: int | None = None
     lost_s: float | None = None
     note: str = ""
+    injected_at: float | None = None
+    """When the fault was injected (wall clock; None: it was not)."""
+    check: bool | None = None
+    """Whether what the fault kind must show held (a corrupted checkpoint skipped, a node
+    quarantined, then lifted; None: nothing beyond surviving)."""
+    check_note: str = ""
+    facts: dict[str, Any] = field(default_factory=dict)
+    """What a fault kind's injection noted for its check (a corrupted step, a returned node)."""
 
 
 class Sandbox:
     """``omni sandbox up`` in a directory of its own, driven over its HTTP API."""
 
     def __init__(
-        self, cwd: Path, *, nodes: int = 4, pull_s: float = 0.0, backoff_s: float = 1.0
+        self,
+        cwd: Path,
+        *,
+        nodes: int = 4,
+        pull_s: float = 0.0,
+        backoff_s: float = 1.0,
+        own_operator: bool = False,
     ) -> None:
         self.cwd = cwd
         argv = [sys.executable, "-m", "omni_trainer.cli", "sandbox", "up", "--nodes", str(nodes),
-                "--gpus-per-node", "0", "--resync", "1", "--dir", ".sandbox",
+                "--gpus-per-node", "0", "--resync", str(OPERATOR_RESYNC_S), "--dir", ".sandbox",
                 "--pull-seconds", str(pull_s),
                 "--crash-backoff-seconds", str(backoff_s)]  # fmt: skip
+        if own_operator:
+            argv.append("--no-operator")
         self.log = (cwd / "sandbox.log").open("w")
         self.proc = subprocess.Popen(argv, cwd=cwd, stdout=self.log, stderr=subprocess.STDOUT)
         state = cwd / ".sandbox" / "sandbox.json"
         self.wait("the sandbox", state.exists, timeout=120)
         self.url = json.loads(state.read_text())["server"]
+        self.operator: subprocess.Popen[bytes] | None = None
+        self.ckpt = cwd / "runs" / "suite" / "ckpt"
+        self.held: list[str] = []
+        """Nodes a fault left lost (and quarantined) for a later fault to bring back."""
+        self.cordoned: list[str] = []
+        if own_operator:
+            self.start_operator()
+
+    def start_operator(self) -> None:
+        """The operator in a process of its own, as the chart's Deployment runs it."""
+        argv = [sys.executable, "-m", "omni_trainer.cli", "operator", "--standalone",
+                "--server", self.url]  # fmt: skip
+        env = {**os.environ, "OMNI_RESYNC_SECONDS": str(OPERATOR_RESYNC_S)}
+        with (self.cwd / "operator.log").open("a") as log:
+            self.operator = subprocess.Popen(argv, cwd=self.cwd, env=env, stdout=log,
+                                             stderr=subprocess.STDOUT)  # fmt: skip
+
+    def kill_operator(self) -> None:
+        """SIGKILL the operator and start a new one (a Deployment replacing its pod)."""
+        assert self.operator is not None, "the sandbox runs its operator in-process"
+        self.operator.kill()
+        self.operator.wait()
+        self.start_operator()
 
     def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        for proc in (self.operator, self.proc):  # the operator first: the sandbox stops pods
+            if proc is None:
+                continue
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
     def request(self, method: str, path: str, body: Any = None) -> Any:
         data = json.dumps(body).encode() if body is not None else None
@@ -209,13 +298,26 @@ class Sandbox:
 
         asyncio.run(inject_fault(self.url, fault, target, namespace=NS))
 
-    def wait(self, what: str, check: Callable[[], Any], *, timeout: float) -> Any:
+    def node_names(self) -> list[str]:
+        return [n["metadata"]["name"] for n in self.request("GET", "/api/v1/nodes")["items"]]
+
+    def cordon(self, node: str, *, on: bool = True) -> None:
+        """``kubectl cordon`` (``uncordon`` with ``on=False``): placement skips the node."""
+        self.request("PATCH", f"/api/v1/nodes/{node}", {"spec": {"unschedulable": on}})
+
+    def quarantined(self) -> dict[str, dict[str, Any]]:
+        """``status.quarantine`` by node."""
+        return {e["node"]: e for e in self.status().get("quarantine") or []}
+
+    def wait(
+        self, what: str, check: Callable[[], Any], *, timeout: float, poll: float = 0.2
+    ) -> Any:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             value = check()
             if value:
                 return value
-            time.sleep(0.2)
+            time.sleep(poll)
         raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
@@ -260,20 +362,30 @@ def _records(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _inject(sb: Sandbox, fault: str) -> Callable[[], None]:
-    """The action that injects ``fault`` (resolved now, timed by the caller)."""
+def _inject(sb: Sandbox, cost: Cost) -> Callable[[], None]:
+    """The action that injects ``cost.fault`` (resolved now, timed by the caller)."""
+    fault = cost.fault
     if fault in ("crash", "image-missing"):
         pod = sb.pod_of_rank(1)["metadata"]["name"]
         return lambda: sb.fault("crash-pod", pod)
+    if fault == "operator-kill":
+        pod = sb.pod_of_rank(1)["metadata"]["name"]
+        return lambda: _crash_then_kill_operator(sb, cost, pod)
+    if fault == "corrupt-checkpoint":
+        pod = sb.pod_of_rank(1)["metadata"]["name"]
+        return lambda: _corrupt_then_crash(sb, cost, pod)
+    if fault == "node-lost-twice":
+        node = cost.facts["node"]
+        return lambda: _lose_again(sb, node)
+    if fault in ("sigterm", "quarantine-return"):  # the latter: a new attempt, which places
+        pod = sb.pod_of_rank(1)["metadata"]["name"]
+        return lambda: sb.request("DELETE", f"/api/v1/namespaces/{NS}/pods/{pod}")
     if fault == "kill":
         pod = sb.pod_of_rank(0)["metadata"]["name"]
         return lambda: sb.fault("kill-pod", pod)
     if fault == "hang":
         pod = sb.pod_of_rank(1)["metadata"]["name"]
         return lambda: sb.fault("hang-pod", pod)
-    if fault == "sigterm":
-        pod = sb.pod_of_rank(1)["metadata"]["name"]
-        return lambda: sb.request("DELETE", f"/api/v1/namespaces/{NS}/pods/{pod}")
     if fault == "straggler":
         pod = sb.pod_of_rank(1)["metadata"]["name"]
         return lambda: sb.fault("throttle-pod", pod)
@@ -281,6 +393,157 @@ def _inject(sb: Sandbox, fault: str) -> Callable[[], None]:
         return lambda: _suspend_and_resume(sb)
     node = sb.pod_of_rank(1)["spec"]["nodeName"]
     return lambda: sb.fault("node-lost", node)
+
+
+def _crash_then_kill_operator(sb: Sandbox, cost: Cost, pod: str) -> None:
+    """A crash; the operator SIGKILLed as soon as the status shows its restart decision, and
+    started again: the new operator must carry the restart through."""
+    before = sb.status().get("restarts", 0)
+    t0 = time.time()
+    sb.fault("crash-pod", pod)
+
+    def decided() -> dict[str, Any] | None:
+        st = sb.status()
+        return st if st.get("restarts", 0) > before or st.get("phase") == "Restarting" else None
+
+    st = sb.wait("the restart decision", decided, timeout=120, poll=0.05)
+    sb.kill_operator()
+    cost.check_note = (f"operator SIGKILLed {time.time() - t0:.1f} s after the crash, in "
+                       f"phase {st.get('phase')} (restarts {st.get('restarts', 0)}), and "
+                       "started again")  # fmt: skip
+
+
+def newest_committed(root: Path) -> int | None:
+    """The newest step under a checkpoint root with a commit marker."""
+    steps = [int(p.name.removeprefix("step-")) for p in root.glob("step-*")
+             if (p / "COMMITTED").exists()]  # fmt: skip
+    return max(steps, default=None)
+
+
+def corrupt_checkpoint(root: Path, step: int) -> Path:
+    """Flip 64 bytes in the middle of the step's largest data file, keeping its size (what a
+    size check cannot see, a checksum can); the file."""
+    data = max((root / f"step-{step:08d}").glob("model/*.distcp"), key=lambda p: p.stat().st_size)
+    size = data.stat().st_size
+    with data.open("r+b") as f:
+        f.seek(size // 2)
+        chunk = f.read(64)
+        f.seek(size // 2)
+        f.write(bytes(b ^ 0xFF for b in chunk))
+    return data
+
+
+def _corrupt_then_crash(sb: Sandbox, cost: Cost, pod: str) -> None:
+    """The newest committed checkpoint corrupted in place, then a crash: the resume must skip
+    it for the one before (checked once the job trains again)."""
+    step = newest_committed(sb.ckpt)
+    if step is None:
+        raise RuntimeError(f"no committed checkpoint under {sb.ckpt}")
+    data = corrupt_checkpoint(sb.ckpt, step)
+    sb.fault("crash-pod", pod)
+    cost.check_note = f"corrupted step {step} ({data.name}, same size)"
+    cost.facts["corrupted"] = step
+
+
+def _lose_first(sb: Sandbox, cost: Cost, step_log: Path, timeout: float) -> None:
+    """node-lost-twice, its first loss: every node but the job's two cordoned, rank 1's node
+    lost; once the restart is decided it comes back Ready, and the job (with nowhere else to
+    go) is placed on it again. Returns once the job trains there."""
+    node, other = sb.pod_of_rank(1)["spec"]["nodeName"], sb.pod_of_rank(0)["spec"]["nodeName"]
+    cordoned = [n for n in sb.node_names() if n not in (node, other)]
+    for n in cordoned:
+        sb.cordon(n)
+    sb.cordoned = cordoned  # uncordoned by the second loss
+    cost.facts["node"] = node
+    st = sb.status()
+    before, attempt = st.get("restarts", 0), st.get("attempt", 0)
+    t0 = cost.injected_at = time.time()
+    sb.fault("node-lost", node)
+    sb.wait("the first loss's restart", lambda: sb.status().get("restarts", 0) > before,
+            timeout=timeout)  # fmt: skip
+    decided = time.time() - t0
+    sb.fault("node-ready", node)
+
+    def back() -> bool:
+        if not any(r["attempt"] > attempt for r in _records(step_log)):
+            return False
+        try:  # its node rank may differ now: ranks follow the node names
+            return node in (sb.pod_of_rank(r)["spec"]["nodeName"] for r in (0, 1))
+        except RuntimeError:  # between attempts
+            return False
+
+    sb.wait(f"the job training on {node} again", back, timeout=timeout)
+    cost.check_note = (f"{node} lost (restart after {decided:.1f} s), Ready again, the job back "
+                       f"on it {time.time() - t0:.1f} s after the loss; lost again")  # fmt: skip
+
+
+def _lose_again(sb: Sandbox, node: str) -> None:
+    """node-lost-twice, its second loss (the one measured); the other nodes uncordoned, so
+    the restart has somewhere to go."""
+    sb.fault("node-lost", node)
+    for n in sb.cordoned:
+        sb.cordon(n, on=False)
+    sb.cordoned = []
+    sb.held.append(node)
+
+
+def _await_lift(sb: Sandbox, cost: Cost, timeout: float) -> None:
+    """quarantine-return, before its measured fault: the node ``node-lost-twice`` left lost and
+    quarantined comes back Ready once its quarantine is due; whether the running job lifts it
+    within a few resyncs past ``quarantineReadySeconds``."""
+    if not sb.held:
+        raise RuntimeError("quarantine-return brings back the node node-lost-twice left lost")
+    node = sb.held.pop(0)
+    entry = sb.quarantined().get(node)
+    due = _parse_time(entry.get("until")) if entry else None
+    if due is not None:
+        sb.wait(f"{node}'s quarantine due", lambda: time.time() >= due, timeout=timeout)
+    sb.fault("node-ready", node)
+    back = time.time()
+    settle = QUARANTINE_READY_S + 5 * OPERATOR_RESYNC_S + 5
+    with contextlib.suppress(TimeoutError):
+        sb.wait(f"{node} lifted while the job runs", lambda: node not in sb.quarantined(),
+                timeout=settle)  # fmt: skip
+    listed = node in sb.quarantined()
+    if entry:  # else there is no quarantine to end: the check fails (not exercised)
+        cost.facts["returned"] = node
+    cost.check_note = (
+        f"{node} {'quarantined' if entry else 'NOT quarantined'} until "
+        f"{entry.get('until') if entry else '-'}, Ready again after that; while the job ran "
+        + (f"still listed {time.time() - back:.0f} s later (lifted only when an attempt starts)"
+           if listed else f"lifted {time.time() - back:.1f} s later")
+    )  # fmt: skip
+
+
+def _checked(sb: Sandbox, cost: Cost, resumed: int) -> None:
+    """What the fault kind must show, once the job trains again."""
+    if cost.fault == "corrupt-checkpoint":
+        step = cost.facts.get("corrupted")
+        cost.check = step is not None and resumed < step
+        cost.check_note += f"; resumed from step {resumed}" + (
+            " (skipped it)" if cost.check else " (NOT skipped)"
+        )
+    elif cost.fault == "node-lost-twice":
+        node = sb.held[-1]
+        entry = sb.quarantined().get(node)
+        cost.check = entry is not None
+        cost.check_note += (
+            f"; {node} quarantined ({entry.get('reason')}, until {entry.get('until')})"
+            if entry
+            else f"; {node} NOT quarantined"
+        )
+    elif cost.fault == "quarantine-return":
+        node = cost.facts.get("returned", "")
+        cost.check = bool(node) and node not in sb.quarantined()
+        cost.check_note += "; " + (
+            "not listed after the next attempt started"
+            if cost.check
+            else "not exercised (no quarantine to end)"
+            if not node
+            else "STILL listed after the next attempt started"
+        )
+    elif cost.fault == "operator-kill":
+        cost.check = sb.operator is not None and sb.operator.poll() is None
 
 
 def _suspend_and_resume(sb: Sandbox) -> None:
@@ -347,25 +610,40 @@ def _run_mode(sb: Sandbox, mode: str, faults: list[str], args: argparse.Namespac
 def _measure(sb: Sandbox, cost: Cost, step_log: Path, args: argparse.Namespace) -> Cost:
     """Inject ``cost.fault`` once the job trains a few steps past a checkpoint; fill in what
     the recovery cost."""
+    if cost.fault == "node-lost-twice":  # the first loss; the second one is measured
+        _lose_first(sb, cost, step_log, args.timeout)
+    if cost.fault == "quarantine-return":  # the node back; the next attempt's start measured
+        _await_lift(sb, cost, args.timeout)
     attempt = sb.status().get("attempt", 0)
 
     spares = 1 if cost.mode.endswith("+spare") else 0
+    # The second loss of a node within the quarantine window: as soon as the job trains there.
+    least = 1 if cost.fault == "node-lost-twice" else args.interval + args.past
 
     def ready() -> bool:
-        recs = [r for r in _records(step_log) if r["attempt"] == attempt]
-        step = max((r["step"] for r in recs), default=0)
+        recs = [r for r in _records(step_log) if r["attempt"] >= attempt]
+        if len(recs) < least:
+            if sb.status().get("phase") in ("Succeeded", "Failed"):
+                raise RuntimeError(f"the job ended ({sb.status()['phase']}) before the fault")
+            return False
+        step = max(r["step"] for r in recs)
+        if cost.fault == "corrupt-checkpoint":  # this interval's checkpoint committed (async)
+            return step % args.interval >= args.past and (
+                newest_committed(sb.ckpt) == step - step % args.interval
+            )
         ready_spares = sum(x.get("ready", False) for x in sb.status().get("spares") or [])
-        return (len(recs) >= args.interval + args.past and step % args.interval >= args.past
+        return ((least == 1 or step % args.interval >= args.past)
                 and ready_spares >= spares)  # fmt: skip
 
     sb.wait(f"{cost.mode}: attempt {attempt} training", ready, timeout=args.timeout)
     if cost.fault == "image-missing":
         sb.request("PATCH", sb.job_path(), {"spec": {"image": MISSING_IMAGE}})
     lost = sb.pod_of_rank(1)["spec"]["nodeName"] if cost.fault == "node-lost" else None
-    inject = _inject(sb, cost.fault)
+    inject = _inject(sb, cost)
     before = sb.status().get("restarts", 0)
     t0 = time.time()
     inject()
+    cost.injected_at = cost.injected_at or t0  # node-lost-twice: its first loss
     reached = max(r["step"] for r in _records(step_log))
 
     def decided() -> bool:  # a resumed suspend is no restart, but a new attempt
@@ -404,6 +682,7 @@ def _measure(sb: Sandbox, cost: Cost, step_log: Path, args: argparse.Namespace) 
         history = last_record()
     cost.first_step_s = rec["time"] - t0
     cost.recomputed = max(reached - (rec["step"] - 1), 0)
+    _checked(sb, cost, rec["step"] - 1)
     median = statistics.median(_step_times(_records(step_log)))
     cost.lost_s = cost.first_step_s + cost.recomputed * median
     mean = statistics.mean(_step_times(_records(step_log)))
@@ -493,34 +772,63 @@ def _parse_time(text: str | None) -> float | None:
 
 def run_suite(sb: Sandbox, args: argparse.Namespace) -> tuple[list[Cost], bool]:
     """The suite's faults one after another in one in-place job, which then trains to its end;
-    the costs, and whether every step equals the uninterrupted run."""
+    the costs, and whether every step equals the uninterrupted run. A fault the job does not
+    survive (or a wait that times out) ends the injections; the table shows what happened."""
     step_log = sb.cwd / "runs" / "suite" / "steps.jsonl"
     doc = _job("in-place", interval=args.interval, fast_interval=args.fast_interval,
-               step_log="runs/suite/steps.jsonl", faults=SUITE, steps=args.steps)  # fmt: skip
+               step_log="runs/suite/steps.jsonl", faults=args.faults,
+               steps=args.steps)  # fmt: skip
     doc["spec"]["trainer"]["checkpoint"]["path"] = "runs/suite/ckpt"
+    doc["spec"]["restartPolicy"].update(quarantineSeconds=args.quarantine_seconds,
+                                        quarantineReadySeconds=QUARANTINE_READY_S)  # fmt: skip
     sb.request("POST", f"/apis/omni.megascale.io/v1alpha1/namespaces/{NS}/omnitrainingjobs", doc)
     costs: list[Cost] = []
+    phase = None
     try:
-        for i, fault in enumerate(SUITE, 1):
-            cost = _measure(sb, Cost(fault, "in-place"), step_log, args)
+        for i, fault in enumerate(args.faults, 1):
+            cost = Cost(fault, "in-place")
             costs.append(cost)
-            print(f"  fault {i}/{len(SUITE)} {fault}: first step after {_fmt(cost.first_step_s)},"
-                  f" {cost.recomputed} recomputed; {cost.note}", flush=True)  # fmt: skip
-        phase = sb.wait("the job's end", lambda: sb.status().get("phase") in ("Succeeded", "Failed")
-                        and sb.status()["phase"], timeout=args.timeout * 3)  # fmt: skip
-        print(f"job {phase}: {sb.status().get('restarts')} restarts", flush=True)
+            try:
+                _measure(sb, cost, step_log, args)
+            except (TimeoutError, RuntimeError, OSError) as err:
+                cost.note = f"{type(err).__name__}: {err}"
+            except KeyboardInterrupt:  # or SIGTERM (a time limit): the table of what was done
+                cost.note = "interrupted"
+            print(f"  fault {i}/{len(args.faults)} {fault}: first step after "
+                  f"{_fmt(cost.first_step_s)}, {cost.recomputed} recomputed; {cost.note}"
+                  + (f"; check {cost.check}: {cost.check_note}" if cost.check_note else ""),
+                  flush=True)  # fmt: skip
+            if cost.lost_s is None:  # not survived: the rest would measure a broken job
+                print(f"  stopping the suite at fault {i}: {fault} not survived", flush=True)
+                break
+        else:
+            with contextlib.suppress(TimeoutError, KeyboardInterrupt):
+                phase = sb.wait("the job's end",
+                                lambda: sb.status().get("phase") in ("Succeeded", "Failed")
+                                and sb.status()["phase"], timeout=args.timeout * 3)  # fmt: skip
+        print(f"job {phase or 'not finished'}: {sb.status().get('restarts')} restarts", flush=True)
     finally:
         sb.request("DELETE", sb.job_path())
         sb.wait("the job gone", lambda: not sb.pods(), timeout=120)
+    if phase != "Succeeded":
+        print_suite(costs, _records(step_log), {}, planned=len(args.faults))
+        return costs, False
     ref = dict(doc, spec={**doc["spec"], "trainer": {**doc["spec"]["trainer"]}})
     ref["spec"]["trainer"].pop("checkpoint")
     ref["spec"]["trainer"]["train"] = {**doc["spec"]["trainer"]["train"],
                                        "stepLog": "runs/ref/steps.jsonl"}  # fmt: skip
     (sb.cwd / "ref.yaml").write_text(yaml.safe_dump(ref, sort_keys=False))
     env = {**os.environ, "OMNI_NUM_THREADS": str(os.cpu_count() or 1)}  # a pod's threads
-    subprocess.run([sys.executable, "-m", "omni_trainer.cli", "train", "ref.yaml", "--nproc", "2"],
-                   cwd=sb.cwd, env=env, check=True, capture_output=True)  # fmt: skip
-    ok = compare_with_uninterrupted(_records(step_log), _records(sb.cwd / "runs/ref/steps.jsonl"))
+    try:
+        subprocess.run([sys.executable, "-m", "omni_trainer.cli", "train", "ref.yaml", "--nproc",
+                        "2"], cwd=sb.cwd, env=env, check=True, capture_output=True)  # fmt: skip
+    except KeyboardInterrupt:
+        print("interrupted during the uninterrupted run", flush=True)
+        print_suite(costs, _records(step_log), {}, planned=len(args.faults))
+        return costs, False
+    got, want = _records(step_log), _records(sb.cwd / "runs/ref/steps.jsonl")
+    ok = compare_with_uninterrupted(got, want)
+    print_suite(costs, got, {r["step"]: r for r in want}, planned=len(args.faults))
     return costs, ok
 
 
@@ -531,16 +839,57 @@ def compare_with_uninterrupted(got: list[dict[str, Any]], want: list[dict[str, A
     steps = sorted({r["step"] for r in got})
     runs_of = {s: [r for r in got if r["step"] == s] for s in steps}
     complete = steps == sorted(ref)
-    wrong = [r["step"] for r in got if r["step"] not in ref
-             or r["samples"] != ref[r["step"]]["samples"]]  # fmt: skip
+    wrong = [r["step"] for r in got if _differs(r, ref)]
     worst = max((abs(r["loss"] - ref[r["step"]]["loss"]) for r in got if r["step"] in ref),
                 default=float("inf"))  # fmt: skip
     recomputed = sum(len(v) - 1 for v in runs_of.values())
     ok = complete and not wrong and worst <= 1e-6
     print(f"fingerprints: {len(steps)} steps ({recomputed} recomputed runs) vs an uninterrupted "
-          f"run of {len(ref)}: every step present {complete}, samples differ at {len(wrong)} "
+          f"run of {len(ref)}: every step present {complete}, samples or loss differ at "
+          f"{len(wrong)} "
           f"{wrong[:5]}, max loss difference {worst:.2e}; equal: {ok}")  # fmt: skip
     return ok
+
+
+def _differs(rec: dict[str, Any], ref: dict[int, dict[str, Any]]) -> bool:
+    """A step run whose samples or loss are not the uninterrupted run's (a batch skipped or
+    trained twice shows so)."""
+    want = ref.get(rec["step"])
+    return (
+        want is None or rec["samples"] != want["samples"] or abs(rec["loss"] - want["loss"]) > 1e-6
+    )
+
+
+@dataclass
+class Outcome:
+    """A fault's share of the step log: the step runs from its injection to the next one's."""
+
+    recomputed: int = 0
+    """Runs of a step already trained (resumed from a checkpoint before the fault)."""
+    lost: int = 0
+    """Steps skipped: never trained before a later step was."""
+    duplicated: int = 0
+    """Runs whose samples or loss differ from the uninterrupted run (a batch skipped or trained
+    twice)."""
+
+
+def outcomes(costs: Sequence[Cost], got: list[dict[str, Any]],
+             ref: dict[int, dict[str, Any]]) -> list[Outcome]:  # fmt: skip
+    """Each fault's :class:`Outcome`, from its injection until the next fault's (the last
+    one's: to the end of the log)."""
+    starts = [c.injected_at for c in costs]
+    out = [Outcome() for _ in costs]
+    top = 0
+    for rec in sorted(got, key=lambda r: r["time"]):
+        i = max((k for k, t in enumerate(starts) if t is not None and t <= rec["time"]),
+                default=None)  # fmt: skip
+        if i is not None:
+            o = out[i]
+            o.recomputed += rec["step"] <= top
+            o.lost += max(rec["step"] - top - 1, 0)
+            o.duplicated += bool(ref) and _differs(rec, ref)
+        top = max(top, rec["step"])
+    return out
 
 
 def _step_times(records: list[dict[str, Any]]) -> list[float]:
@@ -582,20 +931,41 @@ def print_table(costs: list[Cost], modes: list[str]) -> None:
         print(f"  {c.mode:<9} {c.fault:<14} {c.note}")
 
 
-def print_suite(costs: list[Cost]) -> None:
-    """Per kind: how many faults, median first step after the fault, steps recomputed."""
-    print(f"\nsuite: {len(costs)} faults of {len({c.fault for c in costs})} kinds")
-    print(f"{'fault':<14}{'n':>4}{'1st step median':>18}{'recomputed':>12}")
+def print_suite(costs: list[Cost], got: list[dict[str, Any]],
+                ref: dict[int, dict[str, Any]], *, planned: int) -> None:  # fmt: skip
+    """Every fault's outcome (injected, survived, the check its kind must pass, steps
+    recomputed, lost and duplicated in the step log until the next fault), then per kind."""
+    done = [c for c in costs if c.injected_at is not None]
+    kinds = {c.fault for c in done}
+    print(f"\nsuite: {len(done)} faults of {len(kinds)} kinds injected ({planned} planned)")
+    print(f"{'#':>3} {'fault':<19}{'injected':>9}{'survived':>9}{'check':>7}{'detect':>9}"
+          f"{'1st step':>10}{'recomp':>8}{'lost':>6}{'dup':>6}")  # fmt: skip
+    for i, (c, o) in enumerate(zip(costs, outcomes(costs, got, ref), strict=True), 1):
+        check = "-" if c.check is None else ("ok" if c.check else "FAIL")
+        dup = str(o.duplicated) if ref else "?"
+        print(f"{i:>3} {c.fault:<19}{_yes(c.injected_at is not None):>9}"
+              f"{_yes(c.lost_s is not None):>9}{check:>7}{_fmt(c.detection_s):>9}"
+              f"{_fmt(c.first_step_s):>10}{o.recomputed:>8}{o.lost:>6}{dup:>6}")  # fmt: skip
+    print(f"\n{'fault':<19}{'n':>4}{'1st step median':>18}{'recomputed':>12}")
     for fault in dict.fromkeys(c.fault for c in costs):
         mine = [c for c in costs if c.fault == fault]
         firsts = [c.first_step_s for c in mine if c.first_step_s is not None]
         first = _fmt(statistics.median(firsts)) if firsts else "-"
         recomputed = sum(c.recomputed or 0 for c in mine)
-        print(f"{fault:<14}{len(mine):>4}{first:>18}{recomputed:>12}")
+        print(f"{fault:<19}{len(mine):>4}{first:>18}{recomputed:>12}")
+    print("\nchecks:")
+    for i, c in enumerate(costs, 1):
+        if c.check_note:
+            print(f"  {i:>2} {c.fault:<19} {c.check_note}")
+
+
+def _yes(value: bool) -> str:
+    return "yes" if value else "no"
 
 
 def main() -> None:
     args = _args()
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # cleaned up as on Ctrl-C
     os.environ.setdefault("PYTHONPATH", f"{REPO / 'trainer'}:{REPO / 'operator'}")
     pulls = (
         f"{args.pull_seconds:g} s per node and image (assumed)"
@@ -610,15 +980,16 @@ def main() -> None:
         root = args.dir.resolve() if args.dir else Path(tmp)
         if args.suite:
             root.mkdir(parents=True, exist_ok=True)
-            sb = Sandbox(
-                root, nodes=8, pull_s=args.pull_seconds, backoff_s=args.crash_backoff_seconds
-            )  # it quarantines 4 nodes
+            sb = Sandbox(root, nodes=8, pull_s=args.pull_seconds,
+                         backoff_s=args.crash_backoff_seconds, own_operator=True)  # fmt: skip
             try:
                 costs, ok = run_suite(sb, args)
             finally:
                 sb.close()
-            print_suite(costs)
-            sys.exit(0 if ok else 1)
+            failed = [c.fault for c in costs if c.lost_s is None or c.check is False]
+            if failed or len(costs) < len(args.faults):
+                print(f"not survived or failed their check: {', '.join(failed)}")
+            sys.exit(0 if ok and not failed and len(costs) == len(args.faults) else 1)
         costs: list[Cost] = []
         for mode in args.modes:
             # A sandbox of its own: no mode inherits the images another one's pods pulled.

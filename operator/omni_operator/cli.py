@@ -85,9 +85,10 @@ def sandbox_up(
     operator: Annotated[
         bool,
         typer.Option(
-            help="run the operator in the sandbox's process; --no-operator: none until the "
-            "chart's is installed (`omni sandbox install-chart`), which then runs as its "
-            "Deployment's pod"
+            help="run the operator in the sandbox's process; --no-operator: none runs until "
+            "one is started beside it, the chart's (`omni sandbox install-chart`: its "
+            "Deployment's pod) or your own (`omni operator --standalone --server URL`, which "
+            "can be SIGKILLed and started again as a Deployment replaces its pod)"
         ),
     ] = True,
 ) -> None:
@@ -121,6 +122,7 @@ def sandbox_up(
                 ""
                 if operator
                 else f"  omni sandbox install-chart --dir {workdir}   # the operator, by Helm\n"
+                f"    (or your own: omni operator --standalone --server {sb.url})\n"
             )
             typer.echo(
                 f"sandbox up: API server {sb.url}, nodes "

@@ -562,3 +562,21 @@ async def test_a_readiness_probe_sets_the_container_ready_as_a_kubelet_does(
     assert _phase(env, "probed") == "Running"
     (tmp_path / "sick").unlink()
     await env.wait("ready again", lambda: _ready(env, "probed"))
+
+
+async def test_a_sandbox_without_its_operator_leaves_the_jobs_to_one_run_elsewhere(
+    tmp_path: Path,
+) -> None:
+    """``omni sandbox up --no-operator``: the API server, nodes and kubelet run, no operator
+    task does (``omni operator --standalone --server URL`` is run beside it, and can be killed
+    and started again as a Deployment's pod); the state file says so."""
+    import json
+
+    from omni_operator.sandbox.cluster import STATE_FILE, Sandbox, SandboxConfig
+
+    config = SandboxConfig(nodes=1, gpus_per_node=0, workdir=tmp_path, operator=False)
+    async with Sandbox.start(config) as sb, aiohttp.ClientSession() as http:
+        assert "sandbox-operator" not in {t.get_name() for t in sb.tasks}
+        assert json.loads((tmp_path / STATE_FILE).read_text())["operator"] is False
+        async with http.get(f"{sb.url}/api/v1/nodes") as resp:
+            assert [n["metadata"]["name"] for n in (await resp.json())["items"]] == ["node-0"]

@@ -4,8 +4,9 @@ The kmock API emulator (:mod:`.emulator`) on 127.0.0.1 with the OmniTrainingJob 
 GPU nodes labelled with a zone and a spine, the kubelet simulator (:mod:`.kubelet`) that really
 runs the pods, an emulation of Kueue's pod integration (:mod:`.kueue`) and of the Deployment
 controller (:mod:`.deployments`), and the operator itself in the same process (or none:
-``SandboxConfig.operator``, then the chart's, installed by :mod:`.chart`). A kubeconfig is
-written next to a state file, so real ``kubectl`` and ``omni sandbox fault`` find it.
+``SandboxConfig.operator``, then the chart's, installed by :mod:`.chart`, or one run by hand).
+A kubeconfig is written next to a state file, so real ``kubectl`` and ``omni sandbox fault``
+find it.
 """
 
 from __future__ import annotations
@@ -88,8 +89,9 @@ class SandboxConfig:
     """The kubelets' ``syncFrequency``: a running pod sees a ConfigMap update this late at
     worst, unless the pod itself is updated (a kubelet syncs it then)."""
     operator: bool = True
-    """Run the operator in the sandbox's process; False: none runs until one is installed
-    (the chart's Deployment: ``omni sandbox install-chart``)."""
+    """Run the operator in the sandbox's process; False: none runs until one is started beside
+    it: the chart's Deployment (``omni sandbox install-chart``) or ``omni operator --standalone
+    --server URL`` (a process that can be SIGKILLed and started again, as a Deployment's pod)."""
 
     def __post_init__(self) -> None:
         if (self.nodes < 1 or self.spines < 1 or self.gpus_per_node < 0 or self.pull_seconds < 0
@@ -244,6 +246,7 @@ class Sandbox:
             "pid": os.getpid(),
             "kubeconfig": str(self.kubeconfig_path),
             "nodes": [n.name for n in self.kubelet.nodes],
+            "operator": self.config.operator,
         }
         (workdir / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
 
