@@ -13,10 +13,12 @@ checkpoint, so every fault has steps to recompute:
 * SIGTERM: the pod of node rank 1 deleted with its grace period (an emergency checkpoint);
 * node lost: ``node-lost`` on node rank 1's node (``nodeLostGraceSeconds`` 5);
 * image missing on restart: ``spec.image`` changed to an image the registry lacks, then a
-  crash: a restart that keeps the pods pulls nothing; one that recreates them cannot pull;
+  crash: a restart that keeps the pods pulls nothing; one that recreates them cannot pull (the
+  image is restored once the job trains again);
 * suspend: ``spec.suspend`` set (the pods deleted with their grace), then unset (a new attempt);
 * straggler: ``throttle-pod`` on node rank 1 (its trainer stopped half of the time) with
-  ``restartPolicy.stragglers.action: replace``: found, then replaced after the next checkpoint.
+  ``restartPolicy.stragglers.action: replace`` set for this fault alone (the job only reports
+  stragglers otherwise): found, then replaced after the next checkpoint.
 * storage outage: the job checkpoints to S3 (a moto server, credentials from a Secret) through a
   proxy (``bench/storage_outage.py``) that goes down for ``--outage-seconds`` a few steps before
   a checkpoint upload, resetting its connections and refusing new ones. No restart is expected:
@@ -53,7 +55,7 @@ and is compared with the same job run uninterrupted: every step's sample fingerp
 must be equal (no sample lost, none trained twice), recomputed steps included. Its operator runs
 in a process of its own (``omni sandbox up --no-operator`` beside ``omni operator --standalone
 --server URL``, as the chart's Deployment runs it), its quarantine lasts
-``--quarantine-seconds`` (default 60, the minimum; ``quarantineReadySeconds`` 5), and it adds
+``--quarantine-seconds`` (default 180; ``quarantineReadySeconds`` 5), and it adds
 four kinds of its own:
 
 * operator killed during a restart: a ``crash-pod`` on node rank 1, the operator SIGKILLed as
@@ -63,10 +65,12 @@ four kinds of its own:
 * checkpoint corrupted in place: once the current interval's checkpoint committed, 64 bytes in
   the middle of its largest data file flipped (same size: only the recorded checksums see it),
   then a ``crash-pod``: the resume must skip it for the previous committed step (checked);
-* two faults on one node in a row: every node but the job's two cordoned, node rank 1's node
-  lost; once the restart is decided it is Ready again and the job, with nowhere else to go, is
-  placed on it again; as soon as it trains there, the node is lost again (the other nodes
-  uncordoned): blamed twice within ``quarantineSeconds``, it must be quarantined
+* two faults on one node in a row: every node but the job's two cordoned, one of the two lost
+  (one no earlier failure blames within ``quarantineSeconds``, else an earlier ``node-lost``
+  there makes the first loss quarantine it; if both are blamed, once the older blame is out
+  of the window); once the restart is decided it is Ready again and the job, with nowhere
+  else to go, is placed on it again; as soon as it trains there, the node is lost again (the
+  other nodes uncordoned): blamed twice within ``quarantineSeconds``, it must be quarantined
   (``quarantineAfterFailures`` 2; checked), and it stays lost;
 * a node returning after quarantine: that node, Ready again once its quarantine is due, must
   leave ``status.quarantine``: the note says whether the running job lifted it within a few
@@ -92,7 +96,6 @@ unless every fault was survived, every check held and the curve is equal.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import itertools
 import json
@@ -111,6 +114,8 @@ from typing import Any
 
 import yaml
 
+from omni_operator.sandbox.control import inject_fault
+
 REPO = Path(__file__).resolve().parents[1]
 LABEL_ATTEMPT, LABEL_RANK = "omni.megascale.io/attempt", "omni.megascale.io/node-rank"
 FAULTS = ("crash", "kill", "hang", "sigterm", "node-lost", "image-missing", "storage-outage",
@@ -124,8 +129,8 @@ SUITE = (
     "quarantine-return", "straggler", "crash", "kill", "hang", "image-missing",
 )  # fmt: skip
 """The suite's faults in order: ``node-lost-twice`` leaves its node lost and quarantined, and
-``quarantine-return`` brings it back once the quarantine is due (the faults between fill the
-minute), and a missing image is a fault only at a restart that pulls, so it comes last."""
+``quarantine-return`` brings it back once the quarantine is due (the faults between fill part
+of the wait), and a missing image is a fault only at a restart that pulls, so it comes last."""
 QUARANTINE_READY_S = 5
 """The suite job's ``restartPolicy.quarantineReadySeconds``."""
 OPERATOR_RESYNC_S = 1
@@ -141,12 +146,15 @@ def _args() -> argparse.Namespace:
                    help=f"default: {' '.join(FAULTS[:7])}; with --suite: its faults in this "
                    f"order instead of SUITE ({', '.join(SUITE_ONLY)}: only there)")  # fmt: skip
     p.add_argument("--suite", action="store_true", help="the fault suite (--modes unused)")
-    p.add_argument("--steps", type=int, default=1200, help="the suite job's steps")
-    p.add_argument("--quarantine-seconds", type=int, default=60,
-                   help="the suite job's restartPolicy.quarantineSeconds (60, the minimum, is "
-                   "also the window in which node-lost-twice's two losses must fall: a loaded "
-                   "machine that brings the job back onto the node later needs "
-                   "more)")  # fmt: skip
+    p.add_argument("--steps", type=int, default=700,
+                   help="the suite job's steps: past the step the last fault leaves (about 260 "
+                   "on a loaded machine), so that no fault finds the job ended; each step "
+                   "beyond costs twice (the job, then the uninterrupted run)")  # fmt: skip
+    p.add_argument("--quarantine-seconds", type=int, default=180,
+                   help="the suite job's restartPolicy.quarantineSeconds: also the window in "
+                   "which node-lost-twice's two losses must fall, so it leaves room for a "
+                   "loaded machine, where bringing the job back onto the node (new pods, a "
+                   "cold start) took 35 to 75 s (60, the minimum, was too short)")  # fmt: skip
     p.add_argument("--interval", type=int, default=5, help="checkpoint every this many steps")
     p.add_argument("--past", type=int, default=2, help="inject this many steps past a checkpoint")
     p.add_argument("--fast-interval", type=int, default=2, help="the fast tier's interval")
@@ -294,9 +302,7 @@ class Sandbox:
         raise RuntimeError(f"no pod of node rank {rank} in attempt {attempt}")
 
     def fault(self, fault: str, target: str) -> None:
-        from omni_operator.sandbox.cluster import inject_fault
-
-        asyncio.run(inject_fault(self.url, fault, target, namespace=NS))
+        inject_fault(self.url, fault, target, namespace=NS)
 
     def node_names(self) -> list[str]:
         return [n["metadata"]["name"] for n in self.request("GET", "/api/v1/nodes")["items"]]
@@ -327,20 +333,19 @@ def _job(
     interval: int,
     fast_interval: int,
     step_log: str,
-    faults: Sequence[str],
     steps: int = 100000,
 ) -> dict[str, Any]:
-    """The measured job; stragglers are replaced only where the straggler fault is injected
-    (elsewhere a false positive on a loaded machine would move the job mid-measurement)."""
+    """The measured job. Stragglers are only reported: a false positive on a loaded machine
+    would otherwise restart the job mid-measurement (and, once a fault left the spec unable to
+    recreate pods, fail it); the straggler fault sets ``action: replace`` for itself."""
     doc = yaml.safe_load((REPO / "examples" / "tiny-cpu.yaml").read_text())
     spec = doc["spec"]
     spec["nodes"] = 2
     restart_mode, _, tier = mode.partition("+")
-    action = "replace" if "straggler" in faults else "report"
     spec["restartPolicy"] = {"mode": restart_mode, "nodeLostGraceSeconds": 5,
                              "hangTimeoutSeconds": 60, "backoffSeconds": {"base": 0, "max": 0},
                              "budget": 40, "stopGraceSeconds": 20,
-                             "stragglers": {"action": action, "persistSteps": 20}}  # fmt: skip
+                             "stragglers": {"action": "report", "persistSteps": 20}}  # fmt: skip
     trainer = spec["trainer"]
     trainer["train"].update(steps=steps, stepLog=step_log)
     trainer["checkpoint"] = {"path": f"runs/{mode}/ckpt", "intervalSteps": interval}
@@ -445,11 +450,32 @@ def _corrupt_then_crash(sb: Sandbox, cost: Cost, pod: str) -> None:
     cost.facts["corrupted"] = step
 
 
-def _lose_first(sb: Sandbox, cost: Cost, step_log: Path, timeout: float) -> None:
-    """node-lost-twice, its first loss: every node but the job's two cordoned, rank 1's node
-    lost; once the restart is decided it comes back Ready, and the job (with nowhere else to
-    go) is placed on it again. Returns once the job trains there."""
-    node, other = sb.pod_of_rank(1)["spec"]["nodeName"], sb.pod_of_rank(0)["spec"]["nodeName"]
+def _unblamed_node(sb: Sandbox, window: float, timeout: float) -> tuple[str, str]:
+    """Of the job's two nodes, (one no failure blames within the quarantine window, the other):
+    node-lost-twice's two losses must be the only ones counted against its node, or the first
+    alone quarantines it (an earlier node-lost fault on the same node) and the job cannot come
+    back to it. When both are blamed, waits (the job trains) until the older blame ages out."""
+    from omni_operator.failure_origin import blames_nodes
+
+    nodes = [sb.pod_of_rank(r)["spec"]["nodeName"] for r in (1, 0)]
+    last = dict.fromkeys(nodes, 0.0)
+    for r in sb.status().get("restartHistory") or []:
+        if blames_nodes(r.get("reason", "")):
+            for n in set(r.get("nodes") or []) & set(nodes):
+                last[n] = max(last[n], _parse_time(r.get("time")) or time.time())
+    node = min(nodes, key=lambda n: last[n])  # rank 1's on a tie
+    clear = last[node] + window + 1
+    sb.wait(f"{node}'s last failure out of the quarantine window", lambda: time.time() > clear,
+            timeout=timeout)  # fmt: skip
+    return node, next(n for n in nodes if n != node)
+
+
+def _lose_first(sb: Sandbox, cost: Cost, step_log: Path, args: argparse.Namespace) -> None:
+    """node-lost-twice, its first loss: every node but the job's two cordoned, one of them
+    lost (:func:`_unblamed_node`); once the restart is decided it comes back Ready, and the job
+    (with nowhere else to go) is placed on it again. Returns once the job trains there."""
+    timeout = args.timeout
+    node, other = _unblamed_node(sb, args.quarantine_seconds, timeout)
     cordoned = [n for n in sb.node_names() if n not in (node, other)]
     for n in cordoned:
         sb.cordon(n)
@@ -584,7 +610,7 @@ def _run_mode(sb: Sandbox, mode: str, faults: list[str], args: argparse.Namespac
               s3: Any) -> list[Cost]:  # fmt: skip
     step_log = sb.cwd / "runs" / mode / "steps.jsonl"
     doc = _job(mode, interval=args.interval, fast_interval=args.fast_interval,
-               step_log=f"runs/{mode}/steps.jsonl", faults=faults)  # fmt: skip
+               step_log=f"runs/{mode}/steps.jsonl")  # fmt: skip
     if s3 is not None:
         _on_s3(sb, doc, s3, mode)
     sb.request("POST", f"/apis/omni.megascale.io/v1alpha1/namespaces/{NS}/omnitrainingjobs", doc)
@@ -611,7 +637,7 @@ def _measure(sb: Sandbox, cost: Cost, step_log: Path, args: argparse.Namespace) 
     """Inject ``cost.fault`` once the job trains a few steps past a checkpoint; fill in what
     the recovery cost."""
     if cost.fault == "node-lost-twice":  # the first loss; the second one is measured
-        _lose_first(sb, cost, step_log, args.timeout)
+        _lose_first(sb, cost, step_log, args)
     if cost.fault == "quarantine-return":  # the node back; the next attempt's start measured
         _await_lift(sb, cost, args.timeout)
     attempt = sb.status().get("attempt", 0)
@@ -636,8 +662,36 @@ def _measure(sb: Sandbox, cost: Cost, step_log: Path, args: argparse.Namespace) 
                 and ready_spares >= spares)  # fmt: skip
 
     sb.wait(f"{cost.mode}: attempt {attempt} training", ready, timeout=args.timeout)
-    if cost.fault == "image-missing":
+    undo = _set_up(sb, cost.fault)
+    try:
+        return _injected(sb, cost, step_log, args, attempt)
+    finally:  # once the job trains again (or did not survive): later faults see the old spec
+        if undo:
+            sb.request("PATCH", sb.job_path(), {"spec": undo})
+
+
+def _set_up(sb: Sandbox, fault: str) -> dict[str, Any]:
+    """The job's spec as ``fault`` needs it; the merge patch that restores it.
+
+    image-missing: an image the registry lacks, restored once the job trains again, so that
+    no later restart that recreates pods (a node lost, a straggler replaced) has to pull it.
+    straggler: ``stragglers.action: replace`` only for this fault; the job reports stragglers
+    otherwise (see :func:`_job`).
+    """
+    if fault == "image-missing":
+        image = sb.request("GET", sb.job_path())["spec"].get("image")  # None: the default
         sb.request("PATCH", sb.job_path(), {"spec": {"image": MISSING_IMAGE}})
+        return {"image": image}
+    if fault == "straggler":
+        replace = {"restartPolicy": {"stragglers": {"action": "replace"}}}
+        sb.request("PATCH", sb.job_path(), {"spec": replace})
+        return {"restartPolicy": {"stragglers": {"action": "report"}}}
+    return {}
+
+
+def _injected(sb: Sandbox, cost: Cost, step_log: Path, args: argparse.Namespace,
+              attempt: int) -> Cost:  # fmt: skip
+    """Inject ``cost.fault`` into the training ``attempt``; what the recovery cost."""
     lost = sb.pod_of_rank(1)["spec"]["nodeName"] if cost.fault == "node-lost" else None
     inject = _inject(sb, cost)
     before = sb.status().get("restarts", 0)
@@ -776,8 +830,7 @@ def run_suite(sb: Sandbox, args: argparse.Namespace) -> tuple[list[Cost], bool]:
     survive (or a wait that times out) ends the injections; the table shows what happened."""
     step_log = sb.cwd / "runs" / "suite" / "steps.jsonl"
     doc = _job("in-place", interval=args.interval, fast_interval=args.fast_interval,
-               step_log="runs/suite/steps.jsonl", faults=args.faults,
-               steps=args.steps)  # fmt: skip
+               step_log="runs/suite/steps.jsonl", steps=args.steps)  # fmt: skip
     doc["spec"]["trainer"]["checkpoint"]["path"] = "runs/suite/ckpt"
     doc["spec"]["restartPolicy"].update(quarantineSeconds=args.quarantine_seconds,
                                         quarantineReadySeconds=QUARANTINE_READY_S)  # fmt: skip

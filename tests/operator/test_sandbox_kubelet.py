@@ -17,13 +17,19 @@ import psutil
 import pytest
 import pytest_asyncio
 
-from omni_operator.sandbox.cluster import inject_fault, node_object
+from omni_operator.sandbox import control
+from omni_operator.sandbox.cluster import node_object
 from omni_operator.sandbox.control import FAULT
 from omni_operator.sandbox.emulator import Emulator
 from omni_operator.sandbox.kubelet import Kubelet, SimNode, pod_processes
 
 pytestmark = pytest.mark.asyncio
 NS = "default"
+
+
+async def inject_fault(url: str, fault: str, target: str, *, namespace: str) -> str:
+    """``omni sandbox fault``'s request, off this event loop (the emulator answers on it)."""
+    return await asyncio.to_thread(control.inject_fault, url, fault, target, namespace=namespace)
 
 
 class Env:
@@ -572,7 +578,8 @@ async def test_a_sandbox_without_its_operator_leaves_the_jobs_to_one_run_elsewhe
     and started again as a Deployment's pod); the state file says so."""
     import json
 
-    from omni_operator.sandbox.cluster import STATE_FILE, Sandbox, SandboxConfig
+    from omni_operator.sandbox.cluster import Sandbox, SandboxConfig
+    from omni_operator.sandbox.control import STATE_FILE
 
     config = SandboxConfig(nodes=1, gpus_per_node=0, workdir=tmp_path, operator=False)
     async with Sandbox.start(config) as sb, aiohttp.ClientSession() as http:
