@@ -264,6 +264,13 @@ def test_graceful_delete_then_node_lost_resume_and_match_an_uninterrupted_run(
     assert max(abs(got[s] - want[s]) for s in want) <= 1e-6, (got, want)
 
 
+def last_logged_step(log: Path) -> int:
+    """The trainer's own last step (the step log is written as it trains; the status trails it
+    by the progress interval, long enough for a fast job to finish); 0 before the first."""
+    lines = log.read_text().splitlines() if log.exists() else []
+    return json.loads(lines[-1])["step"] if lines else 0
+
+
 def _fault(cwd: Path, fault: str, target: str) -> str:
     """What `omni sandbox fault FAULT TARGET` does, from this process: the CLI's Python start
     took 20-50 s on a busy 2-core machine, past the step a test times its fault for (the
@@ -300,11 +307,7 @@ def test_a_crashed_trainer_and_a_dead_container_restart_in_place_exactly(tmp_pat
             return sb.job("tiny-cpu").get("status") or {}
 
         def logged() -> int:
-            """The trainer's own last step (the step log is written as it trains; the status
-            trails it by the progress interval, long enough for a fast job to finish)."""
-            log = tmp_path / "runs/job/steps.jsonl"
-            lines = log.read_text().splitlines() if log.exists() else []
-            return json.loads(lines[-1])["step"] if lines else 0
+            return last_logged_step(tmp_path / "runs/job/steps.jsonl")
 
         def past(step: int) -> bool:
             return logged() > step

@@ -18,7 +18,15 @@ import yaml
 
 from omni_trainer.components.progress import read_step_log, read_step_samples
 
-from .test_sandbox_e2e import BIN, Sandbox, _fault, _manifest, _pods, uninterrupted_run
+from .test_sandbox_e2e import (
+    BIN,
+    Sandbox,
+    _fault,
+    _manifest,
+    _pods,
+    last_logged_step,
+    uninterrupted_run,
+)
 
 STEPS = 40
 """The node is lost past the checkpoint at step 10, while the job trains (about 0.3 to 0.6 s a
@@ -49,9 +57,8 @@ def test_scheduler_placed_pods_get_ranks_train_and_survive_a_lost_node(tmp_path:
         def status() -> dict[str, Any]:
             return sb.job("tiny-cpu").get("status") or {}
 
-        def logged() -> int:  # the trainer's own last step: the status trails it
-            lines = log_path.read_text().splitlines() if log_path.exists() else []
-            return json.loads(lines[-1])["step"] if lines else 0
+        def logged() -> int:
+            return last_logged_step(log_path)
 
         def attempt_pods(attempt: int) -> dict[str, dict[str, Any]]:
             prefix = f"tiny-cpu-a{attempt}-p"

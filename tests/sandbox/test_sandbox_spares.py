@@ -14,7 +14,7 @@ import yaml
 
 from omni_trainer.components.progress import read_step_log, read_step_samples
 
-from .test_sandbox_e2e import Sandbox, _fault, _manifest, _pods, uninterrupted_run
+from .test_sandbox_e2e import Sandbox, _fault, _manifest, _pods, last_logged_step, uninterrupted_run
 
 STEPS = 240
 """Long enough that both node losses land while the job trains (about 0.3 s a step here)."""
@@ -36,9 +36,8 @@ def test_lost_nodes_continue_on_hot_spares_rank_0_included(tmp_path: Path) -> No
         def status() -> dict[str, Any]:
             return sb.job("tiny-cpu").get("status") or {}
 
-        def logged() -> int:  # the trainer's own last step: the status trails it
-            lines = log_path.read_text().splitlines() if log_path.exists() else []
-            return json.loads(lines[-1])["step"] if lines else 0
+        def logged() -> int:
+            return last_logged_step(log_path)
 
         def spare_ready(name: str) -> bool:
             return [(x["pod"], x["ready"]) for x in status().get("spares", [])] == [(name, True)]
