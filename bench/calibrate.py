@@ -59,7 +59,9 @@ import torch.nn.functional as F
 import yaml
 
 from omni_trainer.config import load_manifest
+from omni_trainer.costs.devices import Link
 from omni_trainer.costs.flops import attention_flops
+from omni_trainer.costs.step_costs import Layout, dp_sync_time, encoder_params, llm_stage_params
 from omni_trainer.planner.calibration import (
     CpuRates,
     concurrent_processes,
@@ -70,8 +72,6 @@ from omni_trainer.planner.calibration import (
     predicted_step_time,
     threads_per_rank,
 )
-from omni_trainer.planner.costs import Layout, dp_sync_time, encoder_params, llm_stage_params
-from omni_trainer.planner.devices import Link
 from omni_trainer.planner.simulate import predict
 from omni_trainer.planner.workloads import workload_from_config
 

@@ -174,9 +174,9 @@ def layout_manifest(shapes: LayoutShapes, name: str, ckpt: Path) -> dict:
 def predicted_bytes(cfg, dims, *, stage: int) -> dict[str, float]:
     """The planner's bytes for one rank of ``stage``: static memory by kind plus the LLM's
     activation peak in the step's 1F1B order, for full sequences of ``seqLength`` tokens."""
+    from omni_trainer.costs.step_costs import static_memory
     from omni_trainer.data.packing import PackedSequence, Segment
-    from omni_trainer.planner.budget import llm_activation_peaks, trainer_layout
-    from omni_trainer.planner.costs import static_memory
+    from omni_trainer.multiplex.encoder_policy import llm_activation_peaks, trainer_layout
 
     layout = trainer_layout(cfg, dims)
     seq = cfg.data.seq_length

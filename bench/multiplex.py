@@ -625,7 +625,7 @@ def main() -> None:
         args.steps, args.repeats = 2, 1
         if args.policies == ",".join(POLICIES):
             args.policies = "auto,uniform"
-    from omni_trainer.planner.budget import cores_are_shared
+    from omni_trainer.multiplex.encoder_policy import cores_are_shared
 
     policies = tuple(args.policies.split(","))
     scales = [int(x) for x in args.encoder_scales.split(",")]

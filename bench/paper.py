@@ -25,8 +25,13 @@ import sys
 import time
 from dataclasses import replace
 
-from omni_trainer.planner.costs import AC_NAMES, OFFLOAD_RESIDENT_LAYERS, Layout, dp_bucket_params
-from omni_trainer.planner.devices import H100, DeviceProfile
+from omni_trainer.costs.devices import H100, DeviceProfile
+from omni_trainer.costs.step_costs import (
+    AC_NAMES,
+    OFFLOAD_RESIDENT_LAYERS,
+    Layout,
+    dp_bucket_params,
+)
 from omni_trainer.planner.simulate import (
     Prediction,
     encoder_flops_share,

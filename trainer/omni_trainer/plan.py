@@ -10,9 +10,9 @@ from omni_trainer.data.packing import split_micro_batches
 from omni_trainer.data.sample import media_geometry
 from omni_trainer.distributed.config import ParallelDims
 from omni_trainer.distributed.layout import layout_for
-from omni_trainer.multiplex.dataflow import DataflowTable, plan_dataflow, simulate
+from omni_trainer.multiplex.dataflow import DataflowTable, simulate
+from omni_trainer.multiplex.encoder_policy import host_available_bytes, step_table
 from omni_trainer.multiplex.workload import encoder_micro_batches
-from omni_trainer.planner.budget import host_available_bytes, planning_budget
 
 
 @dataclass(frozen=True)
@@ -58,16 +58,14 @@ def plan_step(
     local = [seq for stream in streams for seq in stream.next_batch()]
     micro = split_micro_batches(local, cfg.data.micro_batch_size)
     mbs, lengths = encoder_micro_batches(cfg.model, micro, stages=dims.pp * dims.vpp)
-    table = plan_dataflow(
-        policy or cfg.parallelism.encoder.policy,
-        pp=dims.pp,
-        vpp=dims.vpp,
-        num_microbatches=len(micro),
-        encoder_mbs=mbs,
+    table = step_table(
+        cfg,
+        dims,
+        micro,
+        mbs,
+        device_bytes=lambda: device_bytes or host_available_bytes() / world_size,
         shared_cores=bool(cfg.parallelism.encoder.shared_cores),
-        **planning_budget(
-            cfg, dims, micro, lambda: device_bytes or host_available_bytes() / world_size
-        ),
+        policy=policy,
     )
     eta = cfg.parallelism.encoder.eta
     sp = sum(n > eta for items in lengths.values() for n in items)

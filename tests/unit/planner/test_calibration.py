@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from omni_trainer.costs.devices import Link, all_reduce_time
+from omni_trainer.costs.step_costs import Layout, encoder_mb_cost, llm_op_costs
 from omni_trainer.data.config import LengthDistribution
 from omni_trainer.models.config import EncodersConfig, LLMConfig, ModelConfig
 from omni_trainer.models.encoders.config import AudioEncoderConfig
@@ -20,8 +22,6 @@ from omni_trainer.planner.calibration import (
     predicted_step_time,
     threads_per_rank,
 )
-from omni_trainer.planner.costs import Layout, encoder_mb_cost, llm_op_costs
-from omni_trainer.planner.devices import Link, all_reduce_time
 from omni_trainer.planner.simulate import predict
 from omni_trainer.planner.workloads import SourceShape, Workload, sample_sequences
 

@@ -7,8 +7,8 @@ import copy
 import pytest
 
 from omni_trainer.config import parse_manifest
+from omni_trainer.costs.devices import A100, GH200, H100, H200
 from omni_trainer.distributed.layout import layout_problems
-from omni_trainer.planner.devices import A100, GH200, H100, H200
 from omni_trainer.planner.manifest import (
     device_for,
     manifest_fields,

@@ -6,11 +6,14 @@ from dataclasses import replace
 
 import pytest
 
-from omni_trainer.data.packing import PackedSequence, Segment
-from omni_trainer.models.config import EncodersConfig, LLMConfig, ModelConfig
-from omni_trainer.models.encoders.config import VisionEncoderConfig
-from omni_trainer.multiplex.dataflow import plan_dataflow
-from omni_trainer.planner.costs import (
+from omni_trainer.costs.devices import (
+    H100,
+    Link,
+    all_gather_time,
+    cpu_profile,
+    reduce_scatter_time,
+)
+from omni_trainer.costs.step_costs import (
     Layout,
     dp_bucket_params,
     dp_sync_time,
@@ -18,13 +21,10 @@ from omni_trainer.planner.costs import (
     llm_op_costs,
     llm_stage_params,
 )
-from omni_trainer.planner.devices import (
-    H100,
-    Link,
-    all_gather_time,
-    cpu_profile,
-    reduce_scatter_time,
-)
+from omni_trainer.data.packing import PackedSequence, Segment
+from omni_trainer.models.config import EncodersConfig, LLMConfig, ModelConfig
+from omni_trainer.models.encoders.config import VisionEncoderConfig
+from omni_trainer.multiplex.dataflow import plan_dataflow
 from omni_trainer.planner.simulate import ReplicaWork, predict, run_schedule
 from omni_trainer.planner.tune import layouts, tune
 from omni_trainer.planner.workloads import Workload

@@ -6,19 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from omni_trainer.data.packing import PackedSequence, Segment
-from omni_trainer.models.config import EncodersConfig, LLMConfig, ModelConfig
-from omni_trainer.models.encoders.config import VisionEncoderConfig
-from omni_trainer.multiplex.dataflow import EncoderMicroBatch, plan_dataflow
-from omni_trainer.planner.costs import (
-    EncoderMBCost,
-    Layout,
-    LLMOpCost,
-    layers_per_virtual_stage,
-    llm_op_costs,
-    static_memory,
-)
-from omni_trainer.planner.devices import (
+from omni_trainer.costs.devices import (
     H100,
     Link,
     all_gather_time,
@@ -27,6 +15,18 @@ from omni_trainer.planner.devices import (
     cpu_profile,
     p2p_time,
 )
+from omni_trainer.costs.step_costs import (
+    EncoderMBCost,
+    Layout,
+    LLMOpCost,
+    layers_per_virtual_stage,
+    llm_op_costs,
+    static_memory,
+)
+from omni_trainer.data.packing import PackedSequence, Segment
+from omni_trainer.models.config import EncodersConfig, LLMConfig, ModelConfig
+from omni_trainer.models.encoders.config import VisionEncoderConfig
+from omni_trainer.multiplex.dataflow import EncoderMicroBatch, plan_dataflow
 from omni_trainer.planner.simulate import ReplicaWork, encoder_budget, predict, run_schedule
 from omni_trainer.planner.tune import tune
 from omni_trainer.planner.workloads import Workload, image_token_share, sample_sequences

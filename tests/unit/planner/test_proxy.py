@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import pytest
 
+from omni_trainer.costs.devices import H100
+from omni_trainer.costs.step_costs import Layout
 from omni_trainer.models.config import EncodersConfig, LLMConfig, ModelConfig
 from omni_trainer.models.encoders.config import VisionEncoderConfig
-from omni_trainer.planner.costs import Layout
-from omni_trainer.planner.devices import H100
 from omni_trainer.planner.simulate import predict
 from omni_trainer.planner.tune import propose_proxy
 from omni_trainer.planner.workloads import Workload

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from omni_trainer.config import load_manifest
+from omni_trainer.costs.devices import cpu_profile
+from omni_trainer.costs.step_costs import Layout, encoder_mb_cost
 from omni_trainer.data.config import LengthDistribution
 from omni_trainer.models.config import EncodersConfig, LLMConfig, ModelConfig
 from omni_trainer.models.encoders.config import AudioEncoderConfig
-from omni_trainer.planner.costs import Layout, encoder_mb_cost
-from omni_trainer.planner.devices import cpu_profile
 from omni_trainer.planner.simulate import encoder_flops_share, predict
 from omni_trainer.planner.workloads import (
     SourceShape,

@@ -31,10 +31,9 @@ from omni_trainer.models.batch import (
 )
 from omni_trainer.models.context_parallel import set_rope_positions, shard_for_context
 from omni_trainer.models.omni import first_stage_input
-from omni_trainer.multiplex.dataflow import PRE, DataflowTable, plan_dataflow
+from omni_trainer.multiplex.dataflow import PRE, DataflowTable
+from omni_trainer.multiplex.encoder_policy import device_memory_bytes, shares_cores, step_table
 from omni_trainer.multiplex.workload import encoder_micro_batches, media_encoded_on
-from omni_trainer.planner.budget import device_memory_bytes as device_bytes
-from omni_trainer.planner.budget import planning_budget, stages_share_cores
 
 
 class StepRunner:
@@ -69,11 +68,7 @@ class StepRunner:
                 else None
             ),
         )
-        encoder = cfg.parallelism.encoder
-        shared = encoder.shared_cores
-        self.shared_cores = encoder.policy == "auto" and (
-            stages_share_cores(self.device) if shared is None else shared
-        )
+        self.shared_cores = shares_cores(cfg.parallelism.encoder, self.device)
         self.forward_backward_func = get_forward_backward_func()
         self.chunks[0].config.finalize_model_grads_func = self._finalize_grads
         self._schedule_kwargs = schedule_kwargs(self.chunks[0].config, timer)
@@ -137,14 +132,13 @@ class StepRunner:
         encoder_mbs, lengths = encoder_micro_batches(
             self.cfg.model, groups_of_seqs, stages=dims.pp * dims.vpp
         )
-        table = plan_dataflow(
-            self.cfg.parallelism.encoder.policy,
-            pp=dims.pp,
-            vpp=dims.vpp,
-            num_microbatches=len(micro),
-            encoder_mbs=encoder_mbs,
+        table = step_table(
+            self.cfg,
+            dims,
+            groups_of_seqs,
+            encoder_mbs,
+            device_bytes=partial(device_memory_bytes, self.device),
             shared_cores=self.shared_cores,
-            **planning_budget(self.cfg, dims, groups_of_seqs, partial(device_bytes, self.device)),
         )
         mine = media_encoded_on(table, self.groups.anchor.stage)
         self.data.media.prefetch(  # decoded in parallel by the workers while this thread waits

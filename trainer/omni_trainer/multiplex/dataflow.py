@@ -1118,17 +1118,17 @@ def plan_dataflow(
       does not grow), is front-loaded where that shortens the step and the budget allows, and
       is otherwise inserted on demand. A mb that fits nowhere takes the slot exceeding the
       budget least. The best of this and the fixed tables is then refined by a local search
-      (each mb placed again knowing all the others, until none moves). ``budget``: per stage
-      (or one for all), in :attr:`EncoderMicroBatch.memory` units (bytes in the trainer and
-      simulator: the manifest's ``memoryBudget``); where
-      ``front_loaded`` fits it, ``auto`` is at least as fast; None: :data:`HEADROOM` x the
-      largest stage peak of the ``uniform`` table, and at most ``device_budget`` (what the
-      device leaves beside the LLM, see :mod:`omni_trainer.planner.budget`), so ``auto`` holds
-      barely more encoder activations than on-demand insertion. ``shared_cores``: the stages
-      share fewer CPU cores than they have threads (a local run), so one stage's idle time is
-      another's compute and filling it gains nothing the time model (a device per stage) would
-      credit; ``auto`` then takes ``front_loaded``'s table wherever that fits the budget (no
-      encoder work inside the LLM schedule, nothing to search), and plans as above elsewhere.
+      (each mb placed again knowing all the others, until none moves). ``budget``: per stage (or one
+      for all), in :attr:`EncoderMicroBatch.memory` units (bytes in the trainer and simulator: the
+      manifest's ``memoryBudget``); where ``front_loaded`` fits it, ``auto`` is at least as fast;
+      None: :data:`HEADROOM` x the largest stage peak of the ``uniform`` table, and at most
+      ``device_budget`` (what the device leaves beside the LLM, see
+      :mod:`~omni_trainer.multiplex.encoder_policy`), so ``auto`` holds barely more encoder
+      activations than on-demand insertion. ``shared_cores``: the stages share fewer CPU cores than
+      they have threads (a local run), so one stage's idle time is another's compute and filling it
+      gains nothing the time model (a device per stage) would credit; ``auto`` then takes
+      ``front_loaded``'s table wherever that fits the budget (no encoder work inside the LLM
+      schedule, nothing to search), and plans as above elsewhere.
       Only ``auto`` reads these three.
 
     - ``stage0``: the unimodal-like baseline; every encoder mb on stage 0 just before F(m,0),

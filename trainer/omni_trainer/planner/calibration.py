@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from omni_trainer.planner.devices import DeviceProfile, Link, all_reduce_time, cpu_profile
+from omni_trainer.costs.devices import DeviceProfile, Link, all_reduce_time, cpu_profile
 
 __all__ = [
     "SMALL_COLLECTIVES_PER_STEP",

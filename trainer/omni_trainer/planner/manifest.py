@@ -9,10 +9,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from omni_trainer.config import TrainerConfig, format_errors
+from omni_trainer.costs.devices import PROFILES, DeviceProfile
+from omni_trainer.costs.step_costs import Layout, Recompute
 from omni_trainer.distributed.layout import layout_problems
 from omni_trainer.models.config import DEFER_HF
-from omni_trainer.planner.costs import Layout, Recompute
-from omni_trainer.planner.devices import PROFILES, DeviceProfile
 
 DEFAULT_DEVICE = "H100"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"

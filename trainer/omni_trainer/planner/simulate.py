@@ -24,8 +24,18 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from omni_trainer.balance.reorder import ItemMeta, plan_reorder
+from omni_trainer.costs.devices import DeviceProfile
 from omni_trainer.costs.flops import mfu
 from omni_trainer.costs.model_flops import step_flops
+from omni_trainer.costs.step_costs import (
+    EncoderMBCost,
+    Layout,
+    LLMOpCost,
+    dp_sync_time,
+    encoder_mb_cost,
+    llm_op_costs,
+    static_memory,
+)
 from omni_trainer.data.packing import PackedSequence, split_micro_batches
 from omni_trainer.multiplex.dataflow import (
     POST,
@@ -37,16 +47,6 @@ from omni_trainer.multiplex.dataflow import (
     stage_ops,
 )
 from omni_trainer.multiplex.workload import encoder_micro_batches
-from omni_trainer.planner.costs import (
-    EncoderMBCost,
-    Layout,
-    LLMOpCost,
-    dp_sync_time,
-    encoder_mb_cost,
-    llm_op_costs,
-    static_memory,
-)
-from omni_trainer.planner.devices import DeviceProfile
 from omni_trainer.planner.workloads import Workload, sample_sequences
 
 __all__ = [

@@ -19,11 +19,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
+from omni_trainer.costs.devices import DeviceProfile
+from omni_trainer.costs.step_costs import Layout
 from omni_trainer.distributed.config import ParallelDims
 from omni_trainer.distributed.layout import model_problems
 from omni_trainer.multiplex.dataflow import POLICIES
-from omni_trainer.planner.costs import Layout
-from omni_trainer.planner.devices import DeviceProfile
 from omni_trainer.planner.simulate import Prediction, predict
 from omni_trainer.planner.workloads import Workload
 

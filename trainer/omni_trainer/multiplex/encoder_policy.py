@@ -1,10 +1,13 @@
-"""The trainer's memory budget for ``auto``: bytes of encoder activations a stage may hold.
+"""The manifest's ``parallelism.encoder.policy`` applied to a step: the table it chooses.
 
-Like the simulator's :func:`~omni_trainer.planner.simulate.encoder_budget`: the device's memory
-minus the LLM's static bytes and the peak of its own activations in the pipeline schedule
-without encoders. Also whether the stages share CPU cores (then ``auto`` front-loads where that
-fits). Pure Python except :func:`device_memory_bytes` and :func:`stages_share_cores` (torch,
-imported there).
+:func:`step_table` is where the trainer (every step) and ``omni plan`` (one step, offline) turn
+the policy into a :class:`~omni_trainer.multiplex.dataflow.DataflowTable`. For ``auto`` it needs
+the bytes of encoder activations a stage may hold: the device's memory minus the LLM's static
+bytes and the peak of its own activations in the pipeline schedule without encoders (like the
+planner's :func:`~omni_trainer.planner.simulate.encoder_budget`, from the same cost model,
+:mod:`omni_trainer.costs.step_costs`), and whether the stages share CPU cores (then ``auto``
+front-loads where that fits). Pure Python except :func:`device_memory_bytes` and
+:func:`stages_share_cores` (torch, imported there).
 """
 
 from __future__ import annotations
@@ -14,15 +17,22 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from omni_trainer.costs.step_costs import Layout, llm_activation_bytes, static_memory
 from omni_trainer.data.packing import PackedSequence
 from omni_trainer.distributed.config import ParallelDims
-from omni_trainer.multiplex.dataflow import stage_ops
-from omni_trainer.planner.costs import Layout, llm_activation_bytes, static_memory
+from omni_trainer.multiplex.dataflow import (
+    DataflowTable,
+    EncoderMicroBatch,
+    Policy,
+    plan_dataflow,
+    stage_ops,
+)
 
 if TYPE_CHECKING:
     import torch
 
     from omni_trainer.config import TrainerConfig
+    from omni_trainer.distributed.config import EncoderParallelConfig
 
 __all__ = [
     "cores_are_shared",
@@ -31,7 +41,9 @@ __all__ = [
     "host_available_bytes",
     "llm_activation_peaks",
     "planning_budget",
+    "shares_cores",
     "stages_share_cores",
+    "step_table",
     "trainer_layout",
 ]
 
@@ -164,3 +176,34 @@ def planning_budget(
     if manifest is not None:
         return {"budget": float(manifest)}
     return {"device_budget": encoder_budget(cfg, dims, micro_batches, device_bytes())}
+
+
+def shares_cores(encoder: EncoderParallelConfig, device: torch.device) -> bool:
+    """Whether ``auto`` plans for stages that share CPU cores: the manifest's ``sharedCores``,
+    else measured (:func:`stages_share_cores`); never for the other policies."""
+    if encoder.policy != "auto":
+        return False
+    return stages_share_cores(device) if encoder.shared_cores is None else encoder.shared_cores
+
+
+def step_table(
+    cfg: TrainerConfig,
+    dims: ParallelDims,
+    micro_batches: Sequence[Sequence[PackedSequence]],
+    encoder_mbs: Sequence[EncoderMicroBatch],
+    *,
+    device_bytes: Callable[[], float],
+    shared_cores: bool,
+    policy: Policy | None = None,
+) -> DataflowTable:
+    """The step's dataflow table under ``policy`` (default: the manifest's), with ``auto``'s
+    budget from :func:`planning_budget`."""
+    return plan_dataflow(
+        policy or cfg.parallelism.encoder.policy,
+        pp=dims.pp,
+        vpp=dims.vpp,
+        num_microbatches=len(micro_batches),
+        encoder_mbs=encoder_mbs,
+        shared_cores=shared_cores,
+        **planning_budget(cfg, dims, micro_batches, device_bytes),
+    )

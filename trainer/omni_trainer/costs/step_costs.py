@@ -23,17 +23,17 @@ from typing import Literal
 
 from omni_trainer.balance.lssp import plan_lssp
 from omni_trainer.costs.activation_bytes import BF16, kept_bytes_per_token
-from omni_trainer.costs.flops import attention_flops, transformer_matmul_params
-from omni_trainer.data.packing import PackedSequence
-from omni_trainer.models.config import LLMConfig, ModelConfig
-from omni_trainer.models.encoders.config import AudioEncoderConfig, VisionEncoderConfig
-from omni_trainer.planner.devices import (
+from omni_trainer.costs.devices import (
     DeviceProfile,
     all_gather_time,
     all_to_all_time,
     p2p_time,
     reduce_scatter_time,
 )
+from omni_trainer.costs.flops import attention_flops, transformer_matmul_params
+from omni_trainer.data.packing import PackedSequence
+from omni_trainer.models.config import LLMConfig, ModelConfig
+from omni_trainer.models.encoders.config import AudioEncoderConfig, VisionEncoderConfig
 
 __all__ = [
     "AC_NAMES",

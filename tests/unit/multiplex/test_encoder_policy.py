@@ -10,14 +10,14 @@ import torch
 
 from omni_trainer.config import ManifestError, parse_manifest
 from omni_trainer.costs.activation_bytes import kept_bytes_per_token
+from omni_trainer.costs.step_costs import llm_activation_bytes, static_memory
 from omni_trainer.data.packing import PackedSequence, Segment
 from omni_trainer.distributed.config import ParallelDims, memory_bytes
+from omni_trainer.multiplex import encoder_policy as budget_mod
 from omni_trainer.multiplex.dataflow import HEADROOM, simulate
+from omni_trainer.multiplex.encoder_policy import encoder_budget, planning_budget, trainer_layout
 from omni_trainer.multiplex.workload import encoder_micro_batches
 from omni_trainer.plan import plan_step
-from omni_trainer.planner import budget as budget_mod
-from omni_trainer.planner.budget import encoder_budget, planning_budget, trainer_layout
-from omni_trainer.planner.costs import llm_activation_bytes, static_memory
 
 
 def _cfg(manifest: dict, micro_batch_size: int = 4, **encoder):
