@@ -87,7 +87,7 @@ bench-data: setup
 
 .PHONY: bench-balance
 
-# Grouped Karmarkar-Karp reordering vs greedy and no reordering (PAPER.md technique 7).
+# Grouped Karmarkar-Karp reordering vs greedy and no reordering (the paper's technique 7).
 bench-balance: setup
 	$(BIN)/python bench/balance.py $(BENCH_ARGS)
 
@@ -107,7 +107,7 @@ bench-interop: setup
 .PHONY: bench-checkpoint
 
 # Async loader snapshot vs synchronous save (1 MB, 100 MB; BENCH_ARGS=--big adds 1 GB) and
-# first vs later DCP saves with plan caching on and off (PAPER.md techniques 8, 13-15).
+# first vs later DCP saves with plan caching on and off (the paper's techniques 8, 13-15).
 bench-checkpoint: setup
 	$(BIN)/python bench/checkpoint.py $(BENCH_ARGS)
 
@@ -150,7 +150,7 @@ images:
 
 .PHONY: bench-paper
 
-# Predicted throughput of workloads A-D (PAPER.md) on H100 profiles: uniform multiplexing vs
+# Predicted throughput of workloads A-D (the MegaScale-Omni paper) on H100 profiles: uniform multiplexing vs
 # stage0, front_loaded and disaggregated, image:text 1:9..9:1, plus PP stage 0 memory (issue 8).
 bench-paper: setup
 	$(BIN)/python bench/paper.py $(BENCH_ARGS)

@@ -1,5 +1,5 @@
 """Calibration against reality: the planner's simulator, fed a CPU profile measured here, predicts
-the tiny example's step time at world sizes 1, 2 and 4; ``omni train`` measures them (issue 8).
+the tiny example's step time at world sizes 1, 2 and 4; ``omni train`` measures them.
 
 Every parameter is measured in this run, never chosen, and the CPU rates are measured right next
 to the run they predict. This machine is shared with other work, which slows runs and benchmarks

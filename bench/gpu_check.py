@@ -1,4 +1,4 @@
-"""The GPU path on one GPU, in under 8 minutes (issue 13): what CPU tests cannot prove.
+"""The GPU path on one GPU, in under 8 minutes: what CPU tests cannot prove.
 
     python bench/gpu_check.py --out $OUT          # one GPU (an H200 takes about 3-5 minutes)
     python bench/gpu_check.py --cpu-smoke --out /tmp/check   # CI: tiny shapes, no GPU

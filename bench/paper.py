@@ -50,7 +50,7 @@ def header(device: DeviceProfile, max_mb: int) -> str:
     assert host is not None
     return "\n".join(
         [
-            "# Predicted (not measured) step figures, planner simulator; PAPER.md workloads A-D",
+            "# Predicted (not measured) step figures, planner simulator; the paper's workloads A-D",
             f"# device {device.name}: peak {device.peak_flops / 1e12:.0f} TFLOP/s dense BF16 "
             f"(datasheet), HBM {device.hbm_bytes / 1e9:.0f} GB, reserve "
             f"{device.reserved_bytes / GiB:.0f} GiB; {device.gpus_per_node} GPUs/node",

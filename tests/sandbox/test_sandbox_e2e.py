@@ -25,9 +25,10 @@ import pytest
 import yaml
 
 from omni_operator.sandbox.control import inject_fault, read_state
-from omni_trainer.components.progress import read_step_log, read_step_samples
+from omni_trainer.components.progress import read_step_log
 
 from ..conftest import EXAMPLES
+from ..step_logs import read_step_samples
 
 pytestmark = pytest.mark.timeout(900)
 

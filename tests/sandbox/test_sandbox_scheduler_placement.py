@@ -16,8 +16,9 @@ from typing import Any
 import psutil
 import yaml
 
-from omni_trainer.components.progress import read_step_log, read_step_samples
+from omni_trainer.components.progress import read_step_log
 
+from ..step_logs import read_step_samples
 from .test_sandbox_e2e import (
     BIN,
     Sandbox,

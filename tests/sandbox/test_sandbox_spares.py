@@ -12,8 +12,9 @@ from typing import Any
 
 import yaml
 
-from omni_trainer.components.progress import read_step_log, read_step_samples
+from omni_trainer.components.progress import read_step_log
 
+from ..step_logs import read_step_samples
 from .test_sandbox_e2e import Sandbox, _fault, _manifest, _pods, last_logged_step, uninterrupted_run
 
 STEPS = 240

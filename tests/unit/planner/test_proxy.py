@@ -1,4 +1,4 @@
-"""Proxy-cluster proposal (PAPER.md technique 10): fewer replicas, the same replica."""
+"""Proxy-cluster proposal (the paper's technique 10): fewer replicas, the same replica."""
 
 from __future__ import annotations
 

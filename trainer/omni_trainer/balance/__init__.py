@@ -1,5 +1,5 @@
-"""Workload balancing (PAPER.md technique 7): cost models, k-way partitioning, grouped reordering,
-and LSSP (which rank of a sequence-parallel group encodes which encoder sample).
+"""Workload balancing (the paper's technique 7): cost models, k-way partitioning, grouped
+reordering, and LSSP (which rank of a sequence-parallel group encodes which encoder sample).
 
 Pure Python (no torch): the data loader calls it between a metadata all-gather and an all-to-all,
 and benchmarks and tests run it on CPU.

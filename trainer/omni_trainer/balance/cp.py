@@ -1,4 +1,4 @@
-"""Adaptive sample sharding for context parallelism (PAPER.md technique 9, the CP half).
+"""Adaptive sample sharding for context parallelism (the paper's technique 9, CP half).
 
 With packed samples, sharding EVERY sample across the CP ranks wastes the short ones (their
 attention is tiny, their communication is not), while keeping long ones whole overloads one rank

@@ -1,6 +1,6 @@
 """Decentralized grouped reordering: one group's plan from its all-gathered sample metadata.
 
-The paper's recipe (PAPER.md technique 7): ranks are split into small network-local groups;
+The paper's recipe (its technique 7): ranks are split into small network-local groups;
 inside a group every rank all-gathers the metadata of the samples it drew for the step (id,
 length, modality, bytes), every rank computes the *same* Karmarkar-Karp plan from it (pure and
 deterministic, so no rank has to broadcast a decision), and one all-to-all moves the samples.

@@ -1,6 +1,6 @@
 """EncoderAnchor: encoder micro-batches run inside megatron's LLM pipeline, where the table says.
 
-megatron-core's schedules are used as released. The anchor hooks in from outside (DESIGN.md):
+megatron-core's schedules are used as released. The anchor hooks in from outside:
 
 - ``run_slot(i)`` is called by the trainer's forward-step function before the i-th forward op of
   this stage (plus ``PRE`` before the schedule and ``POST`` in finalize). It runs the encoder

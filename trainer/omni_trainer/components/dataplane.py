@@ -1,6 +1,6 @@
 """This rank's share of every global batch: its loader shards, then grouped reordering.
 
-Decentralized loading (PAPER.md technique 7): each data-parallel rank runs the loaders it hosts
+Decentralized loading (the paper's technique 7): each data-parallel rank runs the loaders it hosts
 and never sees the rest of the global batch. Inside a reorder group (network-local data-parallel
 ranks) the ranks all-gather only metadata (one cost and size per sequence), compute the same
 Karmarkar-Karp plan, and move whole packed sequences with one all-to-all. Reordering between

@@ -136,16 +136,6 @@ def read_step_log(path: str | Path) -> dict[int, float]:
     return dict(sorted(losses.items()))
 
 
-def read_step_samples(path: str | Path) -> dict[int, str]:
-    """The sample fingerprint per step as it finally counted (see :func:`read_step_log`)."""
-    out: dict[int, str] = {}
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            record = json.loads(line)
-            out[record["step"]] = record.get("samples", "")
-    return dict(sorted(out.items()))
-
-
 class Reporters:
     """Several reporters as one."""
 

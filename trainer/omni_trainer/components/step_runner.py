@@ -1,6 +1,6 @@
 """The forward and backward of one step: megatron-core's pipeline schedule for the LLM with the
 :class:`EncoderAnchor` hooked in from outside (its forward-step function and its finalize hook),
-as DESIGN.md asks: megatron's code runs as released.
+so megatron's code runs as released.
 
 The LLM runs under megatron's own schedule (1F1B, interleaved, or none when PP is 1); the anchor
 runs the encoders on every stage at the slots of the step's :class:`DataflowTable`. One path

@@ -146,10 +146,6 @@ class DeviceProfile:
             spans_nodes = group_size > self.gpus_per_node
         return self.inter if spans_nodes else self.intra
 
-    def with_efficiency(self, table: EfficiencyTable) -> DeviceProfile:
-        """The same device with a measured efficiency table."""
-        return replace(self, efficiency=table)
-
 
 # Links. H100 SXM NVLink 4: 900 GB/s bidirectional per GPU = 450 GB/s per direction (H100
 # datasheet); NCCL all-reduce bus bandwidth on DGX H100 is ~80% of it (nccl-tests figures),

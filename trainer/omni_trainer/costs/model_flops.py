@@ -41,7 +41,8 @@ def llm_forward_flops(model: ModelConfig, sequences) -> float:
 
 
 def step_flops(model: ModelConfig, global_batch) -> StepFlops:
-    """Model FLOPs of one global batch (PAPER.md convention: encoders counted, padding not).
+    """Model FLOPs of one global batch (the paper's convention: encoders
+    counted, padding not).
 
     Attention is counted per packed sample because samples never attend to each other.
     """

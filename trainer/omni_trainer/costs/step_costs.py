@@ -27,7 +27,6 @@ from omni_trainer.costs.devices import (
     DeviceProfile,
     all_gather_time,
     all_to_all_time,
-    p2p_time,
     reduce_scatter_time,
 )
 from omni_trainer.costs.flops import attention_flops, transformer_matmul_params
@@ -458,8 +457,3 @@ def dp_sync_time(
     t += reduce_scatter_time(b * pe, layout.world_size, link)
     t += all_gather_time(b * pe, layout.world_size, link)
     return t
-
-
-def p2p_seconds(nbytes: float, device: DeviceProfile, *, crosses_nodes: bool = True) -> float:
-    """A pipeline send (activations, encoder outputs, gradients)."""
-    return p2p_time(nbytes, device.inter if crosses_nodes else device.intra)

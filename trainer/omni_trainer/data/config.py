@@ -42,7 +42,7 @@ class LengthDistribution(Spec):
         return not_below(v, info.data.get("min"), names=("max", "min"))
 
 
-# Paper figures (PAPER.md): OpenImages mean 3.8K tokens (skewed), RefCOCOg 1.4K, LibriSpeech 0.34K,
+# The paper's figures: OpenImages mean 3.8K tokens (skewed), RefCOCOg 1.4K, LibriSpeech 0.34K,
 # long text 6K with documents up to 512K. The sigmas are our choice: 0.6 gives OpenImages a long
 # right tail (p99 ~ 3.4x mean); RefCOCOg crops are more uniform (0.4); LibriSpeech utterances are
 # bounded (0.35, max 2K); long text gets the heavy tail (1.0, p99 ~ 6x mean, up to 512K).
@@ -260,7 +260,7 @@ class DataConfig(Spec):
     hosts ``loaderShards / dp`` of them. Default: one per data-parallel rank. Set it to keep the
     global batch identical across data-parallel sizes that divide it (e.g. to compare layouts)."""
     reorder: ReorderConfig = Field(default_factory=lambda: ReorderConfig())
-    """Grouped reordering of sequences between data-parallel ranks (PAPER.md technique 7)."""
+    """Grouped reordering of sequences between data-parallel ranks (the paper's technique 7)."""
     media: MediaConfig = Field(default_factory=lambda: MediaConfig())
     """Image, audio and video preprocessing of file-based sources."""
     prefetch: PrefetchConfig = Field(default_factory=lambda: PrefetchConfig())

@@ -10,7 +10,6 @@ pixels are read by byte range when the rank that encodes them calls ``load_media
 
 from __future__ import annotations
 
-import bisect
 import glob
 import io
 import json
@@ -177,12 +176,10 @@ class ShardSource:
         self._client: Any = None
         self._shards = self._list_shards(config.url)
         self._entries: list[_Entry] = []
-        self._bounds: list[int] = []
         for i, shard in enumerate(self._shards):
             for e in self._load_index(shard):
                 members = {k: (int(v[0]), int(v[1])) for k, v in e["members"].items()}
                 self._entries.append(_Entry(i, members))
-            self._bounds.append(len(self._entries))
         if not self._entries:
             raise FileNotFoundError(f"source {self.name!r}: no samples in shards at {config.url!r}")
         self.num_samples: int | None = len(self._entries)
@@ -191,12 +188,6 @@ class ShardSource:
     def shards(self) -> list[str]:
         """Shard locations, in read order."""
         return list(self._shards)
-
-    def locate(self, index: int) -> tuple[int, int]:
-        """(shard, member) of sample ``index`` (modulo the number of samples)."""
-        i = index % len(self._entries)
-        shard = bisect.bisect_right(self._bounds, i)
-        return shard, i - (self._bounds[shard - 1] if shard else 0)
 
     def get(self, index: int) -> Sample | Skipped:
         """Sample ``index`` with its media as a reference (only the media header is read);

@@ -33,7 +33,7 @@ def memory_bytes(value: int | str) -> int:
 
 
 class EncoderParallelConfig(Spec):
-    """How encoders run next to the LLM (PAPER.md techniques 2, 5, 6)."""
+    """How encoders run next to the LLM (the paper's techniques 2, 5, 6)."""
 
     eta: int = Field(
         4096, ge=0, description="samples longer than this (tokens) encode sequence-parallel"

@@ -2,7 +2,8 @@
 
 megatron-core assumes CUDA in a few spots that are irrelevant to the math. On a machine without
 CUDA we patch exactly those spots; where CUDA is available nothing is touched, so production GPU
-paths never depend on this module. Measured needs (shared/ENVIRONMENT.md):
+paths never depend on this module. Measured needs (megatron-core
+0.16.1, torch 2.13 on CPU):
 
 - ``torch.cuda.current_device()`` places rotary buffers and p2p shape tensors: answer the CPU.
 - ``torch.cuda.synchronize()`` after p2p ops: nothing to wait for on the CPU.
@@ -17,7 +18,7 @@ paths never depend on this module. Measured needs (shared/ENVIRONMENT.md):
   state itself is restored by megatron's own ``torch.set_rng_state``; dropout is zero anyway).
 
 Pipeline schedules must also run with ``batch_p2p_comm=False`` on gloo: with virtual pipelining,
-batched p2p gives silently wrong gradients there (shared/ENVIRONMENT.md); ``models/llm.py``
+batched p2p gives silently wrong gradients there (measured); ``models/llm.py``
 sets ``batch_p2p_comm=False``.
 """
 

@@ -199,7 +199,8 @@ class LLMConfig(Spec):
 
 
 class EncodersConfig(Spec):
-    """One encoder per modality. Every pipeline stage hosts the same set (DESIGN.md)."""
+    """One encoder per modality. Every pipeline stage hosts the same set (encoders are colocated
+    on every stage)."""
 
     image: VisionEncoderConfig | None = None
     audio: AudioEncoderConfig | None = None

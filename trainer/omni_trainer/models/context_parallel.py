@@ -1,4 +1,4 @@
-"""Context parallelism with adaptive sample sharding (PAPER.md technique 9, the CP half).
+"""Context parallelism with adaptive sample sharding (the paper's technique 9, CP half).
 
 Each context-parallel (CP) rank holds an arbitrary set of a micro-batch's tokens: short samples
 whole, long ones as zig-zag chunks (``balance.cp.plan_context_parallel``), packed into a local

@@ -100,7 +100,7 @@ def build_gpt(
         params_dtype=params_dtype,
         bf16=params_dtype == torch.bfloat16,
         pipeline_dtype=params_dtype,  # what the layers emit: no autocast around the LLM
-        # batched p2p + interleaving gives wrong grads on gloo (shared/ENVIRONMENT.md)
+        # batched p2p + interleaving gives wrong grads on gloo (measured)
         batch_p2p_comm=False,
         calculate_per_token_loss=True,  # the trainer pre-normalises by global text targets
         **_parallel_sizes(),

@@ -1,7 +1,8 @@
 """The dataflow table: where each encoder micro-batch runs inside megatron's pipeline schedule.
 
-EncoderAnchor (PAPER.md techniques 5-6) inserts encoder work into the LLM pipeline without editing
-megatron-core. This module is the one description of that joint schedule, shared by the runtime,
+EncoderAnchor (the paper's techniques 5-6) inserts encoder work into the LLM pipeline without
+editing megatron-core.
+This module is the one description of that joint schedule, shared by the runtime,
 the planner (``omni plan``) and the simulator, so it is pure Python (no torch).
 
 Vocabulary

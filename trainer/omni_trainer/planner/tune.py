@@ -10,7 +10,7 @@ LLM activations are kept (sel-AC) or recomputed (full-AC), the trainer's ``train
 choices (offload-AC, a what-if of the planner, only when asked for). Full-AC only trades time
 for memory, so it is simulated only for layouts whose sel-AC variant does not fit.
 
-:func:`propose_proxy` then scales the winner down for validation on a small cluster (PAPER.md
+:func:`propose_proxy` then scales the winner down for validation on a small cluster (the paper's
 technique 10): fewer data-parallel replicas, everything else of a replica unchanged.
 """
 

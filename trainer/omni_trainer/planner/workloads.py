@@ -1,4 +1,4 @@
-"""The paper's workloads A-D (PAPER.md) and the sampled packed sequences the planner costs.
+"""The MegaScale-Omni paper's workloads A-D and the sampled packed sequences the planner costs.
 
 A workload is a model, a cluster size, a global batch, a sequence length, its data sources (length
 distribution, ``lengthScale``, weight) and the modality token shares. Sequences are drawn the way
@@ -260,7 +260,7 @@ def image_token_share(sequences: Sequence[PackedSequence]) -> float:
 
 
 def paper_workloads() -> dict[str, Workload]:
-    """Workloads A-D as PAPER.md lists them (16K for A/B, 8K for C/D), image:text 5:5."""
+    """Workloads A-D as the paper lists them (16K for A/B, 8K for C/D), image:text 5:5."""
 
     def vit(preset: str) -> EncodersConfig:
         return EncodersConfig(image=VisionEncoderConfig(preset=preset))
