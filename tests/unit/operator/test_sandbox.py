@@ -12,12 +12,8 @@ from omni_operator.capacity import pinned_node, pod_requests
 from omni_operator.crd import crd
 from omni_operator.placement import place
 from omni_operator.render import CONFIG_DIR, CONFIG_PATH, render_all
-from omni_operator.sandbox.kubelet import (
-    Network,
-    crash_backoff,
-    localize,
-    map_service_ports,
-)
+from omni_operator.sandbox.kubelet.backoff import crash_backoff
+from omni_operator.sandbox.kubelet.network import Network, localize, map_service_ports
 from omni_operator.sandbox.tables import age, as_table, printer_columns
 from omni_operator.spec import OmniTrainingJobSpec, parse_job
 
@@ -150,7 +146,7 @@ def test_pods_and_services_print_as_kubectl_prints_them() -> None:
 
 def test_the_registry_holds_the_images_of_the_examples_and_the_chart() -> None:
     from omni_operator.sandbox.cluster import DEFAULT_IMAGES
-    from omni_operator.sandbox.kubelet import Registry, image_ref
+    from omni_operator.sandbox.kubelet.images import Registry, image_ref
 
     from ...conftest import REPO
 
