@@ -184,7 +184,7 @@ def test_crash_back_off_as_a_kubelet_counts_it() -> None:
 def test_event_times_are_stored_as_the_api_server_stores_them() -> None:
     """kopf posts ``+00:00`` with microseconds; the API server keeps RFC 3339 ``Z`` times, which
     ``kubectl get events --sort-by=.lastTimestamp`` orders."""
-    from omni_operator.sandbox.emulator import api_times
+    from omni_operator.sandbox.emulator.writes import api_times
 
     posted = "2026-12-06T15:13:21.123456+00:00"
     event = {"firstTimestamp": posted, "lastTimestamp": "2026-12-06T16:13:21+01:00",

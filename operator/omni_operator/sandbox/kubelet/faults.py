@@ -85,8 +85,8 @@ class Faults:
             await self.client.patch(
                 f"/api/v1/nodes/{sim.name}", {"status": {"conditions": ready_condition(False)}}
             )
-            shutil.rmtree(self.volumes.node_disk(sim.name), ignore_errors=True)  # a new node's
-            # disk is empty
+            # its local disk goes with it: a new node's is empty
+            shutil.rmtree(self.volumes.node_disk(sim.name), ignore_errors=True)
             log.warning(f"sandbox: node {sim.name} lost (its processes and local disk)")
         elif fault in ("", "ready") and sim.lost:
             sim.lost = False
