@@ -52,6 +52,7 @@ class Kubelet:
         workdir: where pods' directories, logs, claims and nodes' disks live.
         cwd: the working directory of every pod's processes.
         tick_s: how often the kubelet reads the API server.
+        net: the pods' loopback network (a fresh one: an address range of its own).
         registry: images the nodes can pull (None: every image).
         crash_backoff_s: the first back-off of a crashing container.
         sync_s: a kubelet's ``syncFrequency`` (:class:`.volumes.Volumes`).
