@@ -21,7 +21,9 @@ from omni_operator.sandbox import control
 from omni_operator.sandbox.cluster import node_object
 from omni_operator.sandbox.control import FAULT
 from omni_operator.sandbox.emulator import Emulator
-from omni_operator.sandbox.kubelet import Kubelet, SimNode, pod_processes
+from omni_operator.sandbox.kubelet import Kubelet
+from omni_operator.sandbox.kubelet.container import pod_processes
+from omni_operator.sandbox.kubelet.node import SimNode
 
 pytestmark = pytest.mark.asyncio
 NS = "default"
@@ -311,9 +313,9 @@ async def test_a_running_pod_without_processes_is_reported_lost(env: Env) -> Non
 async def test_images_outside_the_registry_fail_to_pull_like_a_kubelet(env: Env) -> None:
     """ErrImagePull at each attempt, ImagePullBackOff in between, the pod stays Pending and its
     processes never start; an image the registry holds runs (``busybox`` means docker.io's)."""
-    from omni_operator.sandbox.kubelet import Registry
+    from omni_operator.sandbox.kubelet.images import Registry
 
-    env.kubelet.registry = Registry.of(["busybox", "ghcr.io/megascale-omni/trainer:0.1.0"])
+    env.kubelet.images.registry = Registry.of(["busybox", "ghcr.io/megascale-omni/trainer:0.1.0"])
     bad, good = _pod("bad", "node-0", SLEEPER), _pod("good", "node-1", SLEEPER)
     bad["spec"]["containers"][0]["image"] = "ghcr.io/megascale-omni/trainer:0.0.9"
     good["spec"]["containers"][0]["image"] = "docker.io/library/busybox:latest"
@@ -338,17 +340,17 @@ async def test_images_outside_the_registry_fail_to_pull_like_a_kubelet(env: Env)
     assert not pod_processes(env.pod("bad")["metadata"]["uid"])
     await env.wait("good Running", lambda: _phase(env, "good") == "Running")
     await env.delete(f"/api/v1/namespaces/{NS}/pods/bad")
-    await env.wait("pull forgotten", lambda: not env.kubelet._pulls)
+    await env.wait("pull forgotten", lambda: not env.kubelet.images.pulls)
 
 
 async def test_a_node_pulls_an_image_once_and_keeps_it(env: Env) -> None:
     """With a pull time, a node's first pod waits in ContainerCreating for it (a second pod of
     that node shares the pull), the node keeps the image: a later pod there and a restarted
     container start at once, a pod on another node pulls again."""
-    from omni_operator.sandbox.kubelet import Registry
+    from omni_operator.sandbox.kubelet.images import Registry
 
     pull_s = 1.5
-    env.kubelet.registry = Registry.of(["busybox"], pull_s=pull_s)
+    env.kubelet.images.registry = Registry.of(["busybox"], pull_s=pull_s)
     loop = asyncio.get_running_loop()
 
     async def started(name: str, node: str) -> float:
@@ -476,7 +478,7 @@ async def test_projected_volumes_follow_their_sources_when_the_kubelet_syncs_the
     """A kubelet rewrites a running pod's ConfigMap and downwardAPI volumes when it syncs the
     pod: a ConfigMap update alone waits for the periodic sync (``syncFrequency``), an update of
     the pod (an annotation) is a sync at once, for both volumes."""
-    env.kubelet.sync_s = 3600.0  # no periodic sync during the first part
+    env.kubelet.volumes.sync_s = 3600.0  # no periodic sync during the first part
     await env.post(f"/api/v1/namespaces/{NS}/configmaps",
                    {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"},
                     "data": {"k": "1"}})  # fmt: skip
@@ -504,7 +506,7 @@ async def test_projected_volumes_follow_their_sources_when_the_kubelet_syncs_the
                     {"metadata": {"annotations": {"x/order": "2"}}})  # fmt: skip
     await env.wait("the pod synced", lambda: files() == ("2", "2", "p"))
     await env.patch(f"/api/v1/namespaces/{NS}/configmaps/c", {"data": {"k": "3"}})
-    env.kubelet.sync_s = 0.5
+    env.kubelet.volumes.sync_s = 0.5
     await env.wait("the periodic sync", lambda: files() == ("3", "2", "p"))
 
 

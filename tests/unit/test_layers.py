@@ -111,7 +111,42 @@ OPERATOR_LAYERS: list[tuple[str, list[str]]] = [
     ("spares and stragglers", ["omni_operator.spares", "omni_operator.stragglers"]),
     ("the pure reconcile", ["omni_operator.reconcile"]),
     ("kopf handlers", ["omni_operator.progress", "omni_operator.handlers"]),
-    ("the sandbox cluster", ["omni_operator.sandbox"]),
+    (
+        "the sandbox's plain parts: fault control, scheduler filters, tables, wire formats",
+        [
+            "omni_operator.sandbox.control",
+            "omni_operator.sandbox.scheduling",
+            "omni_operator.sandbox.tables",
+            "omni_operator.sandbox.protobuf",
+            "omni_operator.sandbox.downward",
+            "omni_operator.sandbox.degrade",
+            "omni_operator.sandbox.probes",
+        ],
+    ),
+    ("the sandbox's API server, a class per layer", ["omni_operator.sandbox.emulator"]),
+    (
+        "the sandbox kubelet's API calls, network, nodes, back-off, containers",
+        [
+            "omni_operator.sandbox.kubelet.api",
+            "omni_operator.sandbox.kubelet.network",
+            "omni_operator.sandbox.kubelet.node",
+            "omni_operator.sandbox.kubelet.backoff",
+            "omni_operator.sandbox.kubelet.container",
+        ],
+    ),
+    (
+        "the sandbox kubelet's roles: images, volumes, scheduler, runtime, faults",
+        [
+            "omni_operator.sandbox.kubelet.images",
+            "omni_operator.sandbox.kubelet.volumes",
+            "omni_operator.sandbox.kubelet.scheduler",
+            "omni_operator.sandbox.kubelet.command",
+            "omni_operator.sandbox.kubelet.runtime",
+            "omni_operator.sandbox.kubelet.faults",
+        ],
+    ),
+    ("the sandbox kubelet", ["omni_operator.sandbox.kubelet"]),
+    ("the sandbox cluster, its controllers, the testbed", ["omni_operator.sandbox"]),
     ("the command line", ["omni_operator.cli"]),
 ]
 

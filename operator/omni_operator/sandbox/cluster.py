@@ -32,16 +32,11 @@ from omni_operator.sandbox import kueue
 from omni_operator.sandbox.control import STATE_FILE
 from omni_operator.sandbox.deployments import DeploymentController
 from omni_operator.sandbox.emulator import Emulator
-from omni_operator.sandbox.kubelet import (
-    CRASH_BACKOFF_S,
-    GPU,
-    SYNC_S,
-    ImageConfig,
-    Kubelet,
-    Registry,
-    SimNode,
-    ready_condition,
-)
+from omni_operator.sandbox.kubelet import Kubelet
+from omni_operator.sandbox.kubelet.backoff import CRASH_BACKOFF_S
+from omni_operator.sandbox.kubelet.images import ImageConfig, Registry
+from omni_operator.sandbox.kubelet.node import GPU, SimNode, ready_condition
+from omni_operator.sandbox.kubelet.volumes import SYNC_S
 from omni_operator.sandbox.tables import printer_columns
 from omni_operator.spec import DEFAULT_IMAGE, GROUP, PLURAL, VERSION
 

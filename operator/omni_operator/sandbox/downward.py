@@ -3,8 +3,9 @@
 A kubelet rewrites them (like ConfigMap volumes) when it syncs the pod: on an update of the pod
 (its labels or annotations changed), a container starting or ending, and every
 ``syncFrequency`` (one minute) otherwise. The sandbox's kubelet does the same
-(``Kubelet.sync_s``), so an operator that writes a ConfigMap and expects running pods to see it
-at once is caught as a real cluster would catch it.
+(``Volumes.sync_s``, :mod:`omni_operator.sandbox.kubelet.volumes`), so an operator that writes
+a ConfigMap and expects running pods to see it at once is caught as a real cluster would catch
+it.
 """
 
 from __future__ import annotations

@@ -12,12 +12,8 @@ from omni_operator.capacity import pinned_node, pod_requests
 from omni_operator.crd import crd
 from omni_operator.placement import place
 from omni_operator.render import CONFIG_DIR, CONFIG_PATH, render_all
-from omni_operator.sandbox.kubelet import (
-    Network,
-    crash_backoff,
-    localize,
-    map_service_ports,
-)
+from omni_operator.sandbox.kubelet.backoff import crash_backoff
+from omni_operator.sandbox.kubelet.network import Network, localize, map_service_ports
 from omni_operator.sandbox.tables import age, as_table, printer_columns
 from omni_operator.spec import OmniTrainingJobSpec, parse_job
 
@@ -150,7 +146,7 @@ def test_pods_and_services_print_as_kubectl_prints_them() -> None:
 
 def test_the_registry_holds_the_images_of_the_examples_and_the_chart() -> None:
     from omni_operator.sandbox.cluster import DEFAULT_IMAGES
-    from omni_operator.sandbox.kubelet import Registry, image_ref
+    from omni_operator.sandbox.kubelet.images import Registry, image_ref
 
     from ...conftest import REPO
 
@@ -188,7 +184,7 @@ def test_crash_back_off_as_a_kubelet_counts_it() -> None:
 def test_event_times_are_stored_as_the_api_server_stores_them() -> None:
     """kopf posts ``+00:00`` with microseconds; the API server keeps RFC 3339 ``Z`` times, which
     ``kubectl get events --sort-by=.lastTimestamp`` orders."""
-    from omni_operator.sandbox.emulator import api_times
+    from omni_operator.sandbox.emulator.writes import api_times
 
     posted = "2026-12-06T15:13:21.123456+00:00"
     event = {"firstTimestamp": posted, "lastTimestamp": "2026-12-06T16:13:21+01:00",

@@ -17,14 +17,13 @@ from omni_operator.sandbox.deployments import (
     pod_for,
     template_hash,
 )
-from omni_operator.sandbox.kubelet import (
-    ImageConfig,
-    Kubelet,
-    SimNode,
-    automount,
-    container_argv,
-    own_address,
-)
+from omni_operator.sandbox.kubelet.api import ApiClient
+from omni_operator.sandbox.kubelet.command import container_argv
+from omni_operator.sandbox.kubelet.images import ImageConfig
+from omni_operator.sandbox.kubelet.network import own_address
+from omni_operator.sandbox.kubelet.node import SimNode
+from omni_operator.sandbox.kubelet.scheduler import Scheduler
+from omni_operator.sandbox.kubelet.volumes import automount
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -179,16 +178,16 @@ def test_protobuf_secrets_and_configmaps_decode_to_their_json() -> None:
     assert protobuf.decode(b"{}") is None
 
 
-def test_a_pod_naming_no_node_goes_to_the_least_allocated_that_fits(tmp_path: Path) -> None:
+def test_a_pod_naming_no_node_goes_to_the_least_allocated_that_fits() -> None:
     nodes = {f"node-{i}": node_object(f"node-{i}", gpus=0, spine="s", cpu=2) for i in range(3)}
     nodes["node-2"]["metadata"]["labels"]["pool"] = "infra"
-    kubelet = Kubelet(api="http://127.0.0.1:1", workdir=tmp_path,
-                      nodes=[SimNode(name, i, 0) for i, name in enumerate(nodes)])  # fmt: skip
+    scheduler = Scheduler(ApiClient("http://127.0.0.1:1"),
+                          [SimNode(name, i, 0) for i, name in enumerate(nodes)])  # fmt: skip
     pod = {"spec": {"containers": [{"resources": {"requests": {"cpu": "500m"}}}]}}
-    assert kubelet._pick(pod, nodes) == "node-0"  # a tie: the first
-    kubelet._held = {"node-0": {"cpu": 1.0}}
-    assert kubelet._pick(pod, nodes) == "node-1"
-    assert kubelet._pick({**pod, "spec": {**pod["spec"], "nodeSelector": {"pool": "infra"}}},
-                         nodes) == "node-2"  # fmt: skip
+    assert scheduler.pick(pod, nodes) == "node-0"  # a tie: the first
+    scheduler.held = {"node-0": {"cpu": 1.0}}
+    assert scheduler.pick(pod, nodes) == "node-1"
+    assert scheduler.pick({**pod, "spec": {**pod["spec"], "nodeSelector": {"pool": "infra"}}},
+                          nodes) == "node-2"  # fmt: skip
     big = {"spec": {"containers": [{"resources": {"requests": {"cpu": "3"}}}]}}
-    assert kubelet._pick(big, nodes) is None
+    assert scheduler.pick(big, nodes) is None
