@@ -1,4 +1,4 @@
-"""kmock's Kubernetes emulator with the gaps of shared/ENVIRONMENT.md filled.
+"""kmock's Kubernetes emulator with the API server behaviour the operator relies on filled in.
 
 kmock 0.8 stores objects and streams watch events, but: objects get no uid / resourceVersion /
 creationTimestamp / generateName, label and field selectors are ignored, ``/status`` is not a
