@@ -38,7 +38,6 @@ their order, with the rank label that moves the rendezvous address (:func:`_rank
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -69,6 +68,7 @@ from omni_operator.status import (
     RestartRecord,
 )
 from omni_trainer.pod_protocol import ATTEMPT_KEY
+from omni_trainer.termination import FinalReport
 
 Obj = dict[str, Any]
 TERMINAL: frozenset[str] = frozenset({"Succeeded", "Failed"})
@@ -737,7 +737,8 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
                 # the attempt ran and ended between two polls: cost its restart from the report
                 s.set(restart_history=_restart_cost(s, ago_s=final.since_first_step_s))
             _apply_progress(s, final)
-        _record_preflight(s, (final_report(pods) or {}).get("preflight"))
+        report = final_report(pods)
+        _record_preflight(s, report.preflight if report else None)
         s.drop_spares()
         s.set(completion_time=s.now_s)
         s.condition("PodsRunning", "False", "Completed", "all pods succeeded")
@@ -936,9 +937,8 @@ def _keep_spares(s: _Step) -> None:
     )  # fmt: skip
 
 
-def final_report(pods: Sequence[Obj]) -> dict[str, Any] | None:
-    """What node rank 0's trainer wrote to its termination message on success
-    (``omni_trainer.termination.final_report``), or None."""
+def final_report(pods: Sequence[Obj]) -> FinalReport | None:
+    """What node rank 0's trainer wrote to its termination message on success, or None."""
     for pod in pods:
         if (pod["metadata"].get("labels") or {}).get(LABEL_RANK) != "0":
             continue
@@ -946,11 +946,7 @@ def final_report(pods: Sequence[Obj]) -> dict[str, Any] | None:
             term = (cs.get("state") or {}).get("terminated") or {}
             if term.get("exitCode") != 0 or not term.get("message"):
                 continue
-            try:
-                report = json.loads(term["message"])
-            except ValueError:
-                return None
-            return report if isinstance(report, dict) else None
+            return FinalReport.parse(term["message"])
     return None
 
 
@@ -960,12 +956,12 @@ def final_progress(pods: Sequence[Obj]) -> Progress | None:
     if report is None:
         return None
     return Progress(
-        step=_int(report.get("step")),
-        checkpoint_step=_int(report.get("checkpointStep")),
-        tokens_per_second=_float(report.get("tokensPerSecond")),
-        mfu=_float(report.get("mfu")),
-        resumed_from=_int(report.get("resumedFrom")),
-        since_first_step_s=_float(report.get("sinceFirstStepSeconds")),
+        step=report.step,
+        checkpoint_step=report.checkpoint_step,
+        tokens_per_second=report.tokens_per_second,
+        mfu=report.mfu,
+        resumed_from=report.resumed_from,
+        since_first_step_s=report.since_first_step_s,
     )
 
 
@@ -980,14 +976,6 @@ def _record_preflight(s: _Step, doc: Any) -> None:
         s.condition("Preflight", "True", "PreflightPassed", f"node links GB/s: {figures}")
     else:
         s.condition("Preflight", "False", "PreflightFailed", f"failed: {', '.join(status.failed)}")
-
-
-def _int(v: Any) -> int | None:
-    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
-
-
-def _float(v: Any) -> float | None:
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
 def throughput_status(p: Progress) -> dict[str, Any]:

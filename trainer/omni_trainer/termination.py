@@ -15,6 +15,7 @@ import fcntl
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,27 +46,86 @@ def fatal_message(err: BaseException) -> str:
     return text
 
 
+@dataclass(frozen=True)
+class FinalReport:
+    """Rank 0's last word on success: the figures that are final (the operator puts them into
+    the job's status once the pods succeeded; its metrics endpoint is gone by then). Written as
+    JSON under the keys of :data:`REPORT_KEYS` by :meth:`message`, read back by :meth:`parse`."""
+
+    since_first_step_s: float | None = None
+    """How long before the end the attempt's first step finished: the operator costs a restart
+    whose attempt ended between two of its progress polls."""
+    step: int | None = None
+    tokens_per_second: float | None = None
+    mfu: float | None = None
+    resumed_from: int | None = None
+    checkpoint_step: int | None = None
+    preflight: dict[str, Any] | None = None
+    """The network check's figures, dropped when they would not fit the message."""
+
+    def message(self) -> str:
+        """The report as the termination message: JSON within :data:`LIMIT_BYTES`."""
+        report = {REPORT_KEYS[f.name]: getattr(self, f.name) for f in fields(self)}
+        text = json.dumps({k: v for k, v in report.items() if v is not None})
+        if len(text.encode()) > LIMIT_BYTES:  # a large gang's preflight figures: the rest matters
+            return replace(self, preflight=None).message()
+        return text
+
+    @classmethod
+    def parse(cls, message: str) -> FinalReport | None:
+        """The report a termination message holds; None when it holds none (an error line)."""
+        try:
+            doc = json.loads(message)
+        except ValueError:
+            return None
+        if not isinstance(doc, dict):
+            return None
+        value = {f.name: doc.get(REPORT_KEYS[f.name]) for f in fields(cls)}
+        preflight = value["preflight"]
+        return cls(
+            since_first_step_s=_number(value["since_first_step_s"]),
+            step=_whole(value["step"]),
+            tokens_per_second=_number(value["tokens_per_second"]),
+            mfu=_number(value["mfu"]),
+            resumed_from=_whole(value["resumed_from"]),
+            checkpoint_step=_whole(value["checkpoint_step"]),
+            preflight=preflight if isinstance(preflight, dict) else None,
+        )
+
+
+REPORT_KEYS = {
+    "since_first_step_s": "sinceFirstStepSeconds",
+    "step": "step",
+    "tokens_per_second": "tokensPerSecond",
+    "mfu": "mfu",
+    "resumed_from": "resumedFrom",
+    "checkpoint_step": "checkpointStep",
+    "preflight": "preflight",
+}
+""":class:`FinalReport` field -> its key in the termination message's JSON."""
+
+
+def _number(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def _whole(v: Any) -> int | None:
+    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
 def final_report(summary: Mapping[str, Any]) -> str:
-    """Rank 0's last word on success, as JSON: the figures that are final (the operator puts
-    them into the job's status once the pods succeeded; its metrics endpoint is gone by then)."""
+    """Rank 0's :class:`FinalReport` on success, from its run summary, as the message."""
     first = int(summary.get("first_step") or 0)
     curve, wall = summary.get("step_time_curve") or [], summary.get("wall_time_s")
-    report = {
-        # how long before the end the attempt's first step finished: the operator costs a
-        # restart whose attempt ended between two of its progress polls
-        "sinceFirstStepSeconds": max(wall - curve[0], 0.0) if curve and wall else None,
-        "step": first + int(summary["steps"]),
-        "tokensPerSecond": summary.get("tokens_per_second"),
-        "mfu": summary.get("mfu"),
-        "resumedFrom": first,
-        "checkpointStep": summary.get("last_checkpoint_step"),
-        "preflight": summary.get("preflight"),  # the network check's figures (a dict)
-    }
-    text = json.dumps({k: v for k, v in report.items() if v is not None})
-    if len(text.encode()) > LIMIT_BYTES:  # a large gang's preflight figures: the rest matters
-        report.pop("preflight")
-        text = json.dumps({k: v for k, v in report.items() if v is not None})
-    return text
+    return FinalReport(
+        since_first_step_s=max(wall - curve[0], 0.0) if curve and wall else None,
+        step=first + int(summary["steps"]),
+        tokens_per_second=summary.get("tokens_per_second"),
+        mfu=summary.get("mfu"),
+        resumed_from=first,
+        checkpoint_step=summary.get("last_checkpoint_step"),
+        preflight=summary.get("preflight"),
+    ).message()
 
 
 def report(message: str) -> None:

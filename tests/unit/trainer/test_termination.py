@@ -11,7 +11,7 @@ import yaml
 from typer.testing import CliRunner
 
 from omni_trainer.cli import app
-from omni_trainer.termination import LIMIT_BYTES, fatal_message, final_report, report
+from omni_trainer.termination import LIMIT_BYTES, FinalReport, fatal_message, final_report, report
 
 
 @pytest.fixture
@@ -94,3 +94,16 @@ def test_final_report_carries_the_preflight_unless_it_would_not_fit() -> None:
     large = {"nodes": {f"node-{i:04d}": 1.5 for i in range(400)}}
     text = final_report({**done, "preflight": large})
     assert len(text.encode()) <= LIMIT_BYTES and json.loads(text) == {"step": 5, "resumedFrom": 0}
+
+
+def test_the_operator_reads_back_what_the_trainer_wrote() -> None:
+    """One contract: :meth:`FinalReport.parse` (the operator's side) of :func:`final_report`."""
+    summary = {"first_step": 40, "steps": 110, "tokens_per_second": 5201.4, "mfu": 0.111,
+               "last_checkpoint_step": 150, "step_time_curve": [3.0], "wall_time_s": 10.5,
+               "preflight": {"nodes": {"n0": 1.5}}}  # fmt: skip
+    assert FinalReport.parse(final_report(summary)) == FinalReport(
+        since_first_step_s=7.5, step=150, tokens_per_second=5201.4, mfu=0.111, resumed_from=40,
+        checkpoint_step=150, preflight={"nodes": {"n0": 1.5}},
+    )  # fmt: skip
+    assert FinalReport.parse("rank 1: RuntimeError: boom") is None
+    assert FinalReport.parse('{"step": "7", "mfu": true}') == FinalReport()  # wrong types: unknown
