@@ -37,6 +37,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from omni_trainer.storage.s3 import is_s3, s3_client, split_s3
+
 log = logging.getLogger(__name__)
 
 MARKER = "COMMITTED"
@@ -459,25 +461,16 @@ class S3Storage(CheckpointStorage):
         max_concurrency: int = 8,
         max_attempts: int = 8,
     ) -> None:
-        import boto3
         from boto3.s3.transfer import TransferConfig
-        from botocore.config import Config
 
-        if not url.startswith("s3://"):
+        if not is_s3(url):
             raise ValueError(f"not an S3 URL: {url!r}")
-        bucket, _, prefix = url[len("s3://") :].partition("/")
-        if not bucket:
-            raise ValueError(f"no bucket in {url!r}")
+        bucket, prefix = split_s3(url)
         self.url = url.rstrip("/")
         self.bucket = bucket
         self.prefix = prefix.strip("/")
-        self.client = client or boto3.session.Session().client(
-            "s3",
-            config=Config(
-                retries={"max_attempts": max_attempts, "mode": "adaptive"},
-                connect_timeout=10,
-                read_timeout=120,
-            ),
+        self.client = client or s3_client(
+            max_attempts=max_attempts, retry_mode="adaptive", read_timeout=120
         )
         self.transfer = TransferConfig(
             multipart_threshold=multipart_threshold,

@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from omni_trainer.storage.s3 import s3_client, split_s3
+
 CONFIG = "config.json"
 
 
@@ -21,16 +23,11 @@ class HFModelError(ValueError):
 
 
 def _split_s3(url: str) -> tuple[str, str]:
-    bucket, _, prefix = url[len("s3://") :].partition("/")
-    if not bucket:
-        raise HFModelError(f"{url}: no bucket in the S3 URL")
+    try:
+        bucket, prefix = split_s3(url)
+    except ValueError:
+        raise HFModelError(f"{url}: no bucket in the S3 URL") from None
     return bucket, prefix.strip("/")
-
-
-def _s3_client():
-    import boto3
-
-    return boto3.session.Session().client("s3")
 
 
 def _cache_root() -> Path:
@@ -49,7 +46,7 @@ def local_dir(path: str, *, required: str | None = CONFIG) -> Path:
     bucket, prefix = _split_s3(path)
     dest = _cache_root() / hashlib.sha256(path.rstrip("/").encode()).hexdigest()[:16]
     dest.mkdir(parents=True, exist_ok=True)
-    client = _s3_client()
+    client = s3_client()
     base = f"{prefix}/" if prefix else ""
     found = False
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=base):
@@ -74,7 +71,7 @@ def read_config(path: str) -> dict[str, Any]:
     if path.startswith("s3://"):
         bucket, prefix = _split_s3(path)
         key = f"{prefix}/{CONFIG}" if prefix else CONFIG
-        client = _s3_client()
+        client = s3_client()
         try:
             body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
         except client.exceptions.NoSuchKey:
