@@ -10,7 +10,9 @@ from omni_trainer.data.packing import split_micro_batches
 from omni_trainer.data.sample import media_geometry
 from omni_trainer.distributed.config import ParallelDims
 from omni_trainer.distributed.layout import layout_for
-from omni_trainer.multiplex.dataflow import DataflowTable, plan_dataflow, simulate
+from omni_trainer.multiplex.dataflow.plan import plan_dataflow
+from omni_trainer.multiplex.dataflow.simulate import simulate
+from omni_trainer.multiplex.dataflow.table import DataflowTable
 from omni_trainer.multiplex.workload import encoder_micro_batches
 from omni_trainer.planner.budget import host_available_bytes, planning_budget
 

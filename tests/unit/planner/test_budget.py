@@ -12,7 +12,8 @@ from omni_trainer.config import ManifestError, parse_manifest
 from omni_trainer.costs.activation_bytes import kept_bytes_per_token
 from omni_trainer.data.packing import PackedSequence, Segment
 from omni_trainer.distributed.config import ParallelDims, memory_bytes
-from omni_trainer.multiplex.dataflow import HEADROOM, simulate
+from omni_trainer.multiplex.dataflow.auto import HEADROOM
+from omni_trainer.multiplex.dataflow.simulate import simulate
 from omni_trainer.multiplex.workload import encoder_micro_batches
 from omni_trainer.plan import plan_step
 from omni_trainer.planner import budget as budget_mod

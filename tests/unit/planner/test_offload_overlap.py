@@ -9,7 +9,7 @@ import pytest
 from omni_trainer.data.packing import PackedSequence, Segment
 from omni_trainer.models.config import EncodersConfig, LLMConfig, ModelConfig
 from omni_trainer.models.encoders.config import VisionEncoderConfig
-from omni_trainer.multiplex.dataflow import plan_dataflow
+from omni_trainer.multiplex.dataflow.plan import plan_dataflow
 from omni_trainer.planner.costs import (
     Layout,
     dp_bucket_params,

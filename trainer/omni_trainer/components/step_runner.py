@@ -31,7 +31,8 @@ from omni_trainer.models.batch import (
 )
 from omni_trainer.models.context_parallel import set_rope_positions, shard_for_context
 from omni_trainer.models.omni import first_stage_input
-from omni_trainer.multiplex.dataflow import PRE, DataflowTable, plan_dataflow
+from omni_trainer.multiplex.dataflow.plan import plan_dataflow
+from omni_trainer.multiplex.dataflow.table import PRE, DataflowTable
 from omni_trainer.multiplex.workload import encoder_micro_batches, media_encoded_on
 from omni_trainer.planner.budget import device_memory_bytes as device_bytes
 from omni_trainer.planner.budget import planning_budget, stages_share_cores

@@ -1,8 +1,8 @@
 """Replay of an executed dataflow table: each stage's busy and waiting seconds, from per-op
 durations, by discrete-event simulation on a machine with a given number of cores.
 
-The planner's :func:`~omni_trainer.multiplex.dataflow.simulate` predicts a step from the cost
-model (one LLM forward op = 1, one device per stage). This replays the same table with op
+The planner's :func:`~omni_trainer.multiplex.dataflow.simulate.simulate` predicts a step from
+the cost model (one LLM forward op = 1, one device per stage). This replays the same table with op
 durations measured on the machine (per stage and op kind, from the trainer's timers) and with the
 machine's cores: when more stages are runnable than there are cores, the runnable ones share them
 (processor sharing: each progresses at ``cores / runnable`` of its solo speed). A stage waits
@@ -26,7 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from omni_trainer.multiplex.dataflow import POST, PRE, DataflowError, DataflowTable
+from omni_trainer.multiplex.dataflow.schedule import DataflowError
+from omni_trainer.multiplex.dataflow.table import POST, PRE, DataflowTable
 
 __all__ = ["OpTimes", "Replay", "StageReplay", "fit_op_times", "replay"]
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from omni_trainer.data.packing import PackedSequence
 from omni_trainer.distributed.config import ParallelDims
-from omni_trainer.multiplex.dataflow import stage_ops
+from omni_trainer.multiplex.dataflow.schedule import stage_ops
 from omni_trainer.planner.costs import Layout, llm_activation_bytes, static_memory
 
 if TYPE_CHECKING:
@@ -156,7 +156,7 @@ def planning_budget(
     micro_batches: Sequence[Sequence[PackedSequence]],
     device_bytes: Callable[[], float],
 ) -> dict[str, float | list[float]]:
-    """``auto``'s budget keywords for :func:`~omni_trainer.multiplex.dataflow.plan_dataflow`
+    """``auto``'s budget keywords for :func:`~omni_trainer.multiplex.dataflow.plan.plan_dataflow`
     this step: ``budget``, the manifest's ``memoryBudget`` (it overrides the default), else
     ``device_budget``, the room ``device_bytes()`` leaves beside the LLM (:func:`encoder_budget`;
     called only then), which caps the default (``uniform``'s peak x ``HEADROOM``)."""

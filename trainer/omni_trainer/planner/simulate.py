@@ -1,8 +1,8 @@
 """Discrete-event simulation of one training step, executing the trainer's own schedule objects.
 
 Each pipeline stage is an in-order executor of the program the runtime runs: megatron's op order
-(:func:`~omni_trainer.multiplex.dataflow.stage_ops`) with the encoder work the
-:class:`~omni_trainer.multiplex.dataflow.DataflowTable` puts at each slot (backwards before
+(:func:`~omni_trainer.multiplex.dataflow.schedule.stage_ops`) with the encoder work the
+:class:`~omni_trainer.multiplex.dataflow.table.DataflowTable` puts at each slot (backwards before
 forwards within a slot, ascending micro-batch order). A task starts when its stage is free and
 its inputs have arrived: the previous stage's activation (after a p2p transfer), the encoder
 outputs stage 0 needs at ``F(m, 0)``, the gradient an encoder backward waits for. Sends are
@@ -27,15 +27,9 @@ from omni_trainer.balance.reorder import ItemMeta, plan_reorder
 from omni_trainer.costs.flops import mfu
 from omni_trainer.costs.model_flops import step_flops
 from omni_trainer.data.packing import PackedSequence, split_micro_batches
-from omni_trainer.multiplex.dataflow import (
-    POST,
-    PRE,
-    DataflowError,
-    DataflowTable,
-    EncoderMicroBatch,
-    plan_dataflow,
-    stage_ops,
-)
+from omni_trainer.multiplex.dataflow.plan import plan_dataflow
+from omni_trainer.multiplex.dataflow.schedule import DataflowError, stage_ops
+from omni_trainer.multiplex.dataflow.table import POST, PRE, DataflowTable, EncoderMicroBatch
 from omni_trainer.multiplex.workload import encoder_micro_batches
 from omni_trainer.planner.costs import (
     EncoderMBCost,

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 from omni_trainer.distributed.config import ParallelDims
 from omni_trainer.distributed.layout import model_problems
-from omni_trainer.multiplex.dataflow import POLICIES
+from omni_trainer.multiplex.dataflow.plan import POLICIES
 from omni_trainer.planner.costs import Layout
 from omni_trainer.planner.devices import DeviceProfile
 from omni_trainer.planner.simulate import Prediction, predict
