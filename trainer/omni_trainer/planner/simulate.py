@@ -476,6 +476,45 @@ def encoder_flops_share(workload: Workload, *, seed: int = 0, samples: int = 64)
     return sum(f.encoder_forward.values()) / f.forward if f.forward else 0.0
 
 
+def _encoder_seconds(
+    workload: Workload,
+    layout: Layout,
+    seqs: Sequence[PackedSequence],
+    *,
+    encoder_gpus: int,
+    device: DeviceProfile,
+) -> float:
+    """The disaggregated encoders' seconds per step: the global batch's encoder work (forward
+    and backward; a sample's media of one modality as one mb, on one GPU) spread evenly over
+    ``encoder_gpus``, bounded below by the longest single media item (tp over at most one
+    node's GPUs)."""
+    enc_layout = replace(
+        layout, tp=min(device.gpus_per_node, encoder_gpus), pp=1, dp=1, reorder_group=1
+    )
+    per_seq = []
+    longest = 0.0
+    for s in seqs:
+        for modality in ("image", "audio"):
+            lengths = [g.media_tokens for g in s.segments if g.modality == modality]
+            config = getattr(workload.model.encoders, modality)
+            if not lengths or config is None:
+                continue
+            one = replace(enc_layout, tp=1, eta=1 << 30)
+            c = encoder_mb_cost(
+                config, lengths, llm_hidden=workload.model.llm.hidden_size, layout=one,
+                device=device,
+            )  # fmt: skip
+            per_seq.append(c.forward + c.backward)
+            for length in lengths:
+                single = encoder_mb_cost(
+                    config, [length], llm_hidden=workload.model.llm.hidden_size,
+                    layout=enc_layout, device=device,
+                )  # fmt: skip
+                longest = max(longest, single.forward + single.backward)
+    total = sum(per_seq) * workload.global_batch / len(seqs)
+    return max(total / encoder_gpus, longest)
+
+
 def predict_disaggregated(
     workload: Workload,
     layout: Layout,
@@ -512,31 +551,7 @@ def predict_disaggregated(
         max_microbatches=max_microbatches, _with_encoders=False,
     )  # fmt: skip
     seqs = sample_sequences(workload, 64, seed=seed + 1)
-    enc_layout = replace(
-        layout, tp=min(device.gpus_per_node, encoder_gpus), pp=1, dp=1, reorder_group=1
-    )
-    per_seq = []
-    longest = 0.0
-    for s in seqs:
-        for modality in ("image", "audio"):
-            lengths = [g.media_tokens for g in s.segments if g.modality == modality]
-            config = getattr(workload.model.encoders, modality)
-            if not lengths or config is None:
-                continue
-            one = replace(enc_layout, tp=1, eta=1 << 30)
-            c = encoder_mb_cost(
-                config, lengths, llm_hidden=workload.model.llm.hidden_size, layout=one,
-                device=device,
-            )  # fmt: skip
-            per_seq.append(c.forward + c.backward)
-            for length in lengths:
-                single = encoder_mb_cost(
-                    config, [length], llm_hidden=workload.model.llm.hidden_size,
-                    layout=enc_layout, device=device,
-                )  # fmt: skip
-                longest = max(longest, single.forward + single.backward)
-    total = sum(per_seq) * workload.global_batch / len(seqs)
-    enc_time = max(total / encoder_gpus, longest)
+    enc_time = _encoder_seconds(workload, layout, seqs, encoder_gpus=encoder_gpus, device=device)
     media = sum(g.media_tokens for s in seqs for g in s.segments)
     out_bytes = media * workload.model.llm.hidden_size * 2 * workload.global_batch / len(seqs)
     send = out_bytes / (encoder_gpus * device.inter.bandwidth)
