@@ -1,13 +1,17 @@
 """Replay of an executed dataflow table: each stage's busy and waiting seconds, from per-op
 durations, by discrete-event simulation on a machine with a given number of cores.
 
-The planner's :func:`~omni_trainer.multiplex.dataflow.simulate.simulate` predicts a step from
-the cost model (one LLM forward op = 1, one device per stage). This replays the same table with op
-durations measured on the machine (per stage and op kind, from the trainer's timers) and with the
-machine's cores: when more stages are runnable than there are cores, the runnable ones share them
-(processor sharing: each progresses at ``cores / runnable`` of its solo speed). A stage waits
-while its next op's inputs are not there yet; so its waits come from the schedule's dependency
-structure and the op costs, never from measured waits. Pure Python (no torch).
+Fidelity: the third rung of the simulators' ladder (see
+:mod:`omni_trainer.multiplex.dataflow.simulate`), for a step measured on this machine. The
+planners' :func:`~omni_trainer.multiplex.dataflow.simulate.simulate` compares tables in the unit
+time model, and :mod:`omni_trainer.planner.simulate` predicts a job on a device profile from the
+cost model (a device per stage; with no latency and the same op seconds its makespan equals this
+replay's). This replays a table with op durations measured on the machine (per stage and op kind,
+from the trainer's timers) and with the machine's cores: when more stages are runnable than there
+are cores, the runnable ones share them (processor sharing: each progresses at ``cores / runnable``
+of its solo speed). A stage waits while its next op's inputs are not there yet; so its waits come
+from the schedule's dependency structure and the op costs, never from measured waits. Pure Python
+(no torch).
 
 Op order per stage is what the runtime executes: the encoder backwards then forwards of a slot
 (:meth:`DataflowTable.at` order), the slot just before its LLM forward and after that forward's

@@ -14,6 +14,13 @@ working buffers while an op runs, encoder outputs buffered on stage 0 from arriv
 Pure Python; :func:`predict` goes from a workload and a layout to step time, throughput, MFU,
 bubble share and peak memory per stage, and :func:`predict_disaggregated` prices the baseline
 that puts the encoders on their own GPUs.
+
+Fidelity: the second rung of the simulators' ladder (see
+:mod:`omni_trainer.multiplex.dataflow.simulate`): a job on a device profile, for ``omni plan``
+and the tuner. Below it, the planners' unit time model works at slot granularity; above it,
+:mod:`omni_trainer.multiplex.replay` explains a step measured on this machine. With a device
+per stage, no latency and the same op seconds, the replay's makespan equals
+:func:`run_schedule`'s (both run every op as its own event); they differ in what they add.
 """
 
 from __future__ import annotations

@@ -5,15 +5,18 @@ The simulators' fidelity ladder
 -------------------------------
 Three simulators run a dataflow table's step; each answers its own question:
 
-1. This one (:func:`simulate`), the first rung: how a table compares with another in the unit
-   time model (an LLM forward 1, a backward 2, an encoder mb its ``cost``, free p2p, a device
-   per stage), as the planners see it; the longest path of the happens-before graph, no bytes.
+1. This one (:func:`simulate`), the first rung: which of two tables is better in the planners'
+   own model (an LLM forward 1, a backward 2, an encoder mb its ``cost`` and twice that back,
+   free p2p, a device per stage, no bytes beyond encoder activations). It is the longest path
+   of the happens-before graph the planners search, at slot granularity: an encoder output
+   counts when its whole slot ends, and a slot with a backward waits for that gradient, so its
+   makespan is never below the second rung's on the same op times.
 2. :mod:`omni_trainer.planner.simulate`, the second: how fast and how large one step of a job
    is on a device that is not here (op seconds and bytes from the cost model and a device
-   profile, p2p latencies, LLM memory, the gradient sync); ``omni plan`` and the tuner.
+   profile, p2p latencies, LLM and encoder memory, the gradient sync); ``omni plan --tune``.
 3. :mod:`omni_trainer.multiplex.replay`, the third: why a step measured on this machine took
    what it did (per-op seconds fit to the trainer's timers, stages sharing cores, 1F1B's
-   rendezvous p2p, op-time spread); the multiplexing bench.
+   rendezvous p2p, op-time spread, input preparation); the multiplexing bench.
 """
 
 from __future__ import annotations
