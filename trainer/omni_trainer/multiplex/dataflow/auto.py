@@ -63,7 +63,8 @@ def plan_auto(
     (:func:`objective`: least excess of a stage over its budget, then makespan, then peak), refined
     by :class:`Refiner`: never worse than any of them. With ``shared_cores``, ``front_loaded``'s
     table wherever it fits the budgets: idle time is not free there (see
-    :func:`~omni_trainer.multiplex.dataflow.plan.plan_dataflow`)."""
+    :func:`~omni_trainer.multiplex.dataflow.plan.plan_dataflow`). ``proto``: the layout and the
+    encoder mbs, their structure checked (its slots are ignored)."""
     kw = {"pp": proto.pp, "vpp": proto.vpp, "num_microbatches": proto.num_microbatches}
     fixed = [fixed_table(p, proto) for p in FIXED_POLICIES]
     budgets = _auto_budgets(max(stage_peaks(fixed[0])), budget, device_budget, proto.pp)

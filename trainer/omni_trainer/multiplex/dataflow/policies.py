@@ -9,14 +9,15 @@ from collections.abc import Sequence
 from typing import Final
 
 from omni_trainer.multiplex.dataflow.graph import EPS, Graph
-from omni_trainer.multiplex.dataflow.schedule import LLMOp, stage_ops
+from omni_trainer.multiplex.dataflow.schedule import DataflowError, LLMOp, stage_ops
 from omni_trainer.multiplex.dataflow.table import POST, PRE, DataflowTable, EncoderMicroBatch, Slot
 from omni_trainer.multiplex.dataflow.validate import validate_dataflow
 
 __all__ = ["FIXED_POLICIES", "fixed_table"]
 
 FIXED_POLICIES: Final = ("uniform", "front_loaded", "stage0")
-"""The policies that place without a search; the first is ``auto``'s default budget."""
+"""The policies that place without a search; the first (``uniform``) sets ``auto``'s default
+budget."""
 
 
 def fixed_table(policy: str, proto: DataflowTable) -> DataflowTable:
@@ -36,7 +37,7 @@ def fixed_table(policy: str, proto: DataflowTable) -> DataflowTable:
     elif policy == "uniform":
         fwd, bwd = _plan_uniform(proto, _lpt(mbs, pp))
     else:
-        raise ValueError(f"{policy!r} is not a fixed policy ({', '.join(FIXED_POLICIES)})")
+        raise DataflowError(f"{policy!r} is not a fixed policy ({', '.join(FIXED_POLICIES)})")
     table = DataflowTable(pp, vpp, m, mbs, fwd, bwd, policy=policy)
     validate_dataflow(table)
     return table
