@@ -314,7 +314,7 @@ def step_tables(job: dict, *, world: int, steps: int, policies: tuple[str, ...])
 def simulated(tables: dict) -> dict:
     """The planner's time model on those tables, per policy: mean makespan and per stage
     encoder / LLM / idle, in LLM forward ops (``omni plan``'s simulation)."""
-    from omni_trainer.multiplex.dataflow import simulate
+    from omni_trainer.multiplex.dataflow.simulate import simulate
 
     out = {}
     for p, steps in tables.items():

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from omni_trainer.launch import torchrun_argv
-from omni_trainer.multiplex.dataflow import LLMOp, stage_ops
+from omni_trainer.multiplex.dataflow.schedule import LLMOp, stage_ops
 
 pytestmark = pytest.mark.dist
 

@@ -59,7 +59,33 @@ TRAINER_LAYERS: list[tuple[str, list[str]]] = [
         "models, checkpoints, Hugging Face interop",
         ["omni_trainer.models", "omni_trainer.checkpoint", "omni_trainer.interop"],
     ),
-    ("multiplex: the step's tables and their runtime", ["omni_trainer.multiplex"]),
+    (
+        "multiplex dataflow: megatron's op order, the table, its happens-before graph, validation",
+        [
+            "omni_trainer.multiplex.dataflow",
+            "omni_trainer.multiplex.dataflow.schedule",
+            "omni_trainer.multiplex.dataflow.table",
+            "omni_trainer.multiplex.dataflow.graph",
+            "omni_trainer.multiplex.dataflow.validate",
+        ],
+    ),
+    (
+        "multiplex planners: the fixed policies, auto and its refinement, the policies' entry",
+        [
+            "omni_trainer.multiplex.dataflow.policies",
+            "omni_trainer.multiplex.dataflow.refine",
+            "omni_trainer.multiplex.dataflow.auto",
+            "omni_trainer.multiplex.dataflow.plan",
+        ],
+    ),
+    (
+        "multiplex: the tables' simulation, display and replay, the step's encoder workload",
+        [
+            "omni_trainer.multiplex",
+            "omni_trainer.multiplex.dataflow.simulate",
+            "omni_trainer.multiplex.dataflow.display",
+        ],
+    ),
     ("components: the step's runtime parts", ["omni_trainer.components"]),
     ("the training loop and its launch", ["omni_trainer.trainer", "omni_trainer.launch"]),
     (

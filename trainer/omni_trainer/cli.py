@@ -217,7 +217,8 @@ def plan(
     """Show where each encoder micro-batch runs in the LLM pipeline (the dataflow table), or with
     ``--tune`` predict the best parallel configurations for a cluster, and propose a proxy
     (fewer data-parallel replicas, the same replica) to validate the choice on a small cluster."""
-    from omni_trainer.multiplex.dataflow import POLICIES, format_dataflow
+    from omni_trainer.multiplex.dataflow.display import format_dataflow
+    from omni_trainer.multiplex.dataflow.plan import POLICIES
     from omni_trainer.plan import plan_step
 
     job = load_job(manifest)

@@ -10,7 +10,8 @@ from omni_trainer.data.packing import split_micro_batches
 from omni_trainer.data.sample import media_geometry
 from omni_trainer.distributed.config import ParallelDims
 from omni_trainer.distributed.layout import layout_for
-from omni_trainer.multiplex.dataflow import DataflowTable, simulate
+from omni_trainer.multiplex.dataflow.simulate import simulate
+from omni_trainer.multiplex.dataflow.table import DataflowTable
 from omni_trainer.multiplex.encoder_policy import host_available_bytes, step_table
 from omni_trainer.multiplex.workload import encoder_micro_batches
 

@@ -86,7 +86,7 @@ def test_replayed_waits_are_predicted_for_held_out_repeats(bench) -> None:
     and 1 F on stage 1 (0.083 s); repeat 1's measured 0.1 s per stage: stage 1 within 25%,
     stage 0 not. Repeat 1's 5 s of LLM and repeat 0's waits go in nowhere. Same-run: repeat 1
     replayed with its own 5 s of LLM and 0.1 s of latency waits 10x as long, plus latencies."""
-    from omni_trainer.multiplex.dataflow import plan_dataflow
+    from omni_trainer.multiplex.dataflow.plan import plan_dataflow
 
     runs = [
         {"repeat": 0, "policy": "a", "summary": summary([1.0, 1.0], wait=9.0), "latency": 0.0},
@@ -120,7 +120,7 @@ def test_auto_plans_the_bench_job_within_budgets_front_loaded_exceeds(bench, pp)
     slower than uniform in the time model; with memoryBudget = uniform's peak, which
     front_loaded exceeds at pp2, auto plans within it where front_loaded cannot."""
     from omni_trainer.config import parse_manifest
-    from omni_trainer.multiplex.dataflow import HEADROOM
+    from omni_trainer.multiplex.dataflow.auto import HEADROOM
     from omni_trainer.plan import plan_step
 
     def run(policy: str, step: int, **encoder) -> tuple[float, float]:

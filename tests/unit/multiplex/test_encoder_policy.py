@@ -14,7 +14,8 @@ from omni_trainer.costs.step_costs import llm_activation_bytes, static_memory
 from omni_trainer.data.packing import PackedSequence, Segment
 from omni_trainer.distributed.config import ParallelDims, memory_bytes
 from omni_trainer.multiplex import encoder_policy as budget_mod
-from omni_trainer.multiplex.dataflow import HEADROOM, simulate
+from omni_trainer.multiplex.dataflow.auto import HEADROOM
+from omni_trainer.multiplex.dataflow.simulate import simulate
 from omni_trainer.multiplex.encoder_policy import encoder_budget, planning_budget, trainer_layout
 from omni_trainer.multiplex.workload import encoder_micro_batches
 from omni_trainer.plan import plan_step

@@ -6,16 +6,10 @@ import itertools
 
 import pytest
 
-from omni_trainer.multiplex.dataflow import (
-    POST,
-    PRE,
-    DataflowError,
-    DataflowTable,
-    EncoderMicroBatch,
-    Slot,
-    plan_dataflow,
-    simulate,
-)
+from omni_trainer.multiplex.dataflow.plan import plan_dataflow
+from omni_trainer.multiplex.dataflow.schedule import DataflowError
+from omni_trainer.multiplex.dataflow.simulate import simulate
+from omni_trainer.multiplex.dataflow.table import POST, PRE, DataflowTable, EncoderMicroBatch, Slot
 from omni_trainer.multiplex.replay import OpTimes, fit_op_times, replay
 
 UNIT = OpTimes(llm_forward=1.0, llm_backward=2.0, encoder_forward=1.0, encoder_backward=2.0)

@@ -24,7 +24,7 @@ from omni_trainer.costs.step_costs import (
 from omni_trainer.data.packing import PackedSequence, Segment
 from omni_trainer.models.config import EncodersConfig, LLMConfig, ModelConfig
 from omni_trainer.models.encoders.config import VisionEncoderConfig
-from omni_trainer.multiplex.dataflow import plan_dataflow
+from omni_trainer.multiplex.dataflow.plan import plan_dataflow
 from omni_trainer.planner.simulate import ReplicaWork, predict, run_schedule
 from omni_trainer.planner.tune import layouts, tune
 from omni_trainer.planner.workloads import Workload

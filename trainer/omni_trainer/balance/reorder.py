@@ -143,24 +143,10 @@ def plan_reorder(
 
     before = _arrival_split(group_items, weights)
     sizes = sorted(len(items) for items in group_items)
-    if method == "none":
-        if equal_cardinality and sizes[-1] - sizes[0] > 1:
-            raise ValueError(
-                f"method 'none' keeps the arrival counts {sizes}, which are not equal; "
-                "use kk or lpt, or equal_cardinality=False"
-            )
-        partition = before
-    elif method == "kk":
-        partition = karmarkar_karp(weights, k, equal_cardinality=equal_cardinality)
-    elif method == "lpt":
-        partition = greedy_lpt(weights, k, equal_cardinality=equal_cardinality)
-    else:
-        raise ValueError(f"method must be 'kk', 'lpt' or 'none', got {method!r}")
-    if refine and method != "none":
-        partition = improve_by_swaps(weights, partition)
-    arrival_allowed = not equal_cardinality or sizes[-1] - sizes[0] <= 1
-    if arrival_allowed and partition.max_load >= before.max_load * (1.0 - min_gain):
-        partition = before  # not worth the traffic
+    partition = _partition(
+        weights, before, sizes, k=k, method=method, equal_cardinality=equal_cardinality,
+        refine=refine, min_gain=min_gain,
+    )  # fmt: skip
     rank_of_part = _assign_parts(partition, source_of, [m.nbytes for m in metas], k)
 
     assignments: list[list[tuple[int, int]]] = [[] for _ in range(k)]
@@ -179,6 +165,41 @@ def plan_reorder(
         loads=tuple(loads),
         loads_before=before.loads,
     )
+
+
+def _partition(
+    weights: Sequence[float],
+    before: Partition,
+    sizes: Sequence[int],
+    *,
+    k: int,
+    method: Method,
+    equal_cardinality: bool,
+    refine: bool,
+    min_gain: float,
+) -> Partition:
+    """The items' split into ``k`` parts by ``method`` (see :func:`plan_reorder`), or the arrival
+    split ``before`` where it is allowed and the plan does not gain ``min_gain``; ``sizes``: the
+    arrival counts, sorted."""
+    if method == "none":
+        if equal_cardinality and sizes[-1] - sizes[0] > 1:
+            raise ValueError(
+                f"method 'none' keeps the arrival counts {sizes}, which are not equal; "
+                "use kk or lpt, or equal_cardinality=False"
+            )
+        partition = before
+    elif method == "kk":
+        partition = karmarkar_karp(weights, k, equal_cardinality=equal_cardinality)
+    elif method == "lpt":
+        partition = greedy_lpt(weights, k, equal_cardinality=equal_cardinality)
+    else:
+        raise ValueError(f"method must be 'kk', 'lpt' or 'none', got {method!r}")
+    if refine and method != "none":
+        partition = improve_by_swaps(weights, partition)
+    arrival_allowed = not equal_cardinality or sizes[-1] - sizes[0] <= 1
+    if arrival_allowed and partition.max_load >= before.max_load * (1.0 - min_gain):
+        partition = before  # not worth the traffic
+    return partition
 
 
 def _arrival_split(

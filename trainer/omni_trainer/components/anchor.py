@@ -45,7 +45,7 @@ from omni_trainer.mcore.parallel import BACKWARD, FORWARD, AnchorGroups
 from omni_trainer.models.batch import MediaRows
 from omni_trainer.models.freeze import is_frozen
 from omni_trainer.models.ulysses import encode_sequence_parallel
-from omni_trainer.multiplex.dataflow import POST, PRE, DataflowTable, EncoderMicroBatch
+from omni_trainer.multiplex.dataflow.table import POST, PRE, DataflowTable, EncoderMicroBatch
 from omni_trainer.multiplex.reshard import Part, plan_parts
 
 

@@ -31,7 +31,7 @@ from omni_trainer.models.batch import (
 )
 from omni_trainer.models.context_parallel import set_rope_positions, shard_for_context
 from omni_trainer.models.omni import first_stage_input
-from omni_trainer.multiplex.dataflow import PRE, DataflowTable
+from omni_trainer.multiplex.dataflow.table import PRE, DataflowTable
 from omni_trainer.multiplex.encoder_policy import device_memory_bytes, shares_cores, step_table
 from omni_trainer.multiplex.workload import encoder_micro_batches, media_encoded_on
 

@@ -1,10 +1,10 @@
 """The manifest's ``parallelism.encoder.policy`` applied to a step: the table it chooses.
 
-:func:`step_table` is where the trainer (every step) and ``omni plan`` (one step, offline) turn
-the policy into a :class:`~omni_trainer.multiplex.dataflow.DataflowTable`. For ``auto`` it needs
-the bytes of encoder activations a stage may hold: the device's memory minus the LLM's static
-bytes and the peak of its own activations in the pipeline schedule without encoders (like the
-planner's :func:`~omni_trainer.planner.simulate.encoder_budget`, from the same cost model,
+:func:`step_table` is where the trainer (every step) and ``omni plan`` (one step, offline) turn the
+policy into a :class:`~omni_trainer.multiplex.dataflow.table.DataflowTable`. For ``auto`` it needs
+the bytes of encoder activations a stage may hold: the device's memory minus the LLM's static bytes
+and the peak of its own activations in the pipeline schedule without encoders (like the planner's
+:func:`~omni_trainer.planner.simulate.encoder_budget`, from the same cost model,
 :mod:`omni_trainer.costs.step_costs`), and whether the stages share CPU cores (then ``auto``
 front-loads where that fits). Pure Python except :func:`device_memory_bytes` and
 :func:`stages_share_cores` (torch, imported there).
@@ -20,13 +20,9 @@ from typing import TYPE_CHECKING
 from omni_trainer.costs.step_costs import Layout, llm_activation_bytes, static_memory
 from omni_trainer.data.packing import PackedSequence
 from omni_trainer.distributed.config import ParallelDims
-from omni_trainer.multiplex.dataflow import (
-    DataflowTable,
-    EncoderMicroBatch,
-    Policy,
-    plan_dataflow,
-    stage_ops,
-)
+from omni_trainer.multiplex.dataflow.plan import Policy, plan_dataflow
+from omni_trainer.multiplex.dataflow.schedule import stage_ops
+from omni_trainer.multiplex.dataflow.table import DataflowTable, EncoderMicroBatch
 
 if TYPE_CHECKING:
     import torch
@@ -168,7 +164,7 @@ def planning_budget(
     micro_batches: Sequence[Sequence[PackedSequence]],
     device_bytes: Callable[[], float],
 ) -> dict[str, float | list[float]]:
-    """``auto``'s budget keywords for :func:`~omni_trainer.multiplex.dataflow.plan_dataflow`
+    """``auto``'s budget keywords for :func:`~omni_trainer.multiplex.dataflow.plan.plan_dataflow`
     this step: ``budget``, the manifest's ``memoryBudget`` (it overrides the default), else
     ``device_budget``, the room ``device_bytes()`` leaves beside the LLM (:func:`encoder_budget`;
     called only then), which caps the default (``uniform``'s peak x ``HEADROOM``)."""

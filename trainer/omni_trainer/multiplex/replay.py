@@ -1,13 +1,17 @@
 """Replay of an executed dataflow table: each stage's busy and waiting seconds, from per-op
 durations, by discrete-event simulation on a machine with a given number of cores.
 
-The planner's :func:`~omni_trainer.multiplex.dataflow.simulate` predicts a step from the cost
-model (one LLM forward op = 1, one device per stage). This replays the same table with op
-durations measured on the machine (per stage and op kind, from the trainer's timers) and with the
-machine's cores: when more stages are runnable than there are cores, the runnable ones share them
-(processor sharing: each progresses at ``cores / runnable`` of its solo speed). A stage waits
-while its next op's inputs are not there yet; so its waits come from the schedule's dependency
-structure and the op costs, never from measured waits. Pure Python (no torch).
+Fidelity: the third rung of the simulators' ladder (see
+:mod:`omni_trainer.multiplex.dataflow.simulate`), for a step measured on this machine. The
+planners' :func:`~omni_trainer.multiplex.dataflow.simulate.simulate` compares tables in the unit
+time model, and :mod:`omni_trainer.planner.simulate` predicts a job on a device profile from the
+cost model (a device per stage; with no latency and the same op seconds its makespan equals this
+replay's). This replays a table with op durations measured on the machine (per stage and op kind,
+from the trainer's timers) and with the machine's cores: when more stages are runnable than there
+are cores, the runnable ones share them (processor sharing: each progresses at ``cores / runnable``
+of its solo speed). A stage waits while its next op's inputs are not there yet; so its waits come
+from the schedule's dependency structure and the op costs, never from measured waits. Pure Python
+(no torch).
 
 Op order per stage is what the runtime executes: the encoder backwards then forwards of a slot
 (:meth:`DataflowTable.at` order), the slot just before its LLM forward and after that forward's
@@ -26,7 +30,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from omni_trainer.multiplex.dataflow import POST, PRE, DataflowError, DataflowTable
+from omni_trainer.multiplex.dataflow.schedule import DataflowError
+from omni_trainer.multiplex.dataflow.table import POST, PRE, DataflowTable
 
 __all__ = ["OpTimes", "Replay", "StageReplay", "fit_op_times", "replay"]
 
@@ -260,69 +265,106 @@ def replay(
              for op in prog]
             for s, prog in enumerate(progs)
         ]  # fmt: skip
-    pos = [0] * table.pp
-    left = [p[0].work if p else 0.0 for p in progs]
-    done: dict[tuple, tuple[float, int]] = {}  # op key -> (end, stage)
-    posted: dict[tuple, float] = {}  # rendezvous end -> when its stage reached it
-    reached = [0.0] * table.pp
-    spent = [{"data": 0.0, "encoder": 0.0, "llm": 0.0, "p2p": 0.0, "wait": 0.0} for _ in progs]
-    t = 0.0
+    run = _Run(progs, cores=cores, latency=latency, background=background, trace=trace)
+    while run.step():
+        pass
+    return Replay(
+        tuple(
+            StageReplay(s, sp["encoder"], sp["llm"], sp["wait"], sp["data"])
+            for s, sp in enumerate(run.spent)
+        )
+    )
 
-    def arrive(s: int) -> None:
-        if pos[s] < len(progs[s]):
-            posted.update((end, t) for end in progs[s][pos[s]].meets)
 
-    def ready_at(s: int) -> float:
-        op = progs[s][pos[s]]
+class _Run:
+    """The replay's state as it advances: per stage its position in its program and the solo
+    work left of the op there, the ops done (end, stage), the rendezvous ends posted (when
+    their stage reached them), the clock, and the wall seconds spent per kind."""
+
+    def __init__(
+        self,
+        progs: list[list[_Op]],
+        *,
+        cores: int | None,
+        latency: float,
+        background: float,
+        trace: list[tuple[int, tuple, str, float, float]] | None,
+    ) -> None:
+        self.progs, self.cores, self.latency = progs, cores, latency
+        self.background, self.trace = background, trace
+        self.pos = [0] * len(progs)
+        self.left = [p[0].work if p else 0.0 for p in progs]
+        self.done: dict[tuple, tuple[float, int]] = {}  # op key -> (end, stage)
+        self.posted: dict[tuple, float] = {}  # rendezvous end -> when its stage reached it
+        self.reached = [0.0] * len(progs)
+        self.spent = [
+            {"data": 0.0, "encoder": 0.0, "llm": 0.0, "p2p": 0.0, "wait": 0.0} for _ in progs
+        ]
+        self.t = 0.0
+        for s in range(len(progs)):
+            self._arrive(s)
+
+    def _arrive(self, s: int) -> None:
+        """Stage ``s`` reached its next op: post that op's rendezvous ends."""
+        if self.pos[s] < len(self.progs[s]):
+            self.posted.update((end, self.t) for end in self.progs[s][self.pos[s]].meets)
+
+    def _ready_at(self, s: int) -> float:
+        """When stage ``s``'s next op has its inputs (inf: not known yet)."""
+        op = self.progs[s][self.pos[s]]
+        done, posted, latency = self.done, self.posted, self.latency
         partners = [(c, "recv" if side == "send" else "send") for c, side in op.meets]
         if any(n not in done for n in op.needs) or any(e not in posted for e in partners):
             return math.inf
         ends = [done[n][0] + (latency if done[n][1] != s else 0.0) for n in op.needs]
         if op.meets:  # the last of both sides to arrive, then the message
             ends.append(max(posted[e] for e in (*op.meets, *partners)) + latency)
-        return max(ends, default=t)
+        return max(ends, default=self.t)
 
-    for s in range(table.pp):
-        arrive(s)
-
-    while True:
-        moved = True  # complete every op with no work left whose inputs are there
+    def _complete_ready(self) -> None:
+        """Complete every op with no work left whose inputs are there."""
+        pos, left, t = self.pos, self.left, self.t
+        moved = True
         while moved:
             moved = False
-            for s, prog in enumerate(progs):
-                while pos[s] < len(prog) and left[s] <= 0.0 and ready_at(s) <= t:
-                    done[prog[pos[s]].key] = (t, s)
-                    if trace is not None:
-                        trace.append((s, prog[pos[s]].key, prog[pos[s]].kind, reached[s], t))
-                    reached[s] = t
+            for s, prog in enumerate(self.progs):
+                while pos[s] < len(prog) and left[s] <= 0.0 and self._ready_at(s) <= t:
+                    self.done[prog[pos[s]].key] = (t, s)
+                    if self.trace is not None:
+                        self.trace.append(
+                            (s, prog[pos[s]].key, prog[pos[s]].kind, self.reached[s], t)
+                        )
+                    self.reached[s] = t
                     pos[s] += 1
                     left[s] = prog[pos[s]].work if pos[s] < len(prog) else 0.0
-                    arrive(s)
+                    self._arrive(s)
                     moved = True
-        live = [s for s in range(table.pp) if pos[s] < len(progs[s])]
+
+    def step(self) -> bool:
+        """Complete what can complete, then run to the next event; False once every stage is
+        through its program."""
+        self._complete_ready()
+        progs, pos, left, t = self.progs, self.pos, self.left, self.t
+        live = [s for s in range(len(progs)) if pos[s] < len(progs[s])]
         if not live:
-            break
-        when = {s: ready_at(s) for s in live}
+            return False
+        when = {s: self._ready_at(s) for s in live}
         run = [s for s in live if when[s] <= t]
         pending = [w - t for s, w in when.items() if t < w < math.inf]
         if not run and not pending:
             stuck = ", ".join(str(progs[s][pos[s]].key) for s in live)
             raise DataflowError(f"replay deadlocked: every stage waits ({stuck})")
-        rate = 1.0 if cores is None else min(1.0, cores / (max(len(run), 1) + background))
+        cores = self.cores
+        rate = 1.0 if cores is None else min(1.0, cores / (max(len(run), 1) + self.background))
         dt = min([left[s] / rate for s in run] + pending)
         for s in live:
-            spent[s][progs[s][pos[s]].kind if s in run else "wait"] += dt
-        t += dt
+            self.spent[s][progs[s][pos[s]].kind if s in run else "wait"] += dt
+        self.t = t + dt
         for s in run:
             left[s] -= dt * rate
             if left[s] <= _EPS * max(1.0, dt):
                 left[s] = 0.0
-    return Replay(
-        tuple(
-            StageReplay(s, sp["encoder"], sp["llm"], sp["wait"], sp["data"])
-            for s, sp in enumerate(spent)
-        )
-    )
+        return True
 
 
 def _mean_seconds(

@@ -11,7 +11,7 @@ from omni_trainer.costs.activation_bytes import kept_bytes_per_token
 from omni_trainer.costs.model_flops import llm_forward_flops
 from omni_trainer.data.packing import PackedSequence
 from omni_trainer.models.config import ModelConfig
-from omni_trainer.multiplex.dataflow import DataflowTable, EncoderMicroBatch
+from omni_trainer.multiplex.dataflow.table import DataflowTable, EncoderMicroBatch
 
 
 def encoder_micro_batches(

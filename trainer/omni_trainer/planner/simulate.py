@@ -1,8 +1,8 @@
 """Discrete-event simulation of one training step, executing the trainer's own schedule objects.
 
 Each pipeline stage is an in-order executor of the program the runtime runs: megatron's op order
-(:func:`~omni_trainer.multiplex.dataflow.stage_ops`) with the encoder work the
-:class:`~omni_trainer.multiplex.dataflow.DataflowTable` puts at each slot (backwards before
+(:func:`~omni_trainer.multiplex.dataflow.schedule.stage_ops`) with the encoder work the
+:class:`~omni_trainer.multiplex.dataflow.table.DataflowTable` puts at each slot (backwards before
 forwards within a slot, ascending micro-batch order). A task starts when its stage is free and
 its inputs have arrived: the previous stage's activation (after a p2p transfer), the encoder
 outputs stage 0 needs at ``F(m, 0)``, the gradient an encoder backward waits for. Sends are
@@ -14,6 +14,13 @@ working buffers while an op runs, encoder outputs buffered on stage 0 from arriv
 Pure Python; :func:`predict` goes from a workload and a layout to step time, throughput, MFU,
 bubble share and peak memory per stage, and :func:`predict_disaggregated` prices the baseline
 that puts the encoders on their own GPUs.
+
+Fidelity: the second rung of the simulators' ladder (see
+:mod:`omni_trainer.multiplex.dataflow.simulate`): a job on a device profile, for ``omni plan``
+and the tuner. Below it, the planners' unit time model works at slot granularity; above it,
+:mod:`omni_trainer.multiplex.replay` explains a step measured on this machine. With a device
+per stage, no latency and the same op seconds, the replay's makespan equals
+:func:`run_schedule`'s (both run every op as its own event); they differ in what they add.
 """
 
 from __future__ import annotations
@@ -37,15 +44,9 @@ from omni_trainer.costs.step_costs import (
     static_memory,
 )
 from omni_trainer.data.packing import PackedSequence, split_micro_batches
-from omni_trainer.multiplex.dataflow import (
-    POST,
-    PRE,
-    DataflowError,
-    DataflowTable,
-    EncoderMicroBatch,
-    plan_dataflow,
-    stage_ops,
-)
+from omni_trainer.multiplex.dataflow.plan import plan_dataflow
+from omni_trainer.multiplex.dataflow.schedule import DataflowError, stage_ops
+from omni_trainer.multiplex.dataflow.table import POST, PRE, DataflowTable, EncoderMicroBatch
 from omni_trainer.multiplex.workload import encoder_micro_batches
 from omni_trainer.planner.workloads import Workload, sample_sequences
 
@@ -482,6 +483,45 @@ def encoder_flops_share(workload: Workload, *, seed: int = 0, samples: int = 64)
     return sum(f.encoder_forward.values()) / f.forward if f.forward else 0.0
 
 
+def _encoder_seconds(
+    workload: Workload,
+    layout: Layout,
+    seqs: Sequence[PackedSequence],
+    *,
+    encoder_gpus: int,
+    device: DeviceProfile,
+) -> float:
+    """The disaggregated encoders' seconds per step: the global batch's encoder work (forward
+    and backward; a sample's media of one modality as one mb, on one GPU) spread evenly over
+    ``encoder_gpus``, bounded below by the longest single media item (tp over at most one
+    node's GPUs)."""
+    enc_layout = replace(
+        layout, tp=min(device.gpus_per_node, encoder_gpus), pp=1, dp=1, reorder_group=1
+    )
+    per_seq = []
+    longest = 0.0
+    for s in seqs:
+        for modality in ("image", "audio"):
+            lengths = [g.media_tokens for g in s.segments if g.modality == modality]
+            config = getattr(workload.model.encoders, modality)
+            if not lengths or config is None:
+                continue
+            one = replace(enc_layout, tp=1, eta=1 << 30)
+            c = encoder_mb_cost(
+                config, lengths, llm_hidden=workload.model.llm.hidden_size, layout=one,
+                device=device,
+            )  # fmt: skip
+            per_seq.append(c.forward + c.backward)
+            for length in lengths:
+                single = encoder_mb_cost(
+                    config, [length], llm_hidden=workload.model.llm.hidden_size,
+                    layout=enc_layout, device=device,
+                )  # fmt: skip
+                longest = max(longest, single.forward + single.backward)
+    total = sum(per_seq) * workload.global_batch / len(seqs)
+    return max(total / encoder_gpus, longest)
+
+
 def predict_disaggregated(
     workload: Workload,
     layout: Layout,
@@ -518,31 +558,7 @@ def predict_disaggregated(
         max_microbatches=max_microbatches, _with_encoders=False,
     )  # fmt: skip
     seqs = sample_sequences(workload, 64, seed=seed + 1)
-    enc_layout = replace(
-        layout, tp=min(device.gpus_per_node, encoder_gpus), pp=1, dp=1, reorder_group=1
-    )
-    per_seq = []
-    longest = 0.0
-    for s in seqs:
-        for modality in ("image", "audio"):
-            lengths = [g.media_tokens for g in s.segments if g.modality == modality]
-            config = getattr(workload.model.encoders, modality)
-            if not lengths or config is None:
-                continue
-            one = replace(enc_layout, tp=1, eta=1 << 30)
-            c = encoder_mb_cost(
-                config, lengths, llm_hidden=workload.model.llm.hidden_size, layout=one,
-                device=device,
-            )  # fmt: skip
-            per_seq.append(c.forward + c.backward)
-            for length in lengths:
-                single = encoder_mb_cost(
-                    config, [length], llm_hidden=workload.model.llm.hidden_size,
-                    layout=enc_layout, device=device,
-                )  # fmt: skip
-                longest = max(longest, single.forward + single.backward)
-    total = sum(per_seq) * workload.global_batch / len(seqs)
-    enc_time = max(total / encoder_gpus, longest)
+    enc_time = _encoder_seconds(workload, layout, seqs, encoder_gpus=encoder_gpus, device=device)
     media = sum(g.media_tokens for s in seqs for g in s.segments)
     out_bytes = media * workload.model.llm.hidden_size * 2 * workload.global_batch / len(seqs)
     send = out_bytes / (encoder_gpus * device.inter.bandwidth)

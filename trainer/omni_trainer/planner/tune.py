@@ -23,7 +23,7 @@ from omni_trainer.costs.devices import DeviceProfile
 from omni_trainer.costs.step_costs import Layout
 from omni_trainer.distributed.config import ParallelDims
 from omni_trainer.distributed.layout import model_problems
-from omni_trainer.multiplex.dataflow import POLICIES
+from omni_trainer.multiplex.dataflow.plan import POLICIES
 from omni_trainer.planner.simulate import Prediction, predict
 from omni_trainer.planner.workloads import Workload
 
@@ -137,15 +137,41 @@ def tune(
     """
     pool = list(candidates) if candidates is not None else layouts(workload, device=device)
     second = len(policies) * len(etas) * len(groups) * min(keep_layouts, len(pool))  # at most
-    total = len(pool) + second
-    done = 0
+    tick = _Ticker(progress, total=len(pool) + second)
 
-    def tick(label: str) -> None:
-        nonlocal done
-        done += 1
-        if progress is not None:
-            progress(done, total, label)
+    def run(lay: Layout, policy: str) -> Prediction:
+        return predict(
+            workload, lay, policy=policy, device=device, seed=seed,
+            max_microbatches=max_microbatches,
+        )  # fmt: skip
 
+    first, simulated = _first_pass(pool, run, tick)
+    seen: list[Prediction] = []
+    for base in first[:keep_layouts]:
+        seen += _knob_search(base, run, tick, policies=policies, etas=etas, groups=groups)
+    if progress is not None:
+        progress(tick.done, tick.done, "done")
+    seen.sort(key=lambda p: -p.tokens_per_s)
+    return _recommend(seen, top=top, fitting=len(first), simulated=simulated)
+
+
+class _Ticker:
+    """Counts the simulated configurations for ``progress``."""
+
+    def __init__(self, progress: Progress | None, *, total: int) -> None:
+        self.progress, self.total, self.done = progress, total, 0
+
+    def __call__(self, label: str) -> None:
+        self.done += 1
+        if self.progress is not None:
+            self.progress(self.done, self.total, label)
+
+
+def _first_pass(
+    pool: list[Layout], run: Callable[[Layout, str], Prediction], tick: _Ticker
+) -> tuple[list[Prediction], int]:
+    """Every layout with the paper's defaults (uniform insertion): those that fit, fastest
+    first, and how many were simulated."""
     first: list[Prediction] = []
     # full-AC and offload-AC only add time to sel-AC's ops (recompute, exposed copies), so a
     # layout that fits with sel-AC is never faster with them: simulate those only if it does not.
@@ -156,10 +182,7 @@ def tune(
         if lay.recompute != "selective" and replace(lay, recompute="selective") in selective_fits:
             tick(f"{lay.describe()} skipped: sel-AC fits")
             continue
-        p = predict(
-            workload, lay, policy="uniform", device=device, seed=seed,
-            max_microbatches=max_microbatches,
-        )  # fmt: skip
+        p = run(lay, "uniform")
         tick(lay.describe())
         simulated += 1
         if not p.oom:
@@ -167,26 +190,38 @@ def tune(
             if lay.recompute == "selective":
                 selective_fits.add(lay)
     first.sort(key=lambda p: -p.tokens_per_s)
-    seen: list[Prediction] = []
-    for base in first[:keep_layouts]:
-        # With one stage every policy runs the same program: search one.
-        one = ("uniform",) if "uniform" in policies else tuple(policies[:1])
-        dp = base.layout.dp
-        for policy in policies if base.layout.pp > 1 else one:
-            for eta in etas:
-                for g in sorted({_group(dp, g) for g in groups}):  # largest divisor of dp <= g
-                    lay = replace(base.layout, eta=eta, reorder_group=g)
-                    p = predict(
-                        workload, lay, policy=policy, device=device, seed=seed,
-                        max_microbatches=max_microbatches,
-                    )  # fmt: skip
-                    tick(f"{lay.describe()} {policy}")
-                    if not p.oom:
-                        seen.append(p)
-    if progress is not None:
-        progress(done, done, "done")
-    seen.sort(key=lambda p: -p.tokens_per_s)
-    fitting = len(first)
+    return first, simulated
+
+
+def _knob_search(
+    base: Prediction,
+    run: Callable[[Layout, str], Prediction],
+    tick: _Ticker,
+    *,
+    policies: Sequence[str],
+    etas: Sequence[int],
+    groups: Sequence[int],
+) -> list[Prediction]:
+    """``base``'s layout under every policy, eta and reorder group: the predictions that fit."""
+    # With one stage every policy runs the same program: search one.
+    one = ("uniform",) if "uniform" in policies else tuple(policies[:1])
+    dp = base.layout.dp
+    out = []
+    for policy in policies if base.layout.pp > 1 else one:
+        for eta in etas:
+            for g in sorted({_group(dp, g) for g in groups}):  # largest divisor of dp <= g
+                lay = replace(base.layout, eta=eta, reorder_group=g)
+                p = run(lay, policy)
+                tick(f"{lay.describe()} {policy}")
+                if not p.oom:
+                    out.append(p)
+    return out
+
+
+def _recommend(
+    seen: list[Prediction], *, top: int, fitting: int, simulated: int
+) -> list[Candidate]:
+    """The ``top`` of ``seen`` (fastest first), each with its one-line reason."""
     out = []
     for i, p in enumerate(seen[:top]):
         nxt = seen[i + 1] if i + 1 < len(seen) else None
