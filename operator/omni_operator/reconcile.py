@@ -43,8 +43,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from omni_operator import admission, kueue, quarantine, recovery, spares, stragglers
+from omni_operator import admission, kube_objects, kueue, quarantine, spares, stragglers, times
 from omni_operator.placement import PlacedNode, PlacementError, place, rank_bound
+from omni_operator.recovery import failures, restarts
 from omni_operator.render import (
     LABEL_ATTEMPT,
     LABEL_RANK,
@@ -305,7 +306,7 @@ class _Step:
         self.old = obs.status
         self.st = obs.status
         self.now = obs.now
-        self.now_s = recovery.format_time(obs.now)
+        self.now_s = times.format_time(obs.now)
         self.actions = Actions()
         self.nodes = {n["metadata"]["name"]: n for n in obs.nodes}
 
@@ -378,8 +379,8 @@ class _Step:
         mine = {id(p) for p in self.attempt_pods()}
         going = []
         for pod in self.pods():
-            node = recovery.pod_node(pod, ())
-            live = node in self.nodes and not recovery.node_not_ready_since(
+            node = kube_objects.pod_node(pod, ())
+            live = node in self.nodes and not kube_objects.node_not_ready_since(
                 self.nodes[node], self.now
             )
             phase = (pod.get("status") or {}).get("phase")
@@ -391,10 +392,10 @@ class _Step:
         """Delete pods; those on lost (or missing) nodes are forced, including the ones already
         stuck Terminating there."""
         for pod in pods:
-            node = recovery.pod_node(pod, self.st.placement)
+            node = kube_objects.pod_node(pod, self.st.placement)
             lost = node is not None and (
                 node not in self.nodes
-                or recovery.node_not_ready_since(self.nodes[node], self.now) is not None
+                or kube_objects.node_not_ready_since(self.nodes[node], self.now) is not None
             )
             if pod["metadata"].get("deletionTimestamp") and not lost:
                 continue  # already going, nothing to force
@@ -447,13 +448,13 @@ def reconcile(obs: Observed) -> Actions:
 
     if s.st.phase == "Restarting" and s.st.restart_history:
         last = s.st.restart_history[-1]
-        due = recovery.parse_time(last.time)
+        due = times.parse_time(last.time)
         if due is not None:
             due += dt.timedelta(seconds=last.delay_seconds)
             if s.now < due:
                 s.actions.requeue_after = (due - s.now).total_seconds()
                 return s.finish()
-        if last.reason in recovery.GRACEFUL_REASONS and (going := s.stopping_pods()):
+        if last.reason in failures.GRACEFUL_REASONS and (going := s.stopping_pods()):
             # Their trainers are writing an emergency checkpoint: the next attempt resumes from
             # it (and would fence it off if it started first). Their grace bounds the wait.
             why = f"waiting for {', '.join(going)} to stop (emergency checkpoint)"
@@ -581,8 +582,8 @@ def _queue(s: _Step, verdict: admission.Decision) -> Actions:
 def _unplaceable(s: _Step, msg: str) -> Actions:
     """No placement: wait (condition Placed False, looking again when a quarantine may lift)
     until ``restartPolicy.placementTimeoutSeconds``, then fail the job with the reason."""
-    since = recovery.parse_time(s.st.placing_since) or s.now
-    s.set(placing_since=recovery.format_time(since))
+    since = times.parse_time(s.st.placing_since) or s.now
+    s.set(placing_since=times.format_time(since))
     timeout = s.spec.restart_policy.placement_timeout_seconds
     waited = (s.now - since).total_seconds()
     held = f"; quarantined: {quarantine.describe(s.st.quarantine)}" if s.st.quarantine else ""
@@ -618,7 +619,7 @@ def _lift_quarantine(s: _Step) -> None:
         s.event("Normal", "QuarantineLifted", f"quarantine lifted: {quarantine.describe(lifted)}")
 
 
-def _record_quarantine(s: _Step, failure: recovery.Failure) -> None:
+def _record_quarantine(s: _Step, failure: failures.Failure) -> None:
     """An entry (why, until when) for each node newly in ``quarantinedNodes``."""
     listed = {e.node for e in s.st.quarantine}
     new = [n for n in s.st.quarantined_nodes if n not in listed]
@@ -637,7 +638,7 @@ def _restart_in_place(s: _Step, pods: list[Obj]) -> Actions:
     slow = {
         str(p["metadata"]["name"]): left
         for p in pods
-        if (left := recovery.backoff_left(p, s.now)) > recovery.RECREATE_OVER_BACKOFF_S
+        if (left := kube_objects.backoff_left(p, s.now)) > restarts.RECREATE_OVER_BACKOFF_S
     }
     if slow:
         return _recreate_over_backoff(s, pods, slow)
@@ -759,14 +760,14 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
     elif s.obs.tracks_progress:
         started = False
     starting = st.phase == "Starting" or (s.obs.tracks_progress and st.first_step_time is None)
-    starting_since = recovery.parse_time(st.attempt_start_time) if starting else None
+    starting_since = times.parse_time(st.attempt_start_time) if starting else None
     # Until its first step an attempt is bounded by the start timeout, not the hang timeout:
     # imports and rendezvous of a restart on a busy node are no hang.
-    progress_time = None if starting else recovery.parse_time(st.last_progress_time)
-    current = recovery.Current(
-        st.attempt, None if st.pod_attempt is None else recovery.parse_time(st.attempt_start_time)
+    progress_time = None if starting else times.parse_time(st.last_progress_time)
+    current = failures.Current(
+        st.attempt, None if st.pod_attempt is None else times.parse_time(st.attempt_start_time)
     )
-    failure = recovery.classify(
+    failure = failures.classify(
         pods,
         s.nodes,
         spec=spec,
@@ -782,7 +783,7 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
     if failure is None:
         _lift_quarantine(s)  # a node back in time can hold a spare, or the next attempt
         _keep_spares(s)
-        due = recovery.next_deadline(
+        due = failures.next_deadline(
             pods,
             s.nodes,
             spec=spec,
@@ -798,8 +799,8 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
 
     latest = st.last_checkpoint.step if st.last_checkpoint else None
     swap = spares.plan_swap(failure, pods, s.standby(), s.nodes, job=s.job, now=s.now)
-    mode = "spare" if swap is not None else recovery.restart_mode(failure, pods, spec)
-    decision = recovery.decide_restart(
+    mode = "spare" if swap is not None else restarts.restart_mode(failure, pods, spec)
+    decision = restarts.decide_restart(
         st.restart_history,
         failure,
         spec,
@@ -888,7 +889,7 @@ def _swap_in(s: _Step, swap: spares.Swap, *, pods_of: int) -> None:
     the lost pods go (forced)."""
     placement = list(s.st.placement)
     for rank, spare in sorted(swap.ranks.items()):
-        placement[rank] = recovery.pod_node(spare) or placement[rank]
+        placement[rank] = kube_objects.pod_node(spare) or placement[rank]
         s.actions.adopt.append(spares.relabel(spare, rank))
     s.delete_pods(list(swap.lost))
     assigned = {p["metadata"]["name"] for p in swap.ranks.values()}
@@ -1029,7 +1030,7 @@ def _record_progress(s: _Step, pods: list[Obj], phases: list[str]) -> None:
             s.phase("Running", f"attempt {st.attempt} running on {n} node{'s' if n > 1 else ''}")
     else:
         pending = sum(ph == "Pending" for ph in phases)
-        issues = recovery.start_issues(pods)
+        issues = failures.start_issues(pods)
         reason = issues[0].reason if issues else "PodsPending" if pending else "PodsNotRunning"
         detail = "".join(f"; {i.describe()}" for i in issues)
         s.condition(
@@ -1045,7 +1046,7 @@ def _record_progress(s: _Step, pods: list[Obj], phases: list[str]) -> None:
             _watch_stragglers(s, p)
 
 
-def _straggler_replacement(s: _Step) -> recovery.Failure | None:
+def _straggler_replacement(s: _Step) -> failures.Failure | None:
     """``action: replace`` once due, unless no node could take the straggler's place: then the
     job keeps training on it (slow beats stuck in Placing), and the condition Straggler says
     why (reason NotReplaced, a Warning Event when it becomes so)."""
@@ -1147,7 +1148,7 @@ def _restart_cost(s: _Step, *, ago_s: float = 0.0) -> list[RestartRecord]:
     from its detection to this first step (``ago_s`` seconds before now)."""
     history = list(s.st.restart_history)
     if history and history[-1].attempt == s.st.attempt and history[-1].lost_seconds is None:
-        since = recovery.parse_time(history[-1].time)
+        since = times.parse_time(history[-1].time)
         if since is not None:
             lost = max((s.now - since).total_seconds() - ago_s, 0.0)
             history[-1] = history[-1].model_copy(update={"lost_seconds": lost})

@@ -89,7 +89,7 @@ import yarl
 
 from omni_operator import capacity
 from omni_operator.capacity import pinned_node
-from omni_operator.recovery import node_not_ready_since
+from omni_operator.kube_objects import node_not_ready_since
 from omni_operator.sandbox import degrade, downward, scheduling
 from omni_operator.sandbox.control import FAULT
 from omni_operator.sandbox.probes import ReadinessProbe
