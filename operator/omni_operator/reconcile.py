@@ -722,81 +722,121 @@ def _config_updates(desired: Sequence[Obj], existing: Sequence[Obj]) -> list[Obj
 
 def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
     """Pods of this attempt exist: record progress, detect completion and failures."""
-    spec, st = s.spec, s.st
+    spec = s.spec
     _ensure_shared_objects(s)
     if spec.scheduling.kueue_queue and (held := _kueue_admission(s, pods)) is not None:
         return held
-    if by_scheduler(s.job) and not st.placement:
+    if by_scheduler(s.job) and not s.st.placement:
         ranked = _rank_bound(s, pods)
         if ranked is not None:
             return ranked
     phases = [(p.get("status") or {}).get("phase") or "Pending" for p in pods]
     if len(pods) >= spec.nodes and all(ph == "Succeeded" for ph in phases):
-        final = final_progress(pods)
-        if final is not None:  # the trainer's last word: its final figures
-            if st.first_step_time is None and final.since_first_step_s is not None:
-                # the attempt ran and ended between two polls: cost its restart from the report
-                s.set(restart_history=_restart_cost(s, ago_s=final.since_first_step_s))
-            _apply_progress(s, final)
-        _record_preflight(s, (final_report(pods) or {}).get("preflight"))
-        s.drop_spares()
-        s.set(completion_time=s.now_s)
-        s.condition("PodsRunning", "False", "Completed", "all pods succeeded")
-        s.condition("Complete", "True", "Succeeded", f"all {spec.nodes} pods succeeded")
-        s.phase(
-            "Succeeded",
-            f"training finished (attempt {st.attempt}, {st.restarts} restarts)",
-            event=Event(
-                "Normal", "Succeeded", f"all {spec.nodes} pods of attempt {st.attempt} succeeded"
-            ),
-        )
-        return s.finish()
-
+        return _succeeded(s, pods)
     _record_progress(s, pods, phases)
-    st = s.st
-    started: bool | None = None
-    if st.step is not None and st.step > 0:
-        started = True
-    elif s.obs.tracks_progress:
-        started = False
-    starting = st.phase == "Starting" or (s.obs.tracks_progress and st.first_step_time is None)
-    starting_since = times.parse_time(st.attempt_start_time) if starting else None
-    # Until its first step an attempt is bounded by the start timeout, not the hang timeout:
-    # imports and rendezvous of a restart on a busy node are no hang.
-    progress_time = None if starting else times.parse_time(st.last_progress_time)
-    current = failures.Current(
-        st.attempt, None if st.pod_attempt is None else times.parse_time(st.attempt_start_time)
-    )
+    clocks = _AttemptClocks.of(s)
     failure = failures.classify(
         pods,
         s.nodes,
         spec=spec,
         now=s.now,
-        last_progress_time=progress_time,
-        started_steps=started,
-        placement=st.placement,
-        starting_since=starting_since,
-        current=current,
+        last_progress_time=clocks.progress_time,
+        started_steps=clocks.started_steps,
+        placement=s.st.placement,
+        starting_since=clocks.starting_since,
+        current=clocks.current,
     )
     if failure is None:
         failure = _straggler_replacement(s)
     if failure is None:
-        _lift_quarantine(s)  # a node back in time can hold a spare, or the next attempt
-        _keep_spares(s)
-        due = failures.next_deadline(
-            pods,
-            s.nodes,
-            spec=spec,
-            now=s.now,
-            last_progress_time=progress_time,
-            placement=st.placement,
-            starting_since=starting_since,
-            current=current,
-        )
-        lift = quarantine.next_lift(s.st.quarantine, s.now)
-        s.actions.requeue_after = min((x for x in (due, lift) if x is not None), default=None)
-        return s.finish()
+        return _healthy(s, pods, clocks)
+    return _recover(s, pods, phases, failure)
 
+
+def _succeeded(s: _Step, pods: list[Obj]) -> Actions:
+    """Every pod of the attempt succeeded: the trainer's final figures, then phase Succeeded."""
+    spec, st = s.spec, s.st
+    final = final_progress(pods)
+    if final is not None:  # the trainer's last word: its final figures
+        if st.first_step_time is None and final.since_first_step_s is not None:
+            # the attempt ran and ended between two polls: cost its restart from the report
+            s.set(restart_history=_restart_cost(s, ago_s=final.since_first_step_s))
+        _apply_progress(s, final)
+    _record_preflight(s, (final_report(pods) or {}).get("preflight"))
+    s.drop_spares()
+    s.set(completion_time=s.now_s)
+    s.condition("PodsRunning", "False", "Completed", "all pods succeeded")
+    s.condition("Complete", "True", "Succeeded", f"all {spec.nodes} pods succeeded")
+    s.phase(
+        "Succeeded",
+        f"training finished (attempt {st.attempt}, {st.restarts} restarts)",
+        event=Event(
+            "Normal", "Succeeded", f"all {spec.nodes} pods of attempt {st.attempt} succeeded"
+        ),
+    )
+    return s.finish()
+
+
+@dataclass(frozen=True)
+class _AttemptClocks:
+    """What failure detection reads of the running attempt's progress."""
+
+    started_steps: bool | None
+    """Whether the job ever finished a step (None: unknown, no progress source)."""
+    starting_since: dt.datetime | None
+    """When the attempt started, until its first step (the start timeout runs)."""
+    progress_time: dt.datetime | None
+    """When the step last advanced, after the first step (the hang timeout runs)."""
+    current: failures.Current
+    """Which container ends belong to the attempt."""
+
+    @classmethod
+    def of(cls, s: _Step) -> _AttemptClocks:
+        st = s.st
+        started: bool | None = None
+        if st.step is not None and st.step > 0:
+            started = True
+        elif s.obs.tracks_progress:
+            started = False
+        starting = st.phase == "Starting" or (s.obs.tracks_progress and st.first_step_time is None)
+        # Until its first step an attempt is bounded by the start timeout, not the hang timeout:
+        # imports and rendezvous of a restart on a busy node are no hang.
+        return cls(
+            started_steps=started,
+            starting_since=times.parse_time(st.attempt_start_time) if starting else None,
+            progress_time=None if starting else times.parse_time(st.last_progress_time),
+            current=failures.Current(
+                st.attempt,
+                None if st.pod_attempt is None else times.parse_time(st.attempt_start_time),
+            ),
+        )
+
+
+def _healthy(s: _Step, pods: list[Obj], clocks: _AttemptClocks) -> Actions:
+    """No failure: lift due quarantines, keep the spares, and look again when a deadline could
+    turn the attempt failed with no event to say so (or a quarantine ends)."""
+    placement = s.st.placement
+    _lift_quarantine(s)  # a node back in time can hold a spare, or the next attempt
+    _keep_spares(s)
+    due = failures.next_deadline(
+        pods,
+        s.nodes,
+        spec=s.spec,
+        now=s.now,
+        last_progress_time=clocks.progress_time,
+        placement=placement,
+        starting_since=clocks.starting_since,
+        current=clocks.current,
+    )
+    lift = quarantine.next_lift(s.st.quarantine, s.now)
+    s.actions.requeue_after = min((x for x in (due, lift) if x is not None), default=None)
+    return s.finish()
+
+
+def _recover(s: _Step, pods: list[Obj], phases: list[str], failure: failures.Failure) -> Actions:
+    """A failure: decide (restart on a spare, in place or on new pods, or fail the job), record
+    the quarantine and the preflight, and act on the decision."""
+    spec, st = s.spec, s.st
     latest = st.last_checkpoint.step if st.last_checkpoint else None
     swap = spares.plan_swap(failure, pods, s.standby(), s.nodes, job=s.job, now=s.now)
     mode = "spare" if swap is not None else restarts.restart_mode(failure, pods, spec)
@@ -824,7 +864,21 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
             "Failed", decision.message, event=Event("Warning", decision.reason, decision.message)
         )
         return s.finish()
+    return _restart(s, pods, failure, decision, swap=swap, mode=mode)
 
+
+def _restart(
+    s: _Step,
+    pods: list[Obj],
+    failure: failures.Failure,
+    decision: restarts.Decision,
+    *,
+    swap: spares.Swap | None,
+    mode: restarts.RestartMode,
+) -> Actions:
+    """Restart as the next attempt: spares take the lost ranks over, or the pods stay for an
+    in-place restart, or they go and the job is placed again."""
+    st = s.st
     assert decision.record is not None
     history = [*st.restart_history, decision.record][-HISTORY_LIMIT:]
     s.set(
