@@ -1,11 +1,11 @@
 """Reconciliation: from what is observed to what to do (a pure function over plain data).
 
-The kopf handlers (``omni_operator.handlers``) read the job, the objects it owns, the Nodes and
-the trainer's progress, call :func:`reconcile`, and apply the returned :class:`Actions` (creates,
-deletes, adoptions, one status merge patch, Events). Everything is derived from the observation
-and the job's own status, never from memory, so the same observation always yields the same
-actions: an operator restarted in the middle of a reconcile finds the pods it created by name
-and neither duplicates nor forgets them.
+The operator's engine (``omni_operator.handlers.engine``) reads the job, the objects it owns, the
+Nodes and the trainer's progress, calls :func:`reconcile`, and applies the returned
+:class:`Actions` (creates, deletes, adoptions, one status merge patch, Events). Everything is
+derived from the observation and the job's own status, never from memory, so the same
+observation always yields the same actions: an operator restarted in the middle of a reconcile
+finds the pods it created by name and neither duplicates nor forgets them.
 
 Phases::
 
