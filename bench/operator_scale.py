@@ -17,13 +17,13 @@ emulator (``omni_operator.sandbox.testbed``: the cluster the operator tests use,
 
 API requests are those of the operator's own client (``handlers.kube.Kube``; kopf's watches,
 finalizer/annotation patches and Events go through kopf's client and are not counted). A
-reconcile is one run of ``handlers._reconcile`` (create/resume, spec update, or the job's loop
-woken by a pod/Node event, a deadline or the resync); each is attributed its own requests
-through a context variable set around it (the bench wraps ``_reconcile`` and ``Kube.request``
-in this process only), so overlapping reconciles are not double counted. "max" is the reconcile
-that did the work (creates/deletes/patches); "idle" is the median cost of a reconcile that
-created and deleted nothing; "rec s" the slowest reconcile's wall time. "steady" is 3 resync
-periods with all pods Running and nothing to do.
+reconcile is one run of ``handlers.engine.reconcile_job`` (create/resume, spec update, or the
+job's loop woken by a pod/Node event, a deadline or the resync); each is attributed its own
+requests through a context variable set around it (the bench wraps ``reconcile_job`` and
+``Kube.request`` in this process only), so overlapping reconciles are not double counted.
+"max" is the reconcile that did the work (creates/deletes/patches); "idle" is the median cost
+of a reconcile that created and deleted nothing; "rec s" the slowest reconcile's wall time.
+"steady" is 3 resync periods with all pods Running and nothing to do.
 
 Absolute times are mostly the emulator's: kmock matches every stored object against each
 request's criteria, so its cost grows with objects x requests (at 512 nodes most CPU time is
@@ -50,7 +50,7 @@ from typing import Any
 
 import kmock
 
-import omni_operator.handlers as handlers
+import omni_operator.handlers.engine as engine
 from omni_operator.handlers.kube import Kube
 from omni_operator.reconcile import Progress
 from omni_operator.render import ANNOTATION_NODE, LABEL_ATTEMPT, LABEL_JOB
@@ -82,7 +82,7 @@ RECONCILES: list[Rec] = []
 IN_FLIGHT: set[Rec] = set()
 UNATTRIBUTED = collections.Counter[str]()
 
-_orig_reconcile = handlers._reconcile
+_orig_reconcile = engine.reconcile_job
 _orig_request = Kube.request
 
 
@@ -117,7 +117,7 @@ def _is_list(path: str) -> bool:
     return len(rest) == 1
 
 
-handlers._reconcile = _counted_reconcile  # looked up as a module global by every handler
+engine.reconcile_job = _counted_reconcile  # looked up on the module by every handler
 Kube.request = _counted_request  # type: ignore[method-assign]
 
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 import yaml
+
+if TYPE_CHECKING:
+    from omni_operator.sandbox.cluster import Sandbox, SandboxConfig
 
 
 def register(app: typer.Typer) -> None:
@@ -39,6 +42,48 @@ sandbox = typer.Typer(
 SandboxDir = Annotated[
     Path, typer.Option("--dir", help="sandbox state: kubeconfig, pod volumes and logs")
 ]
+SandboxImages = Annotated[
+    list[str] | None,
+    typer.Option(
+        help="an image the nodes can pull (repeatable); default: the images of examples/ "
+        "and the chart. Pods naming others fail with ErrImagePull, then ImagePullBackOff"
+    ),
+]
+PullSeconds = Annotated[
+    float,
+    typer.Option(
+        min=0,
+        help="how long a node takes to pull an image it does not hold yet (each node "
+        "keeps what it pulled: a pod recreated on a fresh node pays it, one restarted in "
+        "place does not); 0: instant",
+    ),
+]
+SyncSeconds = Annotated[
+    float,
+    typer.Option(
+        min=0.1,
+        help="the kubelets' syncFrequency: a running pod's ConfigMap volumes follow a "
+        "ConfigMap update this late at worst, unless the pod itself is updated (a real "
+        "kubelet's default: 60)",
+    ),
+]
+CrashBackoffSeconds = Annotated[
+    float,
+    typer.Option(
+        min=0.1,
+        help="the kubelets' first back-off of a crashing container (CrashLoopBackOff; "
+        "doubling to 30x, reset after a container ran 60x): a real kubelet's is 10",
+    ),
+]
+RunOperator = Annotated[
+    bool,
+    typer.Option(
+        help="run the operator in the sandbox's process; --no-operator: none runs until "
+        "one is started beside it, the chart's (`omni sandbox install-chart`: its "
+        "Deployment's pod) or your own (`omni operator --standalone --server URL`, which "
+        "can be SIGKILLed and started again as a Deployment replaces its pod)"
+    ),
+]
 
 
 @sandbox.command("up")
@@ -49,55 +94,17 @@ def sandbox_up(
     port: Annotated[int, typer.Option(min=0, help="API server port (0: any free)")] = 0,
     workdir: SandboxDir = Path(".omni-sandbox"),
     resync: Annotated[float, typer.Option(min=0.1, help="operator resync seconds")] = 2.0,
-    image: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="an image the nodes can pull (repeatable); default: the images of examples/ "
-            "and the chart. Pods naming others fail with ErrImagePull, then ImagePullBackOff"
-        ),
-    ] = None,
-    pull_seconds: Annotated[
-        float,
-        typer.Option(
-            min=0,
-            help="how long a node takes to pull an image it does not hold yet (each node "
-            "keeps what it pulled: a pod recreated on a fresh node pays it, one restarted in "
-            "place does not); 0: instant",
-        ),
-    ] = 0.0,
-    sync_seconds: Annotated[
-        float,
-        typer.Option(
-            min=0.1,
-            help="the kubelets' syncFrequency: a running pod's ConfigMap volumes follow a "
-            "ConfigMap update this late at worst, unless the pod itself is updated (a real "
-            "kubelet's default: 60)",
-        ),
-    ] = 60.0,
-    crash_backoff_seconds: Annotated[
-        float,
-        typer.Option(
-            min=0.1,
-            help="the kubelets' first back-off of a crashing container (CrashLoopBackOff; "
-            "doubling to 30x, reset after a container ran 60x): a real kubelet's is 10",
-        ),
-    ] = 1.0,
-    operator: Annotated[
-        bool,
-        typer.Option(
-            help="run the operator in the sandbox's process; --no-operator: none runs until "
-            "one is started beside it, the chart's (`omni sandbox install-chart`: its "
-            "Deployment's pod) or your own (`omni operator --standalone --server URL`, which "
-            "can be SIGKILLed and started again as a Deployment replaces its pod)"
-        ),
-    ] = True,
+    image: SandboxImages = None,
+    pull_seconds: PullSeconds = 0.0,
+    sync_seconds: SyncSeconds = 60.0,
+    crash_backoff_seconds: CrashBackoffSeconds = 1.0,
+    operator: RunOperator = True,
 ) -> None:
     """Run the sandbox until Ctrl-C: pods run as local processes in this directory."""
     import asyncio
     import logging
-    import signal
 
-    from omni_operator.sandbox.cluster import DEFAULT_IMAGES, Sandbox, SandboxConfig
+    from omni_operator.sandbox.cluster import DEFAULT_IMAGES, SandboxConfig
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("kopf").setLevel(logging.WARNING)
@@ -115,45 +122,58 @@ def sandbox_up(
         crash_backoff_seconds=crash_backoff_seconds,
         operator=operator,
     )
-
-    async def main() -> None:
-        async with Sandbox.start(config) as sb:
-            install = (
-                ""
-                if operator
-                else f"  omni sandbox install-chart --dir {workdir}   # the operator, by Helm\n"
-                f"    (or your own: omni operator --standalone --server {sb.url})\n"
-            )
-            typer.echo(
-                f"sandbox up: API server {sb.url}, nodes "
-                f"{', '.join(n.name for n in sb.kubelet.nodes)}\n"
-                f"  registry: {', '.join(config.images)} (a node pulls one in "
-                f"{config.pull_seconds:g} s)\n"
-                f"  export KUBECONFIG={sb.kubeconfig_path}\n"
-                f"{install}"
-                "  kubectl apply -f examples/tiny-cpu.yaml\n"
-                "  kubectl get otj -w     # pod logs: kubectl logs POD, or "
-                f"{sb.config.workdir}/logs/\n"
-                f"  omni sandbox fault node-lost NODE --dir {workdir}\n"
-                "Ctrl-C stops the sandbox and every pod.",
-                err=True,
-            )
-            if operator:
-                await sb.wait()  # kopf stops the operator on SIGINT/SIGTERM
-                return
-            stop = asyncio.Event()  # no kopf to catch the signals: stop on them here
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-            waiting = asyncio.ensure_future(stop.wait())
-            parts = asyncio.ensure_future(sb.wait())
-            await asyncio.wait({waiting, parts}, return_when=asyncio.FIRST_COMPLETED)
-            waiting.cancel()
-            if parts.done():
-                parts.result()
-            parts.cancel()
-
     with contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError):
-        asyncio.run(main())
+        asyncio.run(_run_sandbox(config))
+
+
+async def _run_sandbox(config: SandboxConfig) -> None:
+    """Start the sandbox, print how to use it, and run it until its parts end or, without the
+    operator (whose kopf stops on SIGINT/SIGTERM), until one of those signals."""
+    import asyncio
+    import signal
+
+    from omni_operator.sandbox.cluster import Sandbox
+
+    async with Sandbox.start(config) as sb:
+        typer.echo(_sandbox_banner(sb), err=True)
+        if config.operator:
+            await sb.wait()  # kopf stops the operator on SIGINT/SIGTERM
+            return
+        stop = asyncio.Event()  # no kopf to catch the signals: stop on them here
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        waiting = asyncio.ensure_future(stop.wait())
+        parts = asyncio.ensure_future(sb.wait())
+        await asyncio.wait({waiting, parts}, return_when=asyncio.FIRST_COMPLETED)
+        waiting.cancel()
+        if parts.done():
+            parts.result()
+        parts.cancel()
+
+
+def _sandbox_banner(sb: Sandbox) -> str:
+    """What ``omni sandbox up`` prints once the sandbox runs: its address, nodes and registry,
+    and the commands to use it."""
+    config, workdir = sb.config, sb.config.workdir
+    install = (
+        ""
+        if config.operator
+        else f"  omni sandbox install-chart --dir {workdir}   # the operator, by Helm\n"
+        f"    (or your own: omni operator --standalone --server {sb.url})\n"
+    )
+    return (
+        f"sandbox up: API server {sb.url}, nodes "
+        f"{', '.join(n.name for n in sb.kubelet.nodes)}\n"
+        f"  registry: {', '.join(config.images)} (a node pulls one in "
+        f"{config.pull_seconds:g} s)\n"
+        f"  export KUBECONFIG={sb.kubeconfig_path}\n"
+        f"{install}"
+        "  kubectl apply -f examples/tiny-cpu.yaml\n"
+        "  kubectl get otj -w     # pod logs: kubectl logs POD, or "
+        f"{workdir}/logs/\n"
+        f"  omni sandbox fault node-lost NODE --dir {workdir}\n"
+        "Ctrl-C stops the sandbox and every pod."
+    )
 
 
 @sandbox.command("install-chart")

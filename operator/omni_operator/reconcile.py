@@ -1,11 +1,11 @@
 """Reconciliation: from what is observed to what to do (a pure function over plain data).
 
-The kopf handlers (``omni_operator.handlers``) read the job, the objects it owns, the Nodes and
-the trainer's progress, call :func:`reconcile`, and apply the returned :class:`Actions` (creates,
-deletes, adoptions, one status merge patch, Events). Everything is derived from the observation
-and the job's own status, never from memory, so the same observation always yields the same
-actions: an operator restarted in the middle of a reconcile finds the pods it created by name
-and neither duplicates nor forgets them.
+The operator's engine (``omni_operator.handlers.engine``) reads the job, the objects it owns, the
+Nodes and the trainer's progress, calls :func:`reconcile`, and applies the returned
+:class:`Actions` (creates, deletes, adoptions, one status merge patch, Events). Everything is
+derived from the observation and the job's own status, never from memory, so the same
+observation always yields the same actions: an operator restarted in the middle of a reconcile
+finds the pods it created by name and neither duplicates nor forgets them.
 
 Phases::
 
@@ -42,8 +42,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from omni_operator import admission, kueue, quarantine, recovery, spares, stragglers
+from omni_operator import admission, kube_objects, kueue, quarantine, spares, stragglers, times
 from omni_operator.placement import PlacedNode, PlacementError, place, rank_bound
+from omni_operator.recovery import failures, restarts
 from omni_operator.render import (
     LABEL_ATTEMPT,
     LABEL_RANK,
@@ -305,7 +306,7 @@ class _Step:
         self.old = obs.status
         self.st = obs.status
         self.now = obs.now
-        self.now_s = recovery.format_time(obs.now)
+        self.now_s = times.format_time(obs.now)
         self.actions = Actions()
         self.nodes = {n["metadata"]["name"]: n for n in obs.nodes}
 
@@ -378,8 +379,8 @@ class _Step:
         mine = {id(p) for p in self.attempt_pods()}
         going = []
         for pod in self.pods():
-            node = recovery.pod_node(pod, ())
-            live = node in self.nodes and not recovery.node_not_ready_since(
+            node = kube_objects.pod_node(pod, ())
+            live = node in self.nodes and not kube_objects.node_not_ready_since(
                 self.nodes[node], self.now
             )
             phase = (pod.get("status") or {}).get("phase")
@@ -391,10 +392,10 @@ class _Step:
         """Delete pods; those on lost (or missing) nodes are forced, including the ones already
         stuck Terminating there."""
         for pod in pods:
-            node = recovery.pod_node(pod, self.st.placement)
+            node = kube_objects.pod_node(pod, self.st.placement)
             lost = node is not None and (
                 node not in self.nodes
-                or recovery.node_not_ready_since(self.nodes[node], self.now) is not None
+                or kube_objects.node_not_ready_since(self.nodes[node], self.now) is not None
             )
             if pod["metadata"].get("deletionTimestamp") and not lost:
                 continue  # already going, nothing to force
@@ -447,13 +448,13 @@ def reconcile(obs: Observed) -> Actions:
 
     if s.st.phase == "Restarting" and s.st.restart_history:
         last = s.st.restart_history[-1]
-        due = recovery.parse_time(last.time)
+        due = times.parse_time(last.time)
         if due is not None:
             due += dt.timedelta(seconds=last.delay_seconds)
             if s.now < due:
                 s.actions.requeue_after = (due - s.now).total_seconds()
                 return s.finish()
-        if last.reason in recovery.GRACEFUL_REASONS and (going := s.stopping_pods()):
+        if last.reason in failures.GRACEFUL_REASONS and (going := s.stopping_pods()):
             # Their trainers are writing an emergency checkpoint: the next attempt resumes from
             # it (and would fence it off if it started first). Their grace bounds the wait.
             why = f"waiting for {', '.join(going)} to stop (emergency checkpoint)"
@@ -581,8 +582,8 @@ def _queue(s: _Step, verdict: admission.Decision) -> Actions:
 def _unplaceable(s: _Step, msg: str) -> Actions:
     """No placement: wait (condition Placed False, looking again when a quarantine may lift)
     until ``restartPolicy.placementTimeoutSeconds``, then fail the job with the reason."""
-    since = recovery.parse_time(s.st.placing_since) or s.now
-    s.set(placing_since=recovery.format_time(since))
+    since = times.parse_time(s.st.placing_since) or s.now
+    s.set(placing_since=times.format_time(since))
     timeout = s.spec.restart_policy.placement_timeout_seconds
     waited = (s.now - since).total_seconds()
     held = f"; quarantined: {quarantine.describe(s.st.quarantine)}" if s.st.quarantine else ""
@@ -618,7 +619,7 @@ def _lift_quarantine(s: _Step) -> None:
         s.event("Normal", "QuarantineLifted", f"quarantine lifted: {quarantine.describe(lifted)}")
 
 
-def _record_quarantine(s: _Step, failure: recovery.Failure) -> None:
+def _record_quarantine(s: _Step, failure: failures.Failure) -> None:
     """An entry (why, until when) for each node newly in ``quarantinedNodes``."""
     listed = {e.node for e in s.st.quarantine}
     new = [n for n in s.st.quarantined_nodes if n not in listed]
@@ -637,7 +638,7 @@ def _restart_in_place(s: _Step, pods: list[Obj]) -> Actions:
     slow = {
         str(p["metadata"]["name"]): left
         for p in pods
-        if (left := recovery.backoff_left(p, s.now)) > recovery.RECREATE_OVER_BACKOFF_S
+        if (left := kube_objects.backoff_left(p, s.now)) > restarts.RECREATE_OVER_BACKOFF_S
     }
     if slow:
         return _recreate_over_backoff(s, pods, slow)
@@ -721,86 +722,126 @@ def _config_updates(desired: Sequence[Obj], existing: Sequence[Obj]) -> list[Obj
 
 def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
     """Pods of this attempt exist: record progress, detect completion and failures."""
-    spec, st = s.spec, s.st
+    spec = s.spec
     _ensure_shared_objects(s)
     if spec.scheduling.kueue_queue and (held := _kueue_admission(s, pods)) is not None:
         return held
-    if by_scheduler(s.job) and not st.placement:
+    if by_scheduler(s.job) and not s.st.placement:
         ranked = _rank_bound(s, pods)
         if ranked is not None:
             return ranked
     phases = [(p.get("status") or {}).get("phase") or "Pending" for p in pods]
     if len(pods) >= spec.nodes and all(ph == "Succeeded" for ph in phases):
-        final = final_progress(pods)
-        if final is not None:  # the trainer's last word: its final figures
-            if st.first_step_time is None and final.since_first_step_s is not None:
-                # the attempt ran and ended between two polls: cost its restart from the report
-                s.set(restart_history=_restart_cost(s, ago_s=final.since_first_step_s))
-            _apply_progress(s, final)
-        report = final_report(pods)
-        _record_preflight(s, report.preflight if report else None)
-        s.drop_spares()
-        s.set(completion_time=s.now_s)
-        s.condition("PodsRunning", "False", "Completed", "all pods succeeded")
-        s.condition("Complete", "True", "Succeeded", f"all {spec.nodes} pods succeeded")
-        s.phase(
-            "Succeeded",
-            f"training finished (attempt {st.attempt}, {st.restarts} restarts)",
-            event=Event(
-                "Normal", "Succeeded", f"all {spec.nodes} pods of attempt {st.attempt} succeeded"
-            ),
-        )
-        return s.finish()
-
+        return _succeeded(s, pods)
     _record_progress(s, pods, phases)
-    st = s.st
-    started: bool | None = None
-    if st.step is not None and st.step > 0:
-        started = True
-    elif s.obs.tracks_progress:
-        started = False
-    starting = st.phase == "Starting" or (s.obs.tracks_progress and st.first_step_time is None)
-    starting_since = recovery.parse_time(st.attempt_start_time) if starting else None
-    # Until its first step an attempt is bounded by the start timeout, not the hang timeout:
-    # imports and rendezvous of a restart on a busy node are no hang.
-    progress_time = None if starting else recovery.parse_time(st.last_progress_time)
-    current = recovery.Current(
-        st.attempt, None if st.pod_attempt is None else recovery.parse_time(st.attempt_start_time)
-    )
-    failure = recovery.classify(
+    clocks = _AttemptClocks.of(s)
+    failure = failures.classify(
         pods,
         s.nodes,
         spec=spec,
         now=s.now,
-        last_progress_time=progress_time,
-        started_steps=started,
-        placement=st.placement,
-        starting_since=starting_since,
-        current=current,
+        last_progress_time=clocks.progress_time,
+        started_steps=clocks.started_steps,
+        placement=s.st.placement,
+        starting_since=clocks.starting_since,
+        current=clocks.current,
     )
     if failure is None:
         failure = _straggler_replacement(s)
     if failure is None:
-        _lift_quarantine(s)  # a node back in time can hold a spare, or the next attempt
-        _keep_spares(s)
-        due = recovery.next_deadline(
-            pods,
-            s.nodes,
-            spec=spec,
-            now=s.now,
-            last_progress_time=progress_time,
-            placement=st.placement,
-            starting_since=starting_since,
-            current=current,
-        )
-        lift = quarantine.next_lift(s.st.quarantine, s.now)
-        s.actions.requeue_after = min((x for x in (due, lift) if x is not None), default=None)
-        return s.finish()
+        return _healthy(s, pods, clocks)
+    return _recover(s, pods, phases, failure)
 
+
+def _succeeded(s: _Step, pods: list[Obj]) -> Actions:
+    """Every pod of the attempt succeeded: the trainer's final figures, then phase Succeeded."""
+    spec, st = s.spec, s.st
+    final = final_progress(pods)
+    if final is not None:  # the trainer's last word: its final figures
+        if st.first_step_time is None and final.since_first_step_s is not None:
+            # the attempt ran and ended between two polls: cost its restart from the report
+            s.set(restart_history=_restart_cost(s, ago_s=final.since_first_step_s))
+        _apply_progress(s, final)
+    report = final_report(pods)
+    _record_preflight(s, report.preflight if report else None)
+    s.drop_spares()
+    s.set(completion_time=s.now_s)
+    s.condition("PodsRunning", "False", "Completed", "all pods succeeded")
+    s.condition("Complete", "True", "Succeeded", f"all {spec.nodes} pods succeeded")
+    s.phase(
+        "Succeeded",
+        f"training finished (attempt {st.attempt}, {st.restarts} restarts)",
+        event=Event(
+            "Normal", "Succeeded", f"all {spec.nodes} pods of attempt {st.attempt} succeeded"
+        ),
+    )
+    return s.finish()
+
+
+@dataclass(frozen=True)
+class _AttemptClocks:
+    """What failure detection reads of the running attempt's progress."""
+
+    started_steps: bool | None
+    """Whether the job ever finished a step (None: unknown, no progress source)."""
+    starting_since: dt.datetime | None
+    """When the attempt started, until its first step (the start timeout runs)."""
+    progress_time: dt.datetime | None
+    """When the step last advanced, after the first step (the hang timeout runs)."""
+    current: failures.Current
+    """Which container ends belong to the attempt."""
+
+    @classmethod
+    def of(cls, s: _Step) -> _AttemptClocks:
+        st = s.st
+        started: bool | None = None
+        if st.step is not None and st.step > 0:
+            started = True
+        elif s.obs.tracks_progress:
+            started = False
+        starting = st.phase == "Starting" or (s.obs.tracks_progress and st.first_step_time is None)
+        # Until its first step an attempt is bounded by the start timeout, not the hang timeout:
+        # imports and rendezvous of a restart on a busy node are no hang.
+        return cls(
+            started_steps=started,
+            starting_since=times.parse_time(st.attempt_start_time) if starting else None,
+            progress_time=None if starting else times.parse_time(st.last_progress_time),
+            current=failures.Current(
+                st.attempt,
+                None if st.pod_attempt is None else times.parse_time(st.attempt_start_time),
+            ),
+        )
+
+
+def _healthy(s: _Step, pods: list[Obj], clocks: _AttemptClocks) -> Actions:
+    """No failure: lift due quarantines, keep the spares, and look again when a deadline could
+    turn the attempt failed with no event to say so (or a quarantine ends)."""
+    placement = s.st.placement
+    _lift_quarantine(s)  # a node back in time can hold a spare, or the next attempt
+    _keep_spares(s)
+    due = failures.next_deadline(
+        pods,
+        s.nodes,
+        spec=s.spec,
+        now=s.now,
+        last_progress_time=clocks.progress_time,
+        placement=placement,
+        starting_since=clocks.starting_since,
+        current=clocks.current,
+    )
+    lift = quarantine.next_lift(s.st.quarantine, s.now)
+    s.actions.requeue_after = min((x for x in (due, lift) if x is not None), default=None)
+    return s.finish()
+
+
+def _recover(s: _Step, pods: list[Obj], phases: list[str], failure: failures.Failure) -> Actions:
+    """A failure: decide (restart on a spare, in place or on new pods, or fail the job), record
+    the quarantine and the preflight, and act on the decision."""
+    spec, st = s.spec, s.st
     latest = st.last_checkpoint.step if st.last_checkpoint else None
     swap = spares.plan_swap(failure, pods, s.standby(), s.nodes, job=s.job, now=s.now)
-    mode = "spare" if swap is not None else recovery.restart_mode(failure, pods, spec)
-    decision = recovery.decide_restart(
+    mode = "spare" if swap is not None else restarts.restart_mode(failure, pods, spec)
+    decision = restarts.decide_restart(
         st.restart_history,
         failure,
         spec,
@@ -824,7 +865,21 @@ def _watch_attempt(s: _Step, pods: list[Obj]) -> Actions:
             "Failed", decision.message, event=Event("Warning", decision.reason, decision.message)
         )
         return s.finish()
+    return _restart(s, pods, failure, decision, swap=swap, mode=mode)
 
+
+def _restart(
+    s: _Step,
+    pods: list[Obj],
+    failure: failures.Failure,
+    decision: restarts.Decision,
+    *,
+    swap: spares.Swap | None,
+    mode: restarts.RestartMode,
+) -> Actions:
+    """Restart as the next attempt: spares take the lost ranks over, or the pods stay for an
+    in-place restart, or they go and the job is placed again."""
+    st = s.st
     assert decision.record is not None
     history = [*st.restart_history, decision.record][-HISTORY_LIMIT:]
     s.set(
@@ -889,7 +944,7 @@ def _swap_in(s: _Step, swap: spares.Swap, *, pods_of: int) -> None:
     the lost pods go (forced)."""
     placement = list(s.st.placement)
     for rank, spare in sorted(swap.ranks.items()):
-        placement[rank] = recovery.pod_node(spare) or placement[rank]
+        placement[rank] = kube_objects.pod_node(spare) or placement[rank]
         s.actions.adopt.append(spares.relabel(spare, rank))
     s.delete_pods(list(swap.lost))
     assigned = {p["metadata"]["name"] for p in swap.ranks.values()}
@@ -1017,7 +1072,7 @@ def _record_progress(s: _Step, pods: list[Obj], phases: list[str]) -> None:
             s.phase("Running", f"attempt {st.attempt} running on {n} node{'s' if n > 1 else ''}")
     else:
         pending = sum(ph == "Pending" for ph in phases)
-        issues = recovery.start_issues(pods)
+        issues = failures.start_issues(pods)
         reason = issues[0].reason if issues else "PodsPending" if pending else "PodsNotRunning"
         detail = "".join(f"; {i.describe()}" for i in issues)
         s.condition(
@@ -1033,7 +1088,7 @@ def _record_progress(s: _Step, pods: list[Obj], phases: list[str]) -> None:
             _watch_stragglers(s, p)
 
 
-def _straggler_replacement(s: _Step) -> recovery.Failure | None:
+def _straggler_replacement(s: _Step) -> failures.Failure | None:
     """``action: replace`` once due, unless no node could take the straggler's place: then the
     job keeps training on it (slow beats stuck in Placing), and the condition Straggler says
     why (reason NotReplaced, a Warning Event when it becomes so)."""
@@ -1135,7 +1190,7 @@ def _restart_cost(s: _Step, *, ago_s: float = 0.0) -> list[RestartRecord]:
     from its detection to this first step (``ago_s`` seconds before now)."""
     history = list(s.st.restart_history)
     if history and history[-1].attempt == s.st.attempt and history[-1].lost_seconds is None:
-        since = recovery.parse_time(history[-1].time)
+        since = times.parse_time(history[-1].time)
         if since is not None:
             lost = max((s.now - since).total_seconds() - ago_s, 0.0)
             history[-1] = history[-1].model_copy(update={"lost_seconds": lost})

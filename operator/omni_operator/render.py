@@ -366,30 +366,55 @@ def render_pod(
     Scheduling chooses the nodes (see :mod:`omni_operator.kueue`) or the scheduler does
     (:func:`by_scheduler`: ``node.rank`` is then the pod's index, its node only a model for the
     requests; ``quarantined`` nodes are avoided, and a spare stays in the gang's ``domains``)."""
-    spec, sched, res = job.spec, job.spec.scheduling, job.spec.resources
+    sched = job.spec.scheduling
     scheduled = by_scheduler(job)
-    group: int | None = None
+    gang = gang and spare is None  # a spare is admitted on its own, never holding the gang back
+    name, meta = _pod_metadata(job, node, attempt=attempt, gang=gang, spare=spare)
+    kueue_places = bool(gang and sched.kueue_queue and sched.topology_aware)
+    standby = spare is not None or scheduled
+    container = _trainer_container(job, node, attempt=attempt, standby=standby)
+    pod_spec = _pod_spec(job, name, container, pin=None if kueue_places or scheduled else node.name)
+    _add_options(job, container, pod_spec)
+    if scheduled:
+        group = node.reorder_group if spare is None else None
+        pod_spec["affinity"] = scheduler_affinity(
+            job, attempt=attempt, group=group, quarantined=quarantined, domains=domains
+        )
+    if sched.node_selector:
+        pod_spec["nodeSelector"] = dict(sched.node_selector)
+    scheduler = sched.scheduler_name or ("volcano" if sched.volcano_gang else None)
+    if scheduler:
+        pod_spec["schedulerName"] = scheduler
+    if sched.priority_class_name:
+        pod_spec["priorityClassName"] = sched.priority_class_name
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+
+def _pod_metadata(
+    job: OmniTrainingJob, node: PlacedNode, *, attempt: int, gang: bool, spare: str | None
+) -> tuple[str, Obj]:
+    """The pod's name and metadata: its rank (or, placed by the scheduler, its index; a spare's
+    standby label), the node it was placed on, the gang wiring and the in-place order."""
+    spec, sched = job.spec, job.spec.scheduling
+    scheduled = by_scheduler(job)
     if spare is not None:
         name, labels = spare, {LABEL_SPARE: "standby", LABEL_ATTEMPT: str(attempt)}
-        gang = False  # admitted on its own, never holding the gang back
     elif scheduled:
         name = scheduled_pod_name(job.metadata.name, attempt=attempt, index=node.rank)
         labels = {LABEL_ATTEMPT: str(attempt)}  # its rank label comes once it is bound
-        group = node.reorder_group
         if spec.group_size < spec.nodes:
-            labels[volcano.REORDER_GROUP_LABEL] = str(group)
+            labels[volcano.REORDER_GROUP_LABEL] = str(node.reorder_group)
     else:
         name = pod_name(job.metadata.name, attempt=attempt, rank=node.rank)
         labels = {LABEL_RANK: str(node.rank), LABEL_ATTEMPT: str(attempt)}
     annotations = {} if scheduled else {ANNOTATION_NODE: node.name}
     if scheduled:
         labels[LABEL_PLACEMENT] = SCHEDULER
-    kueue_places = bool(gang and sched.kueue_queue and sched.topology_aware)
     if gang and sched.kueue_queue:
         labels[kueue.QUEUE_LABEL] = sched.kueue_queue
         labels[kueue.GROUP_LABEL] = _gang_name(job, attempt)
         annotations[kueue.GROUP_TOTAL] = str(spec.nodes)
-    if kueue_places:
+    if gang and sched.kueue_queue and sched.topology_aware:
         labels[kueue.POD_INDEX_LABEL] = str(node.rank)
         annotations.update(kueue.topology_annotations(spec))
     if gang and sched.volcano_gang:
@@ -400,7 +425,15 @@ def render_pod(
         annotations[ANNOTATION_ORDER] = attempt_order(attempt)
     meta = _meta(job, name, labels)
     meta["annotations"] = annotations
+    return name, meta
 
+
+def _trainer_container(
+    job: OmniTrainingJob, node: PlacedNode, *, attempt: int, standby: bool
+) -> Obj:
+    """The trainer container before the job's options (:func:`_add_options`): command,
+    environment, ports, resources and the volumes every trainer pod mounts."""
+    spec, res = job.spec, job.spec.resources
     limits: Obj = {}
     if spec.gpus_per_node:
         limits[res.gpu_resource_name] = str(spec.gpus_per_node)
@@ -418,13 +451,11 @@ def render_pod(
         {"name": "OMNI_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
     ]
     env += [{"name": k, "value": v} for k, v in SCRATCH_ENV.items()]
-    container: Obj = {
+    return {
         "name": "trainer",
         "image": spec.image,
         "imagePullPolicy": "IfNotPresent",
-        "command": container_command(
-            job, node, attempt=attempt, standby=spare is not None or scheduled
-        ),
+        "command": container_command(job, node, attempt=attempt, standby=standby),
         "env": env,
         "ports": [
             {"name": "rendezvous", "containerPort": RDZV_PORT, "protocol": "TCP"},
@@ -441,7 +472,13 @@ def render_pod(
         # crash before Python), the log's tail: the operator shows either in the job's status.
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    pod_spec: Obj = {
+
+
+def _pod_spec(job: OmniTrainingJob, name: str, container: Obj, *, pin: str | None) -> Obj:
+    """The pod's spec around ``container``, with its volumes every trainer pod has; ``pin``:
+    the node it is bound to by affinity (None: Kueue or the scheduler chooses)."""
+    shm = {"medium": "Memory", "sizeLimit": str(job.spec.resources.shm_size)}
+    return {
         "automountServiceAccountToken": False,  # the trainer never calls the API server
         "hostname": name,
         "subdomain": job.metadata.name,
@@ -450,12 +487,12 @@ def render_pod(
         "restartPolicy": "OnFailure" if in_place(job) else "Never",
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": termination_grace_seconds(job),
-        **({} if kueue_places or scheduled else {"affinity": _pin(node.name)}),
+        **({} if pin is None else {"affinity": _pin(pin)}),
         "tolerations": _tolerations(job),
         "securityContext": _pod_security(job),
         "containers": [container],
         "volumes": [
-            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": str(res.shm_size)}},
+            {"name": "dshm", "emptyDir": shm},
             {
                 "name": "config",
                 "configMap": {"name": config_map_name(job.metadata.name)},
@@ -463,6 +500,12 @@ def render_pod(
             {"name": "scratch", "emptyDir": {}},
         ],
     }
+
+
+def _add_options(job: OmniTrainingJob, container: Obj, pod_spec: Obj) -> None:
+    """What the job's options add to the pod: the fast checkpoint tier, the in-pod supervisor
+    (its port, readiness, state and order volumes) when restarts are in place, and the
+    credentials, storage and pull secrets the spec names."""
     fast = fast_tier_volume(job)
     if fast is not None:
         container["volumeMounts"].append(fast[0])
@@ -477,23 +520,12 @@ def render_pod(
         container["volumeMounts"].append({"name": "order", "mountPath": ORDER_DIR,
                                           "readOnly": True})  # fmt: skip
         pod_spec["volumes"].append(_order_volume())
+    spec = job.spec
     access, pod_access = render_access(spec.env_from, spec.volumes, spec.image_pull_secrets)
     container["volumeMounts"] += access.pop("volumeMounts", [])
     container.update(access)
     pod_spec["volumes"] += pod_access.pop("volumes", [])
     pod_spec.update(pod_access)
-    if scheduled:
-        pod_spec["affinity"] = scheduler_affinity(
-            job, attempt=attempt, group=group, quarantined=quarantined, domains=domains
-        )
-    if sched.node_selector:
-        pod_spec["nodeSelector"] = dict(sched.node_selector)
-    scheduler = sched.scheduler_name or ("volcano" if sched.volcano_gang else None)
-    if scheduler:
-        pod_spec["schedulerName"] = scheduler
-    if sched.priority_class_name:
-        pod_spec["priorityClassName"] = sched.priority_class_name
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
 
 
 def scheduler_affinity(

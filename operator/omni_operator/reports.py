@@ -3,7 +3,8 @@
 An in-place pod's container outlives its trainer's failure: the supervisor turns the pod
 unready and serves the failure on its ``supervisor`` port. The operator reads it from every
 pod whose trainer container runs unready, on each reconcile (the readiness change itself wakes
-the job), and counts it as the container's termination would (``recovery.with_reports``).
+the job), and counts it as the container's termination would
+(``recovery.failures.with_reports``).
 """
 
 from __future__ import annotations

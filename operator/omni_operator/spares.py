@@ -31,8 +31,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from omni_operator.kube_objects import node_not_ready_since, pod_node, pod_rank
 from omni_operator.placement import node_domain, place_rank, place_spares
-from omni_operator.recovery import Failure, node_not_ready_since, pod_node, pod_rank
+from omni_operator.recovery.failures import Failure
 from omni_operator.render import (
     ANNOTATION_NODE,
     LABEL_PLACEMENT,

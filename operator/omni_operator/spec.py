@@ -461,6 +461,13 @@ def local_problems(spec: OmniTrainingJobSpec, world_size: int) -> list[tuple[Loc
 
 def _cluster_settings_problems(spec: OmniTrainingJobSpec) -> list[tuple[Loc, str]]:
     """Scheduling and environment settings that contradict each other."""
+    out = _scheduling_problems(spec) + _in_place_problems(spec)
+    out += [(("volumes", i, field), msg) for i, field, msg in volume_problems(spec.volumes)]
+    return out + _nccl_env_problems(spec.nccl.env)
+
+
+def _scheduling_problems(spec: OmniTrainingJobSpec) -> list[tuple[Loc, str]]:
+    """Gang admission by Kueue or Volcano, their queues and topology-aware scheduling."""
     out: list[tuple[Loc, str]] = []
     sched = spec.scheduling
     if sched.kueue_queue and sched.volcano_gang:
@@ -505,7 +512,15 @@ def _cluster_settings_problems(spec: OmniTrainingJobSpec) -> list[tuple[Loc, str
                 "topologyAware",
             )
         )
-    if sched.placement == "scheduler" and spec.restart_policy.mode != "in-place":
+    return out
+
+
+def _in_place_problems(spec: OmniTrainingJobSpec) -> list[tuple[Loc, str]]:
+    """Settings that work through the in-pod supervisor of ``restartPolicy.mode: in-place``."""
+    if spec.restart_policy.mode == "in-place":
+        return []
+    out: list[tuple[Loc, str]] = []
+    if spec.scheduling.placement == "scheduler":
         out.append(
             (
                 ("scheduling", "placement"),
@@ -514,7 +529,7 @@ def _cluster_settings_problems(spec: OmniTrainingJobSpec) -> list[tuple[Loc, str
                 "in-place or placement operator",
             )
         )
-    if spec.spare_nodes and spec.restart_policy.mode != "in-place":
+    if spec.spare_nodes:
         out.append(
             (
                 ("spareNodes",),
@@ -522,9 +537,13 @@ def _cluster_settings_problems(spec: OmniTrainingJobSpec) -> list[tuple[Loc, str
                 "pods restart in place with the spare); set mode in-place or spareNodes 0",
             )
         )
-    for i, field, msg in volume_problems(spec.volumes):
-        out.append((("volumes", i, field), msg))
-    for name in spec.nccl.env:
+    return out
+
+
+def _nccl_env_problems(env: dict[str, str]) -> list[tuple[Loc, str]]:
+    """``nccl.env`` names that load other code or that the operator sets itself."""
+    out: list[tuple[Loc, str]] = []
+    for name in env:
         if name in LOADER_ENV or name.startswith(LOADER_ENV_PREFIXES):
             out.append(
                 (

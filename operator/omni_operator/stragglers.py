@@ -22,7 +22,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 
-from omni_operator.recovery import Failure
+from omni_operator.recovery.failures import Failure
 from omni_operator.spec import StragglersConfig
 from omni_operator.status import StragglerStatus
 

@@ -130,12 +130,20 @@ OPERATOR_LAYERS: list[tuple[str, list[str]]] = [
         ],
     ),
     ("rendering the job's objects", ["omni_operator.render"]),
+    ("reading pods and Nodes", ["omni_operator.kube_objects"]),
     (
-        "failure recovery, reports, admission",
-        ["omni_operator.recovery", "omni_operator.reports", "omni_operator.admission"],
+        "failure classification, reports, admission",
+        ["omni_operator.recovery.failures", "omni_operator.reports", "omni_operator.admission"],
     ),
+    ("restart decisions", ["omni_operator.recovery", "omni_operator.recovery.restarts"]),
     ("spares and stragglers", ["omni_operator.spares", "omni_operator.stragglers"]),
     ("the pure reconcile", ["omni_operator.reconcile"]),
+    (
+        "the operator's API client and shared state",
+        ["omni_operator.handlers.kube", "omni_operator.handlers.operator_state"],
+    ),
+    ("one job's observe, reconcile, apply", ["omni_operator.handlers.engine"]),
+    ("the per-job reconcile loop", ["omni_operator.handlers.loop"]),
     ("kopf handlers", ["omni_operator.progress", "omni_operator.handlers"]),
     (
         "the sandbox's plain parts: fault control, scheduler filters, tables, wire formats",

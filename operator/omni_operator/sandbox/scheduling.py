@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from omni_operator import capacity
-from omni_operator.recovery import node_not_ready_since
+from omni_operator.kube_objects import node_not_ready_since
 
 Obj = Mapping[str, Any]
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"

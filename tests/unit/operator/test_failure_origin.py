@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from omni_operator.failure_origin import blames_nodes, device_error, infrastructure_cause
-from omni_operator.recovery import decide_restart
+from omni_operator.recovery.restarts import decide_restart
 
 from .test_recovery import NOW, _classify, _exited, _nodes, _pod, _spec
 

@@ -10,7 +10,7 @@ import yaml
 
 from omni_operator.placement import place
 from omni_operator.reconcile import Observed, parse_status, reconcile
-from omni_operator.recovery import EXIT_STOPPED, classify
+from omni_operator.recovery.failures import EXIT_STOPPED, classify
 from omni_operator.render import render_pod
 from omni_operator.spec import OmniTrainingJob, parse_job
 from omni_trainer.components.graceful_stop import EXIT_STOPPED as TRAINER_EXIT_STOPPED

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from omni_operator import recovery
+from omni_operator import kube_objects
 from omni_operator.reconcile import (
     Observed,
     Progress,
@@ -18,6 +18,7 @@ from omni_operator.reconcile import (
     set_condition,
     status_patch,
 )
+from omni_operator.recovery import failures
 from omni_operator.render import ANNOTATION_ORDER, LABEL_ATTEMPT
 from omni_operator.sandbox.testbed import job_manifest
 from omni_operator.spec import OmniTrainingJob, parse_job
@@ -435,7 +436,7 @@ def test_a_failure_the_supervisor_reports_restarts_in_place_like_a_container_end
     assert "phase" not in reconcile(_obs(job, status, owned)).status  # unready alone: nothing
     report = {"attempt": 0, "exitCode": 1, "reason": "Error", "finishedAt": T,
               "message": "[attempt 0] rank 1: RuntimeError: boom"}  # fmt: skip
-    seen = recovery.with_reports(owned, {"tiny-cpu-a0-n1": report})
+    seen = failures.with_reports(owned, {"tiny-cpu-a0-n1": report})
     a = reconcile(_obs(job, status, seen, progress=Progress(step=7, attempt=0)))
     assert not a.delete and not a.create and a.status["phase"] == "Restarting"
     record = a.status["restartHistory"][-1]
@@ -446,7 +447,7 @@ def test_a_failure_the_supervisor_reports_restarts_in_place_like_a_container_end
     assert echo.status.get("attempt", 1) == 1 and echo.status["phase"] == "Starting"
     # An exit code the policy lists is as final when reported as when the container ends.
     bad = {**report, "exitCode": 3, "message": "[attempt 1] bad config"}
-    fatal = recovery.with_reports(owned, {"tiny-cpu-a0-n1": bad})
+    fatal = failures.with_reports(owned, {"tiny-cpu-a0-n1": bad})
     b = reconcile(_obs(job, {**status, **echo.status}, fatal, now=NOW + dt.timedelta(seconds=3)))
     assert b.status["phase"] == "Failed" and "exited with code 3" in b.status["message"]
 
@@ -551,9 +552,12 @@ def test_an_in_place_restart_recreates_the_pods_over_a_long_crash_back_off() -> 
     """The kubelet backs a container that crashed again within 10 minutes off for 10 s, 20 s,
     ... 5 min: when one would wait longer than new pods take, the restart recreates the pods
     (no back-off) and says so; a short back-off still restarts in place."""
-    assert recovery.go_duration_seconds("5m0s") == 300
-    assert recovery.go_duration_seconds("1m20s") == 80 and recovery.go_duration_seconds("40s") == 40
-    assert recovery.go_duration_seconds("soon") is None
+    assert kube_objects.go_duration_seconds("5m0s") == 300
+    assert (
+        kube_objects.go_duration_seconds("1m20s") == 80
+        and kube_objects.go_duration_seconds("40s") == 40
+    )
+    assert kube_objects.go_duration_seconds("soon") is None
     job = _job(restartPolicy={"backoffSeconds": {"base": 0, "max": 0}})
     status, owned = _start(job)
     crashed = [_crashed(o, attempt=0) if o["metadata"]["name"] == "tiny-cpu-a0-n1" else o
@@ -566,7 +570,7 @@ def test_an_in_place_restart_recreates_the_pods_over_a_long_crash_back_off() -> 
         owned = [_backing_off(o, delay=delay) if o["metadata"]["name"] ==
                  "tiny-cpu-a0-n1" else o for o in crashed]  # fmt: skip
         pod = next(o for o in owned if o["metadata"]["name"] == "tiny-cpu-a0-n1")
-        assert recovery.backoff_left(pod, NOW + dt.timedelta(seconds=12)) == left
+        assert kube_objects.backoff_left(pod, NOW + dt.timedelta(seconds=12)) == left
         b = reconcile(_obs(job, status, owned, now=NOW + dt.timedelta(seconds=12)))
         if in_place:
             assert not b.delete and b.status["phase"] == "Starting"

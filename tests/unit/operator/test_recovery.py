@@ -8,14 +8,16 @@ from typing import Any
 import pytest
 import yaml
 
-from omni_operator.recovery import (
+from omni_operator.recovery.failures import (
     PEER_REPORT_GRACE_S,
     Failure,
-    backoff_seconds,
     classify,
-    decide_restart,
     next_deadline,
     node_lost,
+)
+from omni_operator.recovery.restarts import (
+    backoff_seconds,
+    decide_restart,
     quarantined_nodes,
     restarts_without_progress,
 )

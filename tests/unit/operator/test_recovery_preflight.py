@@ -3,7 +3,7 @@ once, the restart not charged to the budget when it named them."""
 
 from __future__ import annotations
 
-from omni_operator.recovery import decide_restart, restarts_without_progress
+from omni_operator.recovery.restarts import decide_restart, restarts_without_progress
 from omni_operator.status import RestartRecord
 from omni_trainer.distributed.netcheck_rules import (
     EXIT_PREFLIGHT,

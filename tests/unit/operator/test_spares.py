@@ -9,7 +9,7 @@ import pytest
 
 from omni_operator.placement import place_spares
 from omni_operator.reconcile import Progress, reconcile
-from omni_operator.recovery import Failure
+from omni_operator.recovery.failures import Failure
 from omni_operator.render import LABEL_ATTEMPT, LABEL_RANK, LABEL_SPARE
 from omni_operator.spares import plan_swap, relabel
 from omni_trainer.config import ManifestError

@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 from omni_operator.reconcile import Observed, Progress, parse_status, reconcile
-from omni_operator.recovery import classify, next_deadline, start_issues
+from omni_operator.recovery.failures import classify, next_deadline, start_issues
 from omni_operator.spec import OmniTrainingJob, parse_job
 
 from ...conftest import EXAMPLES

@@ -19,7 +19,7 @@ from typing import Any
 
 from omni_operator import capacity
 from omni_operator.capacity import pinned_node
-from omni_operator.recovery import node_not_ready_since
+from omni_operator.kube_objects import node_not_ready_since
 from omni_operator.sandbox import scheduling
 from omni_operator.sandbox.kubelet.api import ApiClient, now_iso, pod_key, pod_path
 from omni_operator.sandbox.kubelet.node import SimNode, find_node

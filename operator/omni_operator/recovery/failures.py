@@ -1,4 +1,4 @@
-"""Recovery: what went wrong with a running attempt, and whether to restart it (pure functions).
+"""Failure classification: what went wrong with a running attempt (pure functions).
 
 :func:`classify` looks at the pods of the current attempt and the Nodes they run on and names
 one failure (or none). The order matters because one root cause shows several symptoms: a lost
@@ -11,18 +11,9 @@ cannot be pulled, containers that cannot be created (:func:`start_issues`). An i
 not exist fails the job at once; the others are waited for up to
 ``restartPolicy.startTimeoutSeconds`` from the pods' creation, then the attempt is restarted.
 
-:func:`decide_restart` turns a failure into a decision: a whole-job restart after exponential
-backoff, or failing the job (a user error, or the restart budget is spent). :func:`restart_mode`
-says how: with ``restartPolicy.mode: in-place`` a crashed or hung trainer whose pods all still
-run restarts inside them (the pods' supervisors start the new attempt); pods that are gone, or
-``mode: recreate``, mean new pods. A container the kubelet restarted in place keeps its end in
-``lastState``: :class:`Current` tells this attempt's ends from older ones. The budget counts
-restarts *without progress*: a checkpoint newer than the one the last restart resumed from
-refills it, so a week-long job survives many unrelated failures while a crash loop stops soon.
-
-Nodes blamed for node-attributable failures are quarantined (:func:`quarantined_nodes`) once
-they reach ``restartPolicy.quarantineAfterFailures`` within ``quarantineSeconds``, and placement
-avoids them until :mod:`quarantine` lifts them.
+A container the kubelet restarted in place keeps its end in ``lastState``: :class:`Current`
+tells this attempt's ends from older ones. :func:`next_deadline` says when a healthy-looking
+attempt could turn failed with no event to say so.
 """
 
 from __future__ import annotations
@@ -30,19 +21,22 @@ from __future__ import annotations
 import datetime as dt
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from omni_operator.failure_origin import LOST_REASONS, device_error, infrastructure_cause
-from omni_operator.quarantine import to_quarantine
-from omni_operator.render import ANNOTATION_NODE, LABEL_RANK
+from omni_operator.kube_objects import (
+    Obj,
+    node_not_ready_since,
+    node_ready_status,
+    pod_node,
+    pod_rank,
+)
 from omni_operator.spec import GROUP, OmniTrainingJobSpec, RestartPolicyConfig
-from omni_operator.status import RestartRecord
 from omni_operator.times import format_time, parse_time
 from omni_trainer.distributed.netcheck_rules import parse_failure
 from omni_trainer.pod_protocol import untag
 
-Obj = Mapping[str, Any]
 FailureKind = Literal[
     "node_lost",
     "pod_failed",
@@ -116,35 +110,6 @@ class Failure:
         return self.kind not in ("user_error", "image_pull_failed")
 
 
-def pod_node(pod: Obj, placement: Sequence[str] = ()) -> str | None:
-    """The node a pod runs on: scheduled (``spec.nodeName``), else where it was placed."""
-    name = (pod.get("spec") or {}).get("nodeName")
-    if name:
-        return str(name)
-    meta = pod.get("metadata") or {}
-    placed = (meta.get("annotations") or {}).get(ANNOTATION_NODE)
-    if placed:
-        return str(placed)
-    rank = pod_rank(pod)
-    return placement[rank] if rank is not None and rank < len(placement) else None
-
-
-def pod_rank(pod: Obj) -> int | None:
-    value = ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_RANK)
-    return int(value) if value is not None and str(value).isdigit() else None
-
-
-def node_not_ready_since(node: Obj, now: dt.datetime) -> dt.datetime | None:
-    """When the node stopped being Ready (None: it is Ready). A NotReady/Unknown condition
-    without a transition time counts as "since ever": the grace cannot be measured."""
-    conditions = (node.get("status") or {}).get("conditions") or []
-    ready = next((c for c in conditions if c.get("type") == "Ready"), None)
-    if ready is not None and ready.get("status") == "True":
-        return None
-    since = parse_time((ready or {}).get("lastTransitionTime"))
-    return since or dt.datetime.min.replace(tzinfo=dt.UTC)
-
-
 def node_lost(
     name: str | None, nodes: Mapping[str, Obj], *, spec: OmniTrainingJobSpec, now: dt.datetime
 ) -> str | None:
@@ -161,18 +126,10 @@ def node_lost(
     waited = (now - since).total_seconds()
     if waited < grace:
         return None
-    state = _ready_status(node)
+    state = node_ready_status(node)
     if since.year == 1:
         return f"node {name} is {state} (nodeLostGraceSeconds {grace})"
     return f"node {name} is {state} for {waited:.0f} s (nodeLostGraceSeconds {grace})"
-
-
-def _ready_status(node: Obj) -> str:
-    conditions = (node.get("status") or {}).get("conditions") or []
-    ready = next((c for c in conditions if c.get("type") == "Ready"), None)
-    if ready is None:
-        return "without a Ready condition"
-    return "unreachable (Ready=Unknown)" if ready.get("status") == "Unknown" else "NotReady"
 
 
 @dataclass(frozen=True)
@@ -365,6 +322,9 @@ def classify(
 ) -> Failure | None:
     """The failure of the current attempt, or None while it is healthy (or still pending).
 
+    The steps run from the most fundamental cause to the least (see the module docstring); the
+    first that finds a failure names it.
+
     Args:
         pods: the pods of the current attempt (one per node rank when complete).
         nodes: every Node by name (a missing node counts as lost).
@@ -384,10 +344,37 @@ def classify(
     """
     policy = spec.restart_policy
     live, exits = _live_and_exits(pods, placement, current)
+    lost = _lost_nodes(
+        pods, nodes, spec=spec, now=now, placement=placement, peers_failed=bool(exits)
+    )
+    if lost is not None:
+        return lost
+    evicted = _eviction(live, placement)
+    if evicted is not None:
+        return evicted
+    if exits:
+        return _failed_pods(exits, live, policy=policy, now=now, started_steps=started_steps)
+    issues = start_issues(live)
+    return (
+        _missing_image(issues)
+        or _missing_pods(pods, live, spec)
+        or _start_timeout(issues, starting_since, policy=policy, now=now)
+        or _hang(live, last_progress_time, policy=policy, now=now)
+    )
 
-    # 1. Lost nodes: pods on them cannot report, and their peers fail as a consequence. A node
-    #    still within its grace counts as lost as soon as a peer fails: the attempt is over
-    #    anyway, and the blame (quarantine) belongs to the node that went away, not the peer.
+
+def _lost_nodes(
+    pods: Sequence[Obj],
+    nodes: Mapping[str, Obj],
+    *,
+    spec: OmniTrainingJobSpec,
+    now: dt.datetime,
+    placement: Sequence[str],
+    peers_failed: bool,
+) -> Failure | None:
+    """Lost nodes: pods on them cannot report, and their peers fail as a consequence. A node
+    still within its grace counts as lost as soon as a peer fails: the attempt is over anyway,
+    and the blame (quarantine) belongs to the node that went away, not the peer."""
     lost: dict[str, str] = {}
     unready: dict[str, str] = {}
     for pod in pods:
@@ -396,19 +383,22 @@ def classify(
         if node and why:
             lost[node] = why
         elif node and node in nodes and node_not_ready_since(nodes[node], now) is not None:
-            unready[node] = f"node {node} is {_ready_status(nodes[node])}"
-    if unready and exits:
+            unready[node] = f"node {node} is {node_ready_status(nodes[node])}"
+    if unready and peers_failed:
         lost.update({n: f"{why} and its peers failed" for n, why in unready.items()})
-    if lost:
-        names = tuple(sorted(lost))
-        return Failure(
-            "node_lost",
-            "; ".join(lost[n] for n in names),
-            nodes=names,
-            pods=_pods_on(pods, names, placement),
-        )
+    if not lost:
+        return None
+    names = tuple(sorted(lost))
+    return Failure(
+        "node_lost",
+        "; ".join(lost[n] for n in names),
+        nodes=names,
+        pods=_pods_on(pods, names, placement),
+    )
 
-    # 2. Evictions (node pressure, preemption, taint manager): the node or the cluster's fault.
+
+def _eviction(live: Sequence[Obj], placement: Sequence[str]) -> Failure | None:
+    """An eviction (node pressure, preemption, taint manager): the node or the cluster's fault."""
     for pod in live:
         why = _evicted(pod)
         if why:
@@ -420,60 +410,77 @@ def classify(
                 nodes=(node,) if node else (),
                 pods=(name,),
             )
+    return None
 
-    # 3. Failed pods: a non-retryable exit code, a crash before any step, or a plain failure.
+
+def _failed_pods(
+    exits: list[_Exit],
+    live: Sequence[Obj],
+    *,
+    policy: RestartPolicyConfig,
+    now: dt.datetime,
+    started_steps: bool | None,
+) -> Failure | None:
+    """Failed pods: a failed network preflight, a non-retryable exit code, a graceful stop, or
+    a crash (None: the failures wait for the crash they follow, :func:`_cause_due`)."""
     preflight = _preflight_failure(exits)
     if preflight is not None:
         return preflight
-    if exits:
-        for e in exits:
-            if e.code is not None and e.code in policy.non_retryable_exit_codes:
-                return Failure(
-                    "user_error",
-                    f"pod {e.pod} (node rank {e.rank}) exited with code {e.code}, which "
-                    "restartPolicy.nonRetryableExitCodes lists: not restarted"
-                    + (f": {e.message}" if e.message else ""),
-                    pods=(e.pod,),
-                    exit_code=e.code,
-                )
-        if all(e.code == EXIT_STOPPED for e in exits):
-            names = tuple(e.pod for e in exits)
-            return Failure(
-                "stopped",
-                f"pod{'s' if len(names) > 1 else ''} {', '.join(names)} stopped on SIGTERM "
-                f"(exit code {EXIT_STOPPED}): the trainers stopped together, after an emergency "
-                "checkpoint if the grace allowed",
-                pods=names,
-                exit_code=EXIT_STOPPED,
-            )
-        if _cause_due(exits, live, now) is not None:
-            return None
-        first = _first_failures(exits)
-        e = first[0]
-        what = f"exit code {e.code}" if e.code is not None else "no exit code"
-        detail = f"{what}{f', {e.reason}' if e.reason else ''}"
-        cause = next((f": {x.message}" for x in first + exits if x.message), "")
-        more = f" ({len(exits) - 1} more pods failed after it)" if len(exits) > 1 else ""
-        if (origin := _origin(e, first, more, cause)) is not None:
-            return origin
-        if started_steps is False:
+    for e in exits:
+        if e.code is not None and e.code in policy.non_retryable_exit_codes:
             return Failure(
                 "user_error",
-                f"pod {e.pod} (node rank {e.rank}) failed ({detail}) before the first training "
-                f"step: a configuration or code error, not restarted{cause}",
-                pods=tuple(x.pod for x in first),
+                f"pod {e.pod} (node rank {e.rank}) exited with code {e.code}, which "
+                "restartPolicy.nonRetryableExitCodes lists: not restarted"
+                + (f": {e.message}" if e.message else ""),
+                pods=(e.pod,),
                 exit_code=e.code,
             )
+    if all(e.code == EXIT_STOPPED for e in exits):
+        names = tuple(e.pod for e in exits)
         return Failure(
-            "pod_failed",
-            f"pod {e.pod} (node rank {e.rank}) on node {e.node} failed ({detail}){more}{cause}",
-            nodes=tuple(sorted({x.node for x in first if x.node})),
+            "stopped",
+            f"pod{'s' if len(names) > 1 else ''} {', '.join(names)} stopped on SIGTERM "
+            f"(exit code {EXIT_STOPPED}): the trainers stopped together, after an emergency "
+            "checkpoint if the grace allowed",
+            pods=names,
+            exit_code=EXIT_STOPPED,
+        )
+    if _cause_due(exits, live, now) is not None:
+        return None
+    return _crash(exits, started_steps=started_steps)
+
+
+def _crash(exits: list[_Exit], *, started_steps: bool | None) -> Failure:
+    """The failure of the pods that failed first: infrastructure (:func:`_origin`), a
+    configuration or code error before the first step, or a crash to restart."""
+    first = _first_failures(exits)
+    e = first[0]
+    what = f"exit code {e.code}" if e.code is not None else "no exit code"
+    detail = f"{what}{f', {e.reason}' if e.reason else ''}"
+    cause = next((f": {x.message}" for x in first + exits if x.message), "")
+    more = f" ({len(exits) - 1} more pods failed after it)" if len(exits) > 1 else ""
+    if (origin := _origin(e, first, more, cause)) is not None:
+        return origin
+    if started_steps is False:
+        return Failure(
+            "user_error",
+            f"pod {e.pod} (node rank {e.rank}) failed ({detail}) before the first training "
+            f"step: a configuration or code error, not restarted{cause}",
             pods=tuple(x.pod for x in first),
             exit_code=e.code,
         )
+    return Failure(
+        "pod_failed",
+        f"pod {e.pod} (node rank {e.rank}) on node {e.node} failed ({detail}){more}{cause}",
+        nodes=tuple(sorted({x.node for x in first if x.node})),
+        pods=tuple(x.pod for x in first),
+        exit_code=e.code,
+    )
 
-    # 4. An image that does not exist: no restart can help.
-    issues = start_issues(live)
+
+def _missing_image(issues: Sequence[StartIssue]) -> Failure | None:
+    """An image that does not exist: no restart can help."""
     for issue in issues:
         if issue.terminal:
             return Failure(
@@ -481,56 +488,78 @@ def classify(
                 f"image {issue.image} cannot be pulled: {issue.describe()}; fix spec.image",
                 pods=(issue.pod,),
             )
+    return None
 
-    # 5. Pods that are gone or going while the job needs them.
-    #    Pods the scheduler places have no rank until all are bound: counted, not named.
+
+def _missing_pods(
+    pods: Sequence[Obj], live: Sequence[Obj], spec: OmniTrainingJobSpec
+) -> Failure | None:
+    """Pods that are gone or going while the job needs them. Pods the scheduler places have no
+    rank until all are bound: counted, not named."""
     present = {pod_rank(p) for p in live}
     unranked = sum(pod_rank(p) is None for p in live)
     missing = [r for r in range(spec.nodes) if r not in present][unranked:]
-    if missing:
-        deleting = sorted(
-            p["metadata"]["name"]
-            for p in pods
-            if (p.get("metadata") or {}).get("deletionTimestamp")
-        )
-        ranks = ", ".join(map(str, missing))
-        how = f" ({', '.join(deleting)} being deleted)" if deleting else ""
-        many = len(missing) > 1
-        what = (
-            f"{len(missing)} of the {spec.nodes} pods"
-            if unranked
-            else f"the pod{'s' if many else ''} of node rank{'s' if many else ''} {ranks}"
-        )
-        return Failure(
-            "pod_deleted", f"{what} {'are' if many else 'is'} gone{how}", pods=tuple(deleting)
-        )
+    if not missing:
+        return None
+    deleting = sorted(
+        p["metadata"]["name"] for p in pods if (p.get("metadata") or {}).get("deletionTimestamp")
+    )
+    ranks = ", ".join(map(str, missing))
+    how = f" ({', '.join(deleting)} being deleted)" if deleting else ""
+    many = len(missing) > 1
+    what = (
+        f"{len(missing)} of the {spec.nodes} pods"
+        if unranked
+        else f"the pod{'s' if many else ''} of node rank{'s' if many else ''} {ranks}"
+    )
+    return Failure(
+        "pod_deleted", f"{what} {'are' if many else 'is'} gone{how}", pods=tuple(deleting)
+    )
 
-    # 6. A start that takes too long: pods unschedulable, pulls failing, or no first step.
-    if starting_since is not None:
-        waited = (now - starting_since).total_seconds()
-        if waited > policy.start_timeout_seconds:
-            why = "; ".join(i.describe() for i in issues) or "the trainer reported no step yet"
-            return Failure(
-                "start_timeout",
-                f"attempt not started {waited:.0f} s after its pods were created "
-                f"(startTimeoutSeconds {policy.start_timeout_seconds}): {why}",
-                pods=tuple(i.pod for i in issues),
-            )
 
-    # 7. A hang: every pod runs, yet the step has not advanced within the timeout.
-    if last_progress_time is not None and all(
+def _start_timeout(
+    issues: Sequence[StartIssue],
+    starting_since: dt.datetime | None,
+    *,
+    policy: RestartPolicyConfig,
+    now: dt.datetime,
+) -> Failure | None:
+    """A start that takes too long: pods unschedulable, pulls failing, or no first step."""
+    if starting_since is None:
+        return None
+    waited = (now - starting_since).total_seconds()
+    if waited <= policy.start_timeout_seconds:
+        return None
+    why = "; ".join(i.describe() for i in issues) or "the trainer reported no step yet"
+    return Failure(
+        "start_timeout",
+        f"attempt not started {waited:.0f} s after its pods were created "
+        f"(startTimeoutSeconds {policy.start_timeout_seconds}): {why}",
+        pods=tuple(i.pod for i in issues),
+    )
+
+
+def _hang(
+    live: Sequence[Obj],
+    last_progress_time: dt.datetime | None,
+    *,
+    policy: RestartPolicyConfig,
+    now: dt.datetime,
+) -> Failure | None:
+    """A hang: every pod runs, yet the step has not advanced within the timeout."""
+    if last_progress_time is None or not all(
         (p.get("status") or {}).get("phase") == "Running" for p in live
     ):
-        idle = (now - last_progress_time).total_seconds()
-        if idle > policy.hang_timeout_seconds:
-            return Failure(
-                "hang",
-                f"no training step progress for {idle:.0f} s (hangTimeoutSeconds "
-                f"{policy.hang_timeout_seconds}); last progress at "
-                f"{format_time(last_progress_time)}",
-                pods=tuple(sorted(p["metadata"]["name"] for p in live)),
-            )
-    return None
+        return None
+    idle = (now - last_progress_time).total_seconds()
+    if idle <= policy.hang_timeout_seconds:
+        return None
+    return Failure(
+        "hang",
+        f"no training step progress for {idle:.0f} s (hangTimeoutSeconds "
+        f"{policy.hang_timeout_seconds}); last progress at {format_time(last_progress_time)}",
+        pods=tuple(sorted(p["metadata"]["name"] for p in live)),
+    )
 
 
 def _origin(e: _Exit, first: list[_Exit], more: str, cause: str) -> Failure | None:
@@ -672,226 +701,4 @@ def _first_failures(exits: list[_Exit]) -> list[_Exit]:
     first = min(e.finished for e in timed if e.finished is not None)
     return sorted(
         (e for e in timed if e.finished == first), key=lambda e: (e.rank is None, e.rank or 0)
-    )
-
-
-RestartMode = Literal["in-place", "recreate", "spare"]
-IN_PLACE_KINDS = frozenset({"pod_failed", "hang"})
-"""Failures whose pods are all still there and healthy but for their trainer: restarted inside
-them. A lost node, an eviction, a deleted pod or a stuck start need new pods."""
-
-
-def restart_mode(failure: Failure, pods: Sequence[Obj], spec: OmniTrainingJobSpec) -> RestartMode:
-    """In place when the policy allows it and every pod of the attempt still runs (a crashed
-    container is restarted by the kubelet under ``restartPolicy: OnFailure``), else recreate."""
-    if spec.restart_policy.mode != "in-place" or failure.kind not in IN_PLACE_KINDS:
-        return "recreate"
-    alive = [
-        p
-        for p in pods
-        if not (p.get("metadata") or {}).get("deletionTimestamp")
-        and (p.get("status") or {}).get("phase") == "Running"
-    ]
-    return "in-place" if len(alive) == spec.nodes == len(pods) else "recreate"
-
-
-RECREATE_OVER_BACKOFF_S = 15.0
-"""An in-place restart recreates the pods instead when a container of theirs waits longer than
-this in the kubelet's CrashLoopBackOff (10 s, 20 s, ... 5 min for a container crashing again
-within 10 minutes): new pods start without one."""
-_BACKOFF = re.compile(r"back-off (\S+) restarting")
-_GO_DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?$")
-
-
-def go_duration_seconds(text: str) -> float | None:
-    """A Go ``time.Duration`` as the kubelet prints it (``40s``, ``2m40s``, ``5m0s``)."""
-    m = _GO_DURATION.match(text)
-    if not text or m is None:
-        return None
-    h, mins, secs = (float(g) if g else 0.0 for g in m.groups())
-    return h * 3600 + mins * 60 + secs
-
-
-def backoff_left(pod: Obj, now: dt.datetime) -> float:
-    """Seconds until the kubelet restarts a container of ``pod`` that waits in
-    ``CrashLoopBackOff`` (its back-off counts from the container's end); 0 when none waits."""
-    left = 0.0
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-        waiting = (cs.get("state") or {}).get("waiting") or {}
-        m = _BACKOFF.search(waiting.get("message") or "")
-        ended = parse_time(((cs.get("lastState") or {}).get("terminated") or {}).get("finishedAt"))
-        delay = go_duration_seconds(m.group(1)) if m else None
-        if waiting.get("reason") == "CrashLoopBackOff" and delay is not None and ended is not None:
-            left = max(left, (ended - now).total_seconds() + delay)
-    return left
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What to do about a failure."""
-
-    action: Literal["restart", "fail"]
-    reason: str
-    """CamelCase: the failure's reason for a restart; for failing, the failure's reason or
-    RestartBudgetExhausted."""
-    message: str
-    delay_seconds: float = 0.0
-    """Backoff before the next attempt's pods are created."""
-    restart_at: dt.datetime | None = None
-    budget_left: int = 0
-    """Restarts left without progress after this decision."""
-    quarantine: tuple[str, ...] = ()
-    """Every node to avoid from now on (including earlier quarantines)."""
-    from_step: int | None = None
-    """The checkpoint step the next attempt resumes from (None: from scratch)."""
-    record: RestartRecord | None = field(default=None, compare=False)
-    """The history entry of a restart."""
-
-
-def backoff_seconds(restart: int, spec: OmniTrainingJobSpec) -> float:
-    """Delay before restart number ``restart`` (1-based) without progress:
-    ``min(base * 2**(restart-1), max)``."""
-    b = spec.restart_policy.backoff_seconds
-    return float(min(b.base * 2 ** max(restart - 1, 0), b.max))
-
-
-def restarts_without_progress(
-    history: Sequence[RestartRecord], latest_checkpoint_step: int | None
-) -> int:
-    """How many of the latest restarts resumed from the checkpoint that is still the latest:
-    a newer checkpoint since the last restart resets the count to zero."""
-    used = 0
-    for record in reversed(history):
-        if record.from_step != latest_checkpoint_step:
-            break
-        used += not is_free(record.reason, record.nodes)
-    return used
-
-
-def is_free(reason: str, nodes: Sequence[str]) -> bool:
-    """A preflight that named its nodes replaced them before any step: its restart spends no
-    budget (each quarantines a node, so the cluster's size bounds them)."""
-    return reason == "PreflightFailed" and bool(nodes)
-
-
-def quarantined_nodes(
-    history: Sequence[RestartRecord],
-    failure: Failure | None,
-    *,
-    policy: RestartPolicyConfig,
-    now: dt.datetime,
-    already: Iterable[str] = (),
-) -> tuple[str, ...]:
-    """The nodes to avoid after ``failure``: those already quarantined, plus the ones its
-    node-attributable failures within the window put there (:func:`quarantine.to_quarantine`),
-    sorted."""
-    new = (
-        ()
-        if failure is None
-        else to_quarantine(history, failure.reason, failure.nodes, policy=policy, now=now)
-    )
-    return tuple(sorted(set(already) | set(new)))
-
-
-def decide_restart(
-    history: Sequence[RestartRecord],
-    failure: Failure,
-    spec: OmniTrainingJobSpec,
-    now: dt.datetime,
-    latest_checkpoint_step: int | None,
-    *,
-    attempt: int = 0,
-    quarantined: Iterable[str] = (),
-    reached_step: int | None = None,
-    mode: RestartMode = "recreate",
-) -> Decision:
-    """Restart the whole job from the latest checkpoint after a backoff, or fail it.
-
-    Args:
-        history: earlier restarts, oldest first.
-        failure: what :func:`classify` found.
-        spec: the job's spec (budget, backoff, quarantine threshold).
-        now: decision time.
-        latest_checkpoint_step: the newest complete checkpoint (None: none yet).
-        attempt: the attempt that failed; a restart runs ``attempt + 1``.
-        quarantined: nodes quarantined before.
-        reached_step: the last step the failed attempt reported (steps recomputed).
-        mode: how the restart happens (:func:`restart_mode`), for the record and message.
-
-    Returns:
-        The decision; for a restart, ``record`` is the entry to append to the history.
-    """
-    policy = spec.restart_policy
-    quarantine = quarantined_nodes(history, failure, policy=policy, now=now, already=quarantined)
-    used = restarts_without_progress(history, latest_checkpoint_step)
-    charge = 0 if is_free(failure.reason, failure.nodes) else 1
-    if not failure.retryable:
-        return Decision(
-            "fail",
-            failure.reason,
-            failure.message,
-            budget_left=max(policy.budget - used, 0),
-            quarantine=quarantine,
-            from_step=latest_checkpoint_step,
-        )
-    if charge and used >= policy.budget:
-        since = (
-            f"checkpoint step {latest_checkpoint_step}"
-            if latest_checkpoint_step is not None
-            else "the start (no checkpoint yet)"
-        )
-        return Decision(
-            "fail",
-            "RestartBudgetExhausted",
-            f"restart budget exhausted: {used} restart{'s' if used != 1 else ''} from {since} "
-            f"without a newer checkpoint (restartPolicy.budget {policy.budget}); last failure: "
-            f"{failure.reason}: {failure.message}",
-            budget_left=0,
-            quarantine=quarantine,
-            from_step=latest_checkpoint_step,
-        )
-    delay = backoff_seconds(used + 1, spec)
-    # The trainer resumes from the newest checkpoint in storage, which may be newer than the last
-    # one the operator saw; the ResumedFrom Event and restartHistory then give the actual step.
-    resume = (
-        f"the newest checkpoint (step {latest_checkpoint_step} or newer)"
-        if latest_checkpoint_step is not None
-        else "the newest checkpoint (none seen yet: the start if none is written)"
-    )
-    new_q = sorted(set(quarantine) - set(quarantined))
-    how = {"in-place": " in place", "spare": " on a hot spare"}.get(mode, "")
-    left = max(policy.budget - used - charge, 0)
-    message = (
-        f"{failure.message}; restarting{how} as attempt {attempt + 1} from {resume} in {delay:g} s "
-        f"({left} of {policy.budget} restarts left without progress)"
-        + (f"; quarantined node{'s' if len(new_q) > 1 else ''} {', '.join(new_q)}" if new_q else "")
-    )
-    record = RestartRecord(
-        attempt=attempt + 1,
-        reason=failure.reason,
-        message=failure.message,
-        time=format_time(now),
-        nodes=list(failure.nodes),
-        from_step=latest_checkpoint_step,
-        delay_seconds=delay,
-        mode=mode,
-        reached_step=reached_step,
-        # A graceful stop may write a newer checkpoint than the operator knows of: unknown
-        # until the trainer reports the step it resumed from (RestartRecord.resumed).
-        steps_recomputed=(
-            max(reached_step - (latest_checkpoint_step or 0), 0)
-            if reached_step is not None and failure.reason not in GRACEFUL_REASONS
-            else None
-        ),
-    )
-    return Decision(
-        "restart",
-        failure.reason,
-        message,
-        delay_seconds=delay,
-        restart_at=now + dt.timedelta(seconds=delay),
-        budget_left=left,
-        quarantine=quarantine,
-        from_step=latest_checkpoint_step,
-        record=record,
     )
