@@ -15,17 +15,28 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from omni_operator.reconcile import Progress
 from omni_operator.render import LABEL_RANK, METRICS_PORT
+from omni_trainer.pod_protocol import (
+    ATTEMPT_METRIC,
+    CHECKPOINT_STEP_METRIC,
+    METRIC_PREFIX,
+    MFU_METRIC,
+    NODE_BUSY_METRIC,
+    RESUMED_FROM_METRIC,
+    STEP_METRIC,
+    TOKENS_PER_SECOND_METRIC,
+)
 
 _FIELDS = {
-    "omni_trainer_step": "step",
-    "omni_trainer_checkpoint_step": "checkpoint_step",
-    "omni_trainer_tokens_per_second": "tokens_per_second",
-    "omni_trainer_mfu_ratio": "mfu",
-    "omni_trainer_resumed_from_step": "resumed_from",
-    "omni_trainer_restart_attempt": "attempt",
+    METRIC_PREFIX + STEP_METRIC: "step",
+    METRIC_PREFIX + CHECKPOINT_STEP_METRIC: "checkpoint_step",
+    METRIC_PREFIX + TOKENS_PER_SECOND_METRIC: "tokens_per_second",
+    METRIC_PREFIX + MFU_METRIC: "mfu",
+    METRIC_PREFIX + RESUMED_FROM_METRIC: "resumed_from",
+    METRIC_PREFIX + ATTEMPT_METRIC: "attempt",
 }
+"""The trainer's metrics (:mod:`omni_trainer.pod_protocol`) -> :class:`Progress` fields."""
 
-NODE_BUSY = "omni_trainer_node_busy_seconds"
+NODE_BUSY = METRIC_PREFIX + NODE_BUSY_METRIC
 """Per node rank: busy seconds per step (straggler detection, ``omni_operator.stragglers``)."""
 
 

@@ -1,7 +1,8 @@
 """The operator<->pod protocol: the order file naming the attempt each pod runs, the environment
 a started attempt gets, the tag on a failure's message, torchrun's rendezvous id per attempt.
 
-The operator writes orders and reads tags; the pod's supervisor reads orders and writes tags.
+The operator writes orders and reads tags; the pod's supervisor reads orders and writes tags. The
+trainer serves its progress as Prometheus metrics under the names below; the operator reads them.
 Standard library only.
 """
 
@@ -31,6 +32,17 @@ that rank's environment (``OMNI_NODE_RANK``...)."""
 FRESH_KEY = "fresh"
 """In an order: a spare joined the gang at this attempt, so its nodes are not all known-good."""
 RANK_ENV = "OMNI_NODE_RANK"
+
+METRIC_PREFIX = "omni_trainer_"
+"""Every metric the trainer serves is named ``METRIC_PREFIX + name``."""
+STEP_METRIC = "step"
+CHECKPOINT_STEP_METRIC = "checkpoint_step"
+TOKENS_PER_SECOND_METRIC = "tokens_per_second"
+MFU_METRIC = "mfu_ratio"
+RESUMED_FROM_METRIC = "resumed_from_step"
+ATTEMPT_METRIC = "restart_attempt"
+NODE_BUSY_METRIC = "node_busy_seconds"
+"""Per node rank (label ``node_rank``): busy seconds per step, for straggler detection."""
 _TAG = re.compile(r"^\[attempt (\d+)\] ?")
 
 
