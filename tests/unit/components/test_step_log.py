@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from omni_trainer.components.progress import StepLog, read_step_log, read_step_samples
+from omni_trainer.components.progress import StepLog, read_step_log
+
+from ...step_logs import read_step_samples
 
 
 def _run(path: Path, steps: range, *, attempt: int) -> None:
