@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from omni_trainer.balance.lssp import TokenRange, plan_lssp, shard_sizes
+from omni_trainer.balance.lssp import LSSPPlan, TokenRange, plan_lssp, shard_sizes
 
 
 def quadratic(n: int) -> float:
@@ -57,7 +57,7 @@ def test_every_sample_placed_once_and_split_by_eta(seed: int) -> None:
         assert sum(plan.shard_sizes(i)) == lengths[i]
     # every output token is produced by exactly one rank
     produced = sorted(
-        (i, r.start, r.stop) for rank in range(group) for i, r in plan.local_outputs(rank)
+        (i, r.start, r.stop) for rank in range(group) for i, r in local_outputs(plan, rank)
     )
     assert produced == sorted(
         (i, r.start, r.stop) for i, rs in enumerate(plan.placement) for r in rs
@@ -88,13 +88,21 @@ def test_short_balance_within_lpt_bound(seed: int) -> None:
     assert max(plan.rank_cost) <= sum(costs) / group + max(costs) + 1e-9  # list-scheduling bound
 
 
+def local_outputs(plan: LSSPPlan, rank: int) -> list[tuple[int, TokenRange]]:
+    """What ``rank`` produces, in the order it encodes: its short samples packed together, then
+    its shard of each long sample, as ``(sample, token range)`` pairs."""
+    out = [(i, plan.placement[i][0]) for i in plan.short[rank]]
+    out += [(i, plan.placement[i][rank]) for i in plan.long]
+    return out
+
+
 def test_long_samples_cost_every_rank_a_share() -> None:
     plan = plan_lssp([500, 10, 10], eta=100, group_size=2, cost=quadratic)
     share = quadratic(500) / 2
     assert plan.long == (0,)
     assert plan.short == ((1,), (2,))
     assert plan.rank_cost == pytest.approx([share + quadratic(10)] * 2)
-    assert plan.local_outputs(1) == [(2, TokenRange(1, 0, 10)), (0, TokenRange(1, 250, 500))]
+    assert local_outputs(plan, 1) == [(2, TokenRange(1, 0, 10)), (0, TokenRange(1, 250, 500))]
 
 
 def test_ties_are_deterministic() -> None:

@@ -16,9 +16,10 @@ from omni_trainer.data.media import (
     audio_info,
     decode_frames,
     image_size,
-    qwen2vl_patches,
     video_info,
 )
+
+from ..interop.hf_models import qwen2vl_patches
 
 SIZES = [(37, 53), (224, 224), (300, 120), (90, 640), (481, 333)]
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
+
+from omni_trainer.data.media import ImageSettings
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>\n{% endfor %}"
@@ -279,3 +282,14 @@ def save_qwen2_5_vl(path: Path, *, min_pixels: int = 8 * 8 * 4, max_pixels: int 
     )
     processor.save_pretrained(path)
     return model.eval()
+
+
+def qwen2vl_patches(image: np.ndarray, s: ImageSettings) -> tuple[np.ndarray, list[int]]:
+    """Qwen2-VL's ``pixel_values`` [grid_h * grid_w, C*T*p*p] and ``[1, grid_h, grid_w]`` of one
+    resized [C, H, W] image (its frame repeated over the temporal patch)."""
+    c, height, width = image.shape
+    p, m, t = s.patch_size, s.merge_size, s.temporal_patch_size
+    gh, gw = height // p, width // p
+    x = image.reshape(c, gh // m, m, p, gw // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)
+    x = np.broadcast_to(x[:, :, :, :, :, None], (*x.shape[:5], t, *x.shape[5:]))
+    return x.reshape(gh * gw, c * t * p * p), [1, gh, gw]

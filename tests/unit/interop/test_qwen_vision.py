@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from omni_trainer.data.media import ImageSettings, qwen2vl_patches
+from omni_trainer.data.media import ImageSettings
 from omni_trainer.data.sample import media_geometry
 from omni_trainer.models.encoders.config import VisionEncoderConfig
 from omni_trainer.models.omni import build_encoder
-from tests.unit.interop.hf_models import QWEN_VISION, save_qwen2_5_vl
+from tests.unit.interop.hf_models import QWEN_VISION, qwen2vl_patches, save_qwen2_5_vl
 
 
 def _close(ours: torch.Tensor, ref: torch.Tensor) -> None:

@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from omni_trainer.config import parse_manifest
-from omni_trainer.data.media import ImageSettings, qwen2vl_patches
+from omni_trainer.data.media import ImageSettings
 from omni_trainer.data.sample import media_geometry
 from omni_trainer.interop.generate import logits
 from omni_trainer.interop.qwen2_5_vl import mrope_positions
 from omni_trainer.interop.runtime import single_process_model
 
-from .hf_models import QWEN_TOKENS, save_qwen2_5_vl
+from .hf_models import QWEN_TOKENS, qwen2vl_patches, save_qwen2_5_vl
 from .test_vlm_import import _close, vlm_job
 
 IMAGE = QWEN_TOKENS["image"]

@@ -30,7 +30,7 @@ from omni_trainer.multiplex.dataflow.plan import plan_dataflow
 from omni_trainer.multiplex.dataflow.table import EncoderMicroBatch
 from omni_trainer.planner.simulate import ReplicaWork, encoder_budget, predict, run_schedule
 from omni_trainer.planner.tune import tune
-from omni_trainer.planner.workloads import Workload, image_token_share, sample_sequences
+from omni_trainer.planner.workloads import Workload, modality_token_shares, sample_sequences
 
 from .llms import plain_llm
 
@@ -203,7 +203,7 @@ def test_sampler_hits_the_token_mix() -> None:
     w = _tiny_workload().with_share(7, 3)
     seqs = sample_sequences(w, 200, seed=1)
     assert all(s.used <= 512 for s in seqs)
-    assert image_token_share(seqs) == pytest.approx(0.7, abs=0.08)
+    assert modality_token_shares(seqs).get("image", 0.0) == pytest.approx(0.7, abs=0.08)
 
 
 def test_predict_and_tune_on_a_tiny_job() -> None:
@@ -232,6 +232,6 @@ def test_paper_workload_a_tunes_for_64_gpus() -> None:
     doc = yaml.safe_load((Path(__file__).parents[3] / "examples/paper-workload-a.yaml").read_text())
     cfg = TrainerConfig.model_validate(doc["spec"]["trainer"])
     w = workload_from_config(cfg, world_size=64, name="paper-a")
-    assert w.image_share == 0.5 and w.seq_length == 16384
+    assert dict(w.shares)["image"] / sum(v for _, v in w.shares) == 0.5 and w.seq_length == 16384
     best = tune(w, device=H100, top=3, max_microbatches=16, keep_layouts=1, groups=(8,))
     assert best and all(not c.prediction.oom for c in best)

@@ -29,11 +29,6 @@ class CPPlan:
     sharded: tuple[int, ...]
     """Samples split across all ranks (the long ones)."""
 
-    @property
-    def max_over_mean_work(self) -> float:
-        total = sum(self.work)
-        return max(self.work) * len(self.work) / total if total else 1.0
-
 
 def zigzag_chunks(length: int, cp: int) -> list[list[tuple[int, int]]]:
     """Per rank, its two chunks of a sample cut into ``2 * cp`` near-equal pieces."""

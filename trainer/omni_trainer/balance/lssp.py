@@ -77,17 +77,6 @@ class LSSPPlan:
             sizes[r.rank] = r.stop - r.start
         return sizes
 
-    def local_outputs(self, rank: int) -> list[tuple[int, TokenRange]]:
-        """What ``rank`` produces, in the order it encodes: its short samples packed together, then
-        its shard of each long sample.
-
-        Returns:
-            ``(sample, range)`` pairs, ``range`` being the tokens of that sample's output.
-        """
-        out = [(i, self.placement[i][0]) for i in self.short[rank]]
-        out += [(i, self.placement[i][rank]) for i in self.long]
-        return out
-
 
 def plan_lssp(
     lengths: Sequence[int], *, eta: int, group_size: int, cost: Callable[[int], float]

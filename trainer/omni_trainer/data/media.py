@@ -148,17 +148,6 @@ class ImageSettings:
         return _normalize(_resize(img, h, w, self.resample), self.image_mean, self.image_std)
 
 
-def qwen2vl_patches(image: np.ndarray, s: ImageSettings) -> tuple[np.ndarray, list[int]]:
-    """Qwen2-VL's ``pixel_values`` [grid_h * grid_w, C*T*p*p] and ``[1, grid_h, grid_w]`` of one
-    resized [C, H, W] image (its frame repeated over the temporal patch)."""
-    c, height, width = image.shape
-    p, m, t = s.patch_size, s.merge_size, s.temporal_patch_size
-    gh, gw = height // p, width // p
-    x = image.reshape(c, gh // m, m, p, gw // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)
-    x = np.broadcast_to(x[:, :, :, :, :, None], (*x.shape[:5], t, *x.shape[5:]))
-    return x.reshape(gh * gw, c * t * p * p), [1, gh, gw]
-
-
 @dataclass(frozen=True)
 class FixedImageSettings:
     """CLIP / SigLIP style: resize (shortest edge or exact size), optional center crop."""

@@ -120,12 +120,6 @@ class Workload:
         if not any(share > 0 for _, share in self.shares):
             raise ValueError("at least one modality share must be > 0")
 
-    @property
-    def image_share(self) -> float:
-        """Token share of image samples (media + caption)."""
-        total = sum(v for _, v in self.shares)
-        return dict(self.shares).get("image", 0.0) / total
-
     def with_share(self, image: int, text: int) -> Workload:
         """The same job at another image:text ratio (other modalities dropped)."""
         return _replace(
@@ -252,11 +246,6 @@ def modality_token_shares(sequences: Sequence[PackedSequence]) -> dict[str, floa
         for g in s.segments:
             out[g.modality] = out.get(g.modality, 0.0) + g.length / used
     return out
-
-
-def image_token_share(sequences: Sequence[PackedSequence]) -> float:
-    """Measured image share of used positions."""
-    return modality_token_shares(sequences).get("image", 0.0)
 
 
 def paper_workloads() -> dict[str, Workload]:
