@@ -96,8 +96,6 @@ TRAINER_LAYERS: list[tuple[str, list[str]]] = [
             "omni_trainer.preflight",
             "omni_trainer.warm",
             "omni_trainer.supervisor",
-            "omni_trainer.cli_common",
-            "omni_trainer.data_cli",
             "omni_trainer.cli",
         ],
     ),

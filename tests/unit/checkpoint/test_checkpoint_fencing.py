@@ -141,9 +141,9 @@ def test_attempt_comes_from_the_operators_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = CheckpointConfig(path=str(tmp_path / "ck"))
-    assert Checkpointer(config).attempt is None  # a local run: unfenced
+    assert Checkpointer(config).ownership.attempt is None  # a local run: unfenced
     monkeypatch.setenv("OMNI_RESTART_ATTEMPT", "3")
-    assert Checkpointer(config).attempt == 3
+    assert Checkpointer(config).ownership.attempt == 3
 
 
 def test_s3_claims_use_conditional_writes(s3_bucket: str) -> None:

@@ -52,7 +52,8 @@ def test_the_launcher_tells_its_workers_the_sources_were_checked_and_keeps_nothi
     from typer.testing import CliRunner
 
     import omni_trainer.launch as launch
-    from omni_trainer.cli import SOURCES_CHECKED, app
+    from omni_trainer.cli import app
+    from omni_trainer.cli.train import SOURCES_CHECKED
 
     monkeypatch.delenv(SOURCES_CHECKED, raising=False)
     handed: list[dict] = []

@@ -8,9 +8,10 @@ from collections.abc import Callable
 
 import torch
 
-from omni_trainer.checkpoint.checkpointer import Checkpointer, SaveResult
+from omni_trainer.checkpoint.checkpointer import Checkpointer
 from omni_trainer.checkpoint.config import PERSISTENT, CheckpointConfig
 from omni_trainer.checkpoint.state import ModelState
+from omni_trainer.checkpoint.writer import SaveResult
 from omni_trainer.components.dataplane import DataPlane
 from omni_trainer.components.metrics import MetricsSink
 from omni_trainer.components.timing import PhaseTimer

@@ -50,6 +50,8 @@ RESTART_ENV = "OMNI_RESTART_ATTEMPT"
 
 _STEP_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128)
 _CHECKPOINT_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
+_JOB_LABELS = ("training_job",)
+_RANK_LABELS = ("training_job", "rank", "stage")
 
 
 class MetricsSink(Protocol):
@@ -155,17 +157,28 @@ class TrainerMetrics(MetricsEndpoint):
         super().__init__()
         self._job = job
         self._rank_labels = {"training_job": job, "rank": str(rank), "stage": str(stage)}
-        job_l = ("training_job",)
-        rank_l = ("training_job", "rank", "stage")
-        r = self.registry
+        self._add_step_series()
+        self._add_data_series()
+        self._add_checkpoint_series()
+        attempt = restart_attempt_from_env() if restart_attempt is None else restart_attempt
+        self._add_run_series(attempt)
+        # Series that exist before the first step, so dashboards and alerts see 0, not "no data".
+        self.steps.labels(job)
+        self.media_bytes.labels(**self._rank_labels)
+        for phase in PHASES:
+            self.phase_seconds.labels(**self._rank_labels, phase=phase)
 
-        def gauge(name: str, doc: str, labels: tuple[str, ...] = job_l) -> Gauge:
-            return Gauge(PREFIX + name, doc, labels, registry=r)
+    def _gauge(self, name: str, doc: str, labels: tuple[str, ...] = _JOB_LABELS) -> Gauge:
+        return Gauge(PREFIX + name, doc, labels, registry=self.registry)
 
+    def _counter(self, name: str, doc: str, labels: tuple[str, ...] = _JOB_LABELS) -> Counter:
+        return Counter(PREFIX + name, doc, labels, registry=self.registry)
+
+    def _add_step_series(self) -> None:
+        """Progress and speed of the last step, and where this rank's step time goes."""
+        gauge, r = self._gauge, self.registry
         self.step = gauge("step", "Last completed training step (1-based).")
-        self.steps = Counter(
-            PREFIX + "steps", "Training steps completed by this process.", job_l, registry=r
-        )
+        self.steps = self._counter("steps", "Training steps completed by this process.")
         self.loss = gauge("loss", "Training loss of the last step (global batch mean).")
         self.lr = gauge("learning_rate", "Learning rate used by the last step.")
         self.tokens_per_s = gauge(
@@ -179,55 +192,60 @@ class TrainerMetrics(MetricsEndpoint):
         self.step_seconds = Histogram(
             PREFIX + "step_duration_seconds",
             "Wall time of a training step on this rank.",
-            rank_l,
+            _RANK_LABELS,
             buckets=_STEP_BUCKETS,
             registry=r,
         )
-        self.phase_seconds = Counter(
-            PREFIX + "phase_seconds",
+        self.phase_seconds = self._counter(
+            "phase_seconds",
             "Seconds this rank spent in each step phase (rate() = share of wall time).",
-            (*rank_l, "phase"),
-            registry=r,
+            (*_RANK_LABELS, "phase"),
         )
-        self.samples = Counter(
-            PREFIX + "samples",
+
+    def _add_data_series(self) -> None:
+        """What the step trained on: samples and mixture per modality, media read, skips, and
+        the encoder activations it held."""
+        gauge = self._gauge
+        self.samples = self._counter(
+            "samples",
             "Samples trained on, per modality.",
-            (*job_l, "modality"),
-            registry=r,
+            (*_JOB_LABELS, "modality"),
         )
         self.mixture = gauge(
             "mixture_share",
             "Current share of each modality in the data mixture schedule, 0..1.",
-            (*job_l, "modality"),
+            (*_JOB_LABELS, "modality"),
         )
         self.activation_peak = gauge(
             "encoder_activation_peak_bytes",
             "Peak bytes encoder forwards kept for backward during the last step.",
-            rank_l,
+            _RANK_LABELS,
         )
-        self.media_bytes = Counter(
-            PREFIX + "media_bytes_read",
+        self.media_bytes = self._counter(
+            "media_bytes_read",
             "Bytes of media this rank loaded (only what its encoders encode).",
-            rank_l,
-            registry=r,
+            _RANK_LABELS,
         )
-        self.samples_skipped = Counter(
-            PREFIX + "samples_skipped",
+        self.samples_skipped = self._counter(
+            "samples_skipped",
             "Samples this rank's loaders skipped (missing, corrupt, too_long...), by reason.",
-            (*rank_l, "reason"),
-            registry=r,
+            (*_RANK_LABELS, "reason"),
         )
+
+    def _add_checkpoint_series(self) -> None:
+        """Checkpoint durations, the latest complete one's step and age, skipped saves."""
+        gauge, r = self._gauge, self.registry
         self.checkpoint_seconds = Histogram(
             PREFIX + "checkpoint_duration_seconds",
             "Time from checkpoint start to its commit marker (background upload included).",
-            job_l,
+            _JOB_LABELS,
             buckets=_CHECKPOINT_BUCKETS,
             registry=r,
         )
         self.checkpoint_blocking = Histogram(
             PREFIX + "checkpoint_blocking_seconds",
             "Time a checkpoint stopped training (the synchronous part).",
-            job_l,
+            _JOB_LABELS,
             buckets=_CHECKPOINT_BUCKETS,
             registry=r,
         )
@@ -239,17 +257,19 @@ class TrainerMetrics(MetricsEndpoint):
         self.checkpoint_step = gauge(
             "checkpoint_step", "Optimizer steps held by the latest complete checkpoint."
         )
-        self.checkpoints_skipped = Counter(
-            PREFIX + "checkpoints_skipped",
+        self.checkpoints_skipped = self._counter(
+            "checkpoints_skipped",
             "Checkpoints not taken because the save before them waited on failing storage.",
-            job_l,
-            registry=r,
+            _JOB_LABELS,
         )
+
+    def _add_run_series(self, attempt: int) -> None:
+        """The run as the operator reads it: restart attempt, resumed step, node busy time."""
+        gauge = self._gauge
         self.restart_attempt = gauge(
             "restart_attempt", "Restart attempt of this job run (0 = never restarted)."
         )
-        attempt = restart_attempt_from_env() if restart_attempt is None else restart_attempt
-        self.restart_attempt.labels(job).set(attempt)
+        self.restart_attempt.labels(self._job).set(attempt)
         self.resumed_from = gauge(
             "resumed_from_step",
             "Checkpoint step this run resumed from (0: from the start); the operator records it "
@@ -259,13 +279,8 @@ class TrainerMetrics(MetricsEndpoint):
             "node_busy_seconds",
             "Per node: median busy seconds per step of its slowest rank over the last steps (the "
             "step minus waits for peers; a straggler's is the longest). Served by global rank 0.",
-            (*job_l, "node_rank"),
+            (*_JOB_LABELS, "node_rank"),
         )
-        # Series that exist before the first step, so dashboards and alerts see 0, not "no data".
-        self.steps.labels(job)
-        self.media_bytes.labels(**self._rank_labels)
-        for phase in PHASES:
-            self.phase_seconds.labels(**self._rank_labels, phase=phase)
 
     # -- recording --------------------------------------------------------------------------
     def record_step(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -159,23 +160,7 @@ def summarize(
     seconds = sum(r.seconds for r in timed)
     dims = groups.dims
     counters = _global_counters(data, groups.dp)
-    memory = parts.memory(optimizer)
-    memory["activation_peak_bytes"] = max(r.activation_peak_bytes for r in results)
-    mine = {
-        "rank": groups.rank,
-        "stage": groups.anchor.stage,
-        "tp_rank": groups.tp_rank,
-        "dp_rank": groups.dp_rank,
-        **{
-            f"{phase}_s": sum(r.phases.get(phase, 0.0) for r in timed) / len(timed)
-            for phase in PHASES
-        },
-        "encoder_activation_peak_bytes": max(r.encoder_activation_peak_bytes for r in results),
-        "media_bytes_read": sum(r.media_bytes_read for r in results),
-        "memory": memory,
-    }
-    if any(r.op_log for r in timed):
-        mine["op_log"] = [r.op_log for r in timed]
+    mine = _rank_row(results, timed, groups=groups, memory=parts.memory(optimizer))
     llm_params = _llm_parameter_count(parts.model, groups)
     breakdown = comm.all_gather_object(mine)
     busiest = max(breakdown, key=lambda row: sum(row["memory"].values()))
@@ -215,12 +200,43 @@ def summarize(
         breakdown=breakdown,
         memory={"rank": busiest["rank"], **busiest["memory"]},
         skipped_samples=dict(sorted(counters["skipped_samples"].items())),
-        data_reorder={
-            "group_size": cfg.data.reorder.group_size,
-            "method": cfg.data.reorder.method,
-            "loader_shards": cfg.data.shards_for(dims.dp),
-            "bytes_moved_per_step": (
-                sum(reorder_bytes) / len(reorder_bytes) if reorder_bytes else 0
-            ),
-        },
+        data_reorder=_data_reorder(cfg, dp=dims.dp, reorder_bytes=reorder_bytes),
     )
+
+
+def _rank_row(
+    results: list[StepResult],
+    timed: list[StepResult],
+    *,
+    groups: ProcessGroups,
+    memory: dict[str, int],
+) -> dict[str, Any]:
+    """This rank's row of the breakdown: where it stands, its mean seconds per phase over the
+    timed steps, its encoder and media figures, its memory (with the activation peak)."""
+    memory["activation_peak_bytes"] = max(r.activation_peak_bytes for r in results)
+    mine = {
+        "rank": groups.rank,
+        "stage": groups.anchor.stage,
+        "tp_rank": groups.tp_rank,
+        "dp_rank": groups.dp_rank,
+        **{
+            f"{phase}_s": sum(r.phases.get(phase, 0.0) for r in timed) / len(timed)
+            for phase in PHASES
+        },
+        "encoder_activation_peak_bytes": max(r.encoder_activation_peak_bytes for r in results),
+        "media_bytes_read": sum(r.media_bytes_read for r in results),
+        "memory": memory,
+    }
+    if any(r.op_log for r in timed):
+        mine["op_log"] = [r.op_log for r in timed]
+    return mine
+
+
+def _data_reorder(cfg, *, dp: int, reorder_bytes: list[int]) -> dict[str, Any]:
+    """The reordering the run used and the bytes it moved per step on average."""
+    return {
+        "group_size": cfg.data.reorder.group_size,
+        "method": cfg.data.reorder.method,
+        "loader_shards": cfg.data.shards_for(dp),
+        "bytes_moved_per_step": (sum(reorder_bytes) / len(reorder_bytes) if reorder_bytes else 0),
+    }

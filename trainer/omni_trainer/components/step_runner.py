@@ -14,7 +14,8 @@ from functools import partial
 
 import torch
 
-from omni_trainer.components.anchor import EncoderAnchor, EncoderWork, build_works
+from omni_trainer.components.anchor import EncoderAnchor
+from omni_trainer.components.anchor_work import EncoderWork, build_works
 from omni_trainer.components.dataplane import DataPlane
 from omni_trainer.components.memory import SavedActivationMeter
 from omni_trainer.components.model_parts import ModelParts

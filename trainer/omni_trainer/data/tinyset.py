@@ -157,64 +157,13 @@ def make_tiny_dataset(
     Returns:
         ``{"annotations", "media_root", "tokenizer"}`` paths.
     """
-    import soundfile as sf
-
     rng = np.random.default_rng(seed)
     os.makedirs(os.path.join(out, "images"), exist_ok=True)
     os.makedirs(os.path.join(out, "audio"), exist_ok=True)
-    records: list[dict] = []
-    for i in range(images):
-        colour = str(rng.choice(list(COLOURS)))
-        shape = str(rng.choice(SHAPES))
-        count = int(rng.integers(1, 5))
-        wh = (int(rng.choice([84, 112, 140])), int(rng.choice([84, 112])))
-        wh = (size, size) if size else wh
-        name = f"images/{i:05d}.png" if i % 2 else f"images/{i:05d}.jpg"
-        _draw(rng, wh, colour, shape, count).save(os.path.join(out, name))
-        caption = f"{NUMBERS[count - 1]} {colour} {_plural(shape, count)}"
-        kind = i % 3
-        if kind == 0:
-            conv = [
-                {"from": "human", "value": "<image>\nDescribe the picture."},
-                {"from": "gpt", "value": f"There are {caption}."},
-            ]
-        elif kind == 1:
-            conv = [
-                {"from": "human", "value": "<image>\nWhat colour are the shapes?"},
-                {"from": "gpt", "value": f"They are {colour}."},
-                {"from": "human", "value": "How many are there?"},
-                {"from": "gpt", "value": f"There are {NUMBERS[count - 1]}."},
-            ]
-        else:
-            conv = [
-                {"from": "human", "value": "What shape is in the picture?\n<image>"},
-                {"from": "gpt", "value": f"The shape is a {shape}."},
-            ]
-        records.append({"id": f"img-{i:05d}", "image": name, "conversations": conv})
-    for i in range(audio):
-        tone = str(rng.choice(list(TONES)))
-        seconds = float(rng.choice([0.5, 0.75, 1.0]))
-        t = np.arange(int(16000 * seconds)) / 16000
-        wave = 0.5 * np.sin(2 * np.pi * TONES[tone] * t) + 0.01 * rng.standard_normal(len(t))
-        name = f"audio/{i:05d}.wav"
-        sf.write(os.path.join(out, name), wave.astype(np.float32), 16000)
-        conv = [
-            {"from": "human", "value": "<audio>\nWhich tone is this?"},
-            {"from": "gpt", "value": f"It is a {tone} tone."},
-        ]
-        records.append({"id": f"aud-{i:05d}", "audio": name, "conversations": conv})
-    if videos:
-        os.makedirs(os.path.join(out, "videos"), exist_ok=True)
-    for i in range(videos):
-        colour = str(rng.choice(list(COLOURS)))
-        name = f"videos/{i:05d}.mp4"
-        write_clip(os.path.join(out, name), frames=int(rng.choice([8, 16])), fps=8, size=112,
-                   colour=colour)  # fmt: skip
-        conv = [
-            {"from": "human", "value": "<video>\nWhat colour is the moving square?"},
-            {"from": "gpt", "value": f"It is {colour}."},
-        ]
-        records.append({"id": f"vid-{i:05d}", "video": name, "conversations": conv})
+    # One generator in this order: the images, then the audio, then the videos.
+    records = _image_records(out, rng, count=images, size=size)
+    records += _audio_records(out, rng, count=audio)
+    records += _video_records(out, rng, count=videos)
     for i in corrupt:
         with open(os.path.join(out, records[i]["image"]), "wb") as f:
             f.write(b"\x00not an image\x00" * 8)
@@ -226,3 +175,77 @@ def make_tiny_dataset(
     texts = [m["value"] for r in records for m in r["conversations"]]
     train_tokenizer(texts * 4, os.path.join(out, "tokenizer"))
     return {"annotations": ann, "media_root": out, "tokenizer": os.path.join(out, "tokenizer")}
+
+
+def _image_records(
+    out: str, rng: np.random.Generator, *, count: int, size: int | None
+) -> list[dict]:
+    """Drawn pictures with, by turns, a caption, a two-turn Q/A, or a question on the shape."""
+    records: list[dict] = []
+    for i in range(count):
+        colour = str(rng.choice(list(COLOURS)))
+        shape = str(rng.choice(SHAPES))
+        n = int(rng.integers(1, 5))
+        wh = (int(rng.choice([84, 112, 140])), int(rng.choice([84, 112])))
+        wh = (size, size) if size else wh
+        name = f"images/{i:05d}.png" if i % 2 else f"images/{i:05d}.jpg"
+        _draw(rng, wh, colour, shape, n).save(os.path.join(out, name))
+        caption = f"{NUMBERS[n - 1]} {colour} {_plural(shape, n)}"
+        kind = i % 3
+        if kind == 0:
+            conv = [
+                {"from": "human", "value": "<image>\nDescribe the picture."},
+                {"from": "gpt", "value": f"There are {caption}."},
+            ]
+        elif kind == 1:
+            conv = [
+                {"from": "human", "value": "<image>\nWhat colour are the shapes?"},
+                {"from": "gpt", "value": f"They are {colour}."},
+                {"from": "human", "value": "How many are there?"},
+                {"from": "gpt", "value": f"There are {NUMBERS[n - 1]}."},
+            ]
+        else:
+            conv = [
+                {"from": "human", "value": "What shape is in the picture?\n<image>"},
+                {"from": "gpt", "value": f"The shape is a {shape}."},
+            ]
+        records.append({"id": f"img-{i:05d}", "image": name, "conversations": conv})
+    return records
+
+
+def _audio_records(out: str, rng: np.random.Generator, *, count: int) -> list[dict]:
+    """Noisy tones of 0.5-1 s at 16 kHz, asked which tone they are."""
+    import soundfile as sf
+
+    records: list[dict] = []
+    for i in range(count):
+        tone = str(rng.choice(list(TONES)))
+        seconds = float(rng.choice([0.5, 0.75, 1.0]))
+        t = np.arange(int(16000 * seconds)) / 16000
+        wave = 0.5 * np.sin(2 * np.pi * TONES[tone] * t) + 0.01 * rng.standard_normal(len(t))
+        name = f"audio/{i:05d}.wav"
+        sf.write(os.path.join(out, name), wave.astype(np.float32), 16000)
+        conv = [
+            {"from": "human", "value": "<audio>\nWhich tone is this?"},
+            {"from": "gpt", "value": f"It is a {tone} tone."},
+        ]
+        records.append({"id": f"aud-{i:05d}", "audio": name, "conversations": conv})
+    return records
+
+
+def _video_records(out: str, rng: np.random.Generator, *, count: int) -> list[dict]:
+    """Clips of a moving square, asked its colour."""
+    if count:
+        os.makedirs(os.path.join(out, "videos"), exist_ok=True)
+    records: list[dict] = []
+    for i in range(count):
+        colour = str(rng.choice(list(COLOURS)))
+        name = f"videos/{i:05d}.mp4"
+        write_clip(os.path.join(out, name), frames=int(rng.choice([8, 16])), fps=8, size=112,
+                   colour=colour)  # fmt: skip
+        conv = [
+            {"from": "human", "value": "<video>\nWhat colour is the moving square?"},
+            {"from": "gpt", "value": f"It is {colour}."},
+        ]
+        records.append({"id": f"vid-{i:05d}", "video": name, "conversations": conv})
+    return records

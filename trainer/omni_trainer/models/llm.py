@@ -66,22 +66,55 @@ def build_gpt(
     equals a single process) need every rank to compute the same function of the same data.
     """
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import (
-        get_gpt_layer_local_spec,
-        get_gpt_layer_with_transformer_engine_spec,
-    )
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
-    from omni_trainer.models.packed import PackedAttention, with_core_attention
 
     use_te = _uses_te(runtime.layer_spec)
-    params_dtype, sequence_parallel = runtime.params_dtype, runtime.sequence_parallel
+    params_dtype = runtime.params_dtype
     if cfg.sliding_window is not None and max_sequence_length > cfg.sliding_window:
         raise ValueError(
             f"data.seqLength ({max_sequence_length}) exceeds the model's sliding window "
             f"({cfg.sliding_window}), which this trainer does not implement; lower seqLength"
         )
-    config = TransformerConfig(
+    config = _transformer_config(cfg, runtime=runtime, use_te=use_te)
+    context_parallel = _context_parallel_size() > 1
+    spec = _layer_spec(
+        cfg,
+        config,
+        use_te=use_te,
+        sequence_parallel=runtime.sequence_parallel,
+        context_parallel=context_parallel,
+        vp_stage=vp_stage,
+    )
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=spec,
+        vocab_size=padded_vocab_size(cfg.vocab_size, config.tensor_model_parallel_size),
+        max_sequence_length=max_sequence_length,
+        pre_process=pre_process,
+        post_process=post_process,
+        share_embeddings_and_output_weights=cfg.tie_embeddings,
+        position_embedding_type="rope" if cfg.mrope_section is None else "mrope",
+        rotary_base=cfg.rotary_base,
+        vp_stage=vp_stage,
+    )
+    _scale_rope(model, cfg)
+    if post_process:
+        _mask_padded_logits(model, cfg.vocab_size)
+    if params_dtype != torch.float32:  # megatron's torch norms ignore params_dtype: cast them
+        model.to(dtype=params_dtype)  # too, as megatron's Float16Module casts its whole module
+    if context_parallel:
+        from omni_trainer.models.context_parallel import use_positional_rope
+
+        use_positional_rope(model)
+    return model
+
+
+def _transformer_config(cfg: LLMConfig, *, runtime: LLMRuntime, use_te: bool):
+    """megatron's TransformerConfig of the architecture under ``runtime``, with this process's
+    parallel sizes; no dropout, no fusions the local spec lacks."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    params_dtype = runtime.params_dtype
+    return TransformerConfig(
         num_layers=cfg.num_layers,
         hidden_size=cfg.hidden_size,
         num_attention_heads=cfg.num_attention_heads,
@@ -111,10 +144,30 @@ def build_gpt(
         apply_rope_fusion=use_te and cfg.mrope_section is None,
         persist_layer_norm=False,
         gradient_accumulation_fusion=False,
-        sequence_parallel=sequence_parallel,
+        sequence_parallel=runtime.sequence_parallel,
         mrope_section=cfg.mrope_section,
         **runtime.recompute.megatron_kwargs(),
     )
+
+
+def _layer_spec(
+    cfg: LLMConfig,
+    config,
+    *,
+    use_te: bool,
+    sequence_parallel: bool,
+    context_parallel: bool,
+    vp_stage: int | None,
+):
+    """The transformer layer spec: TE's, or the local one with packed-sample attention (and
+    this trainer's sequence-parallel block); context parallelism's core attention on top."""
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_layer_local_spec,
+        get_gpt_layer_with_transformer_engine_spec,
+    )
+
+    from omni_trainer.models.packed import PackedAttention, with_core_attention
+
     if use_te:
         spec = get_gpt_layer_with_transformer_engine_spec()
     else:
@@ -125,33 +178,11 @@ def build_gpt(
             from omni_trainer.models.sequence_parallel import local_block_spec
 
             spec = local_block_spec(spec, config, vp_stage)
-    context_parallel = _context_parallel_size() > 1
     if context_parallel:
         from omni_trainer.models.context_parallel import ContextParallelAttention
 
         spec = with_core_attention(spec, ContextParallelAttention)
-    model = GPTModel(
-        config=config,
-        transformer_layer_spec=spec,
-        vocab_size=padded_vocab_size(cfg.vocab_size, config.tensor_model_parallel_size),
-        max_sequence_length=max_sequence_length,
-        pre_process=pre_process,
-        post_process=post_process,
-        share_embeddings_and_output_weights=cfg.tie_embeddings,
-        position_embedding_type="rope" if cfg.mrope_section is None else "mrope",
-        rotary_base=cfg.rotary_base,
-        vp_stage=vp_stage,
-    )
-    _scale_rope(model, cfg)
-    if post_process:
-        _mask_padded_logits(model, cfg.vocab_size)
-    if params_dtype != torch.float32:  # megatron's torch norms ignore params_dtype: cast them
-        model.to(dtype=params_dtype)  # too, as megatron's Float16Module casts its whole module
-    if context_parallel:
-        from omni_trainer.models.context_parallel import use_positional_rope
-
-        use_positional_rope(model)
-    return model
+    return spec
 
 
 def tied_embedding_copies(chunks: list) -> list:

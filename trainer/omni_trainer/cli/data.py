@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
-from omni_trainer.cli_common import ManifestArg, fail, load_job
+from omni_trainer.cli.common import ManifestArg, fail, load_job
 from omni_trainer.data.sample import media_geometry
 
 data_app = typer.Typer(help="Inspect a job's data; make the tiny example dataset.")
