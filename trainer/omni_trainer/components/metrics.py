@@ -25,7 +25,17 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-PREFIX = "omni_trainer_"
+from omni_trainer.pod_protocol import (
+    ATTEMPT_METRIC,
+    CHECKPOINT_STEP_METRIC,
+    METRIC_PREFIX,
+    MFU_METRIC,
+    NODE_BUSY_METRIC,
+    RESUMED_FROM_METRIC,
+    STEP_METRIC,
+    TOKENS_PER_SECOND_METRIC,
+)
+
 TRAINER_PHASES = (
     "data",
     "encoder",
@@ -169,28 +179,28 @@ class TrainerMetrics(MetricsEndpoint):
             self.phase_seconds.labels(**self._rank_labels, phase=phase)
 
     def _gauge(self, name: str, doc: str, labels: tuple[str, ...] = _JOB_LABELS) -> Gauge:
-        return Gauge(PREFIX + name, doc, labels, registry=self.registry)
+        return Gauge(METRIC_PREFIX + name, doc, labels, registry=self.registry)
 
     def _counter(self, name: str, doc: str, labels: tuple[str, ...] = _JOB_LABELS) -> Counter:
-        return Counter(PREFIX + name, doc, labels, registry=self.registry)
+        return Counter(METRIC_PREFIX + name, doc, labels, registry=self.registry)
 
     def _add_step_series(self) -> None:
         """Progress and speed of the last step, and where this rank's step time goes."""
         gauge, r = self._gauge, self.registry
-        self.step = gauge("step", "Last completed training step (1-based).")
+        self.step = gauge(STEP_METRIC, "Last completed training step (1-based).")
         self.steps = self._counter("steps", "Training steps completed by this process.")
         self.loss = gauge("loss", "Training loss of the last step (global batch mean).")
         self.lr = gauge("learning_rate", "Learning rate used by the last step.")
         self.tokens_per_s = gauge(
-            "tokens_per_second", "Job-wide LLM tokens per second of the last step."
+            TOKENS_PER_SECOND_METRIC, "Job-wide LLM tokens per second of the last step."
         )
         self.mfu = gauge(
-            "mfu_ratio",
+            MFU_METRIC,
             "Model FLOPs utilisation of the last step, 0..1 (Megatron-LM's count: causal "
             "attention halved; encoder FLOPs counted).",
         )
         self.step_seconds = Histogram(
-            PREFIX + "step_duration_seconds",
+            METRIC_PREFIX + "step_duration_seconds",
             "Wall time of a training step on this rank.",
             _RANK_LABELS,
             buckets=_STEP_BUCKETS,
@@ -236,14 +246,14 @@ class TrainerMetrics(MetricsEndpoint):
         """Checkpoint durations, the latest complete one's step and age, skipped saves."""
         gauge, r = self._gauge, self.registry
         self.checkpoint_seconds = Histogram(
-            PREFIX + "checkpoint_duration_seconds",
+            METRIC_PREFIX + "checkpoint_duration_seconds",
             "Time from checkpoint start to its commit marker (background upload included).",
             _JOB_LABELS,
             buckets=_CHECKPOINT_BUCKETS,
             registry=r,
         )
         self.checkpoint_blocking = Histogram(
-            PREFIX + "checkpoint_blocking_seconds",
+            METRIC_PREFIX + "checkpoint_blocking_seconds",
             "Time a checkpoint stopped training (the synchronous part).",
             _JOB_LABELS,
             buckets=_CHECKPOINT_BUCKETS,
@@ -255,7 +265,7 @@ class TrainerMetrics(MetricsEndpoint):
             "(time() minus this is the checkpoint age).",
         )
         self.checkpoint_step = gauge(
-            "checkpoint_step", "Optimizer steps held by the latest complete checkpoint."
+            CHECKPOINT_STEP_METRIC, "Optimizer steps held by the latest complete checkpoint."
         )
         self.checkpoints_skipped = self._counter(
             "checkpoints_skipped",
@@ -267,16 +277,16 @@ class TrainerMetrics(MetricsEndpoint):
         """The run as the operator reads it: restart attempt, resumed step, node busy time."""
         gauge = self._gauge
         self.restart_attempt = gauge(
-            "restart_attempt", "Restart attempt of this job run (0 = never restarted)."
+            ATTEMPT_METRIC, "Restart attempt of this job run (0 = never restarted)."
         )
         self.restart_attempt.labels(self._job).set(attempt)
         self.resumed_from = gauge(
-            "resumed_from_step",
+            RESUMED_FROM_METRIC,
             "Checkpoint step this run resumed from (0: from the start); the operator records it "
             "as the restart's fromStep.",
         )
         self.node_busy = gauge(
-            "node_busy_seconds",
+            NODE_BUSY_METRIC,
             "Per node: median busy seconds per step of its slowest rank over the last steps (the "
             "step minus waits for peers; a straggler's is the longest). Served by global rank 0.",
             (*_JOB_LABELS, "node_rank"),
