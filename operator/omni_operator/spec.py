@@ -29,7 +29,7 @@ from omni_trainer.config_base import Spec
 from omni_trainer.data.lengths import length_problems
 from omni_trainer.distributed.layout import layout_problems as layout_problems_at
 from omni_trainer.distributed.netcheck_rules import PreflightConfig
-from omni_trainer.models.config import DEFER_HF
+from omni_trainer.models.encoders.config import DEFER_HF
 
 GROUP = "omni.megascale.io"
 VERSION = "v1alpha1"

@@ -18,7 +18,8 @@ from omni_trainer.checkpoint.config import CheckpointConfig
 from omni_trainer.config_base import Spec
 from omni_trainer.data.config import DataConfig
 from omni_trainer.distributed.config import ParallelismConfig
-from omni_trainer.models.config import DEFER_HF, ModelConfig
+from omni_trainer.models.config import ModelConfig
+from omni_trainer.models.encoders.config import DEFER_HF
 
 API_VERSION = "omni.megascale.io/v1alpha1"
 KIND = "OmniTrainingJob"

@@ -11,7 +11,7 @@ from omni_trainer.config_base import Spec
 from omni_trainer.costs.flops import transformer_flops
 from omni_trainer.interop.hf_config import SUPPORTED_LLMS, SUPPORTED_VLMS
 from omni_trainer.models.encoders.config import (
-    DEFER_HF,  # re-exported: the operator and the CLI import it from here
+    DEFER_HF,
     AudioEncoderConfig,
     VisionEncoderConfig,
     _camel,

@@ -12,7 +12,7 @@ from omni_trainer.config import TrainerConfig, format_errors
 from omni_trainer.costs.devices import PROFILES, DeviceProfile
 from omni_trainer.costs.step_costs import Layout, Recompute
 from omni_trainer.distributed.layout import layout_problems
-from omni_trainer.models.config import DEFER_HF
+from omni_trainer.models.encoders.config import DEFER_HF
 
 DEFAULT_DEVICE = "H100"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"

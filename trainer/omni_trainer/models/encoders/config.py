@@ -5,7 +5,7 @@ size encoder work, without torch installed. A ``preset`` fills the shape of a
 public model; any shape field given explicitly overrides it; without a preset every shape field is
 required. ``hf`` imports a Hugging Face tower instead (CLIP / SigLIP vision, Whisper audio): its
 config.json sets the shape (a field beside it is an error) unless validation defers reading it
-(``models.config.DEFER_HF``: the operator cannot reach the pods' storage).
+(:data:`DEFER_HF`: the operator cannot reach the pods' storage).
 """
 
 from __future__ import annotations
