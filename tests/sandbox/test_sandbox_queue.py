@@ -1,5 +1,6 @@
 """Two 2-node jobs on three 1-GPU sandbox nodes: they never share a GPU. The second waits in
-``Queued``, saying for what, until the first finishes, then trains and succeeds."""
+``Queued``, saying for what, until two GPUs are free (a pod of the first job that ended frees its
+node's GPU), then trains and succeeds."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from omni_operator.kube_objects import pod_node
 
 from .test_sandbox_e2e import Sandbox, _manifest, _pods
 
@@ -40,15 +43,22 @@ def test_two_jobs_never_share_a_gpu_and_the_second_waits_queued(tmp_path: Path) 
         sb.wait("second queued", lambda: second().get("phase") == "Queued", timeout=60,
                 detail=second)  # fmt: skip
         assert second()["message"] == "queued: 2 nodes with 1 free GPU; 1 now"
-        seen_running = False
-        while True:  # until the second job has pods: the first's must have ended by then
-            phase = second()["phase"]  # read first: its pods exist before it leaves Queued
+        seen_running, deadline = False, time.monotonic() + 240
+        while True:  # until the second job has pods: none on a node whose GPU the first holds
+            assert time.monotonic() < deadline, f"the second job got no pods: {second()}"
             pods = list(_pods(sb).values())
             by_job = {j: [p for p in pods if p["metadata"]["labels"][JOB] == j]
                       for j in ("first", "second")}  # fmt: skip
-            if by_job["second"] or phase != "Queued":
-                ended = [p["status"].get("phase") in ENDED for p in by_job["first"]]
-                assert all(ended), "the second job's pods came while the first held the GPUs"
+            if by_job["second"]:
+                # a pod that ended frees its node's GPU (the first job's ranks may end apart)
+                held = {pod_node(p) for p in by_job["first"]
+                        if p["status"].get("phase") not in ENDED}  # fmt: skip
+                placed = {pod_node(p) for p in by_job["second"]}
+                assert None not in placed, "the operator names the node of each pod it places"
+                assert not held & placed, (
+                    f"the second job's pods came to {sorted(held & placed)} while the first's "
+                    "pods held their GPUs"
+                )
                 break
             seen_running |= sb.job("first")["status"]["phase"] == "Running"
             time.sleep(0.5)
