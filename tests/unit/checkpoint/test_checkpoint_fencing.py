@@ -114,13 +114,13 @@ def test_an_old_attempts_delayed_commit_is_refused_and_the_resume_step_survives(
 ) -> None:
     config = CheckpointConfig(path=str(tmp_path / "ck"), keep_last=1)
     _, state = trained()
-    old = Checkpointer(config, attempt=0)
+    gate = threading.Event()
+    gate.set()  # open for the first save
+    old = Checkpointer(config, attempt=0, storage=SlowStorage(tmp_path / "ck", gate))
     assert old.load_latest(state) is None  # attempt 0 claims the storage
     old.save(10, state, {"step": 10})
     assert old.wait().committed
-    gate = threading.Event()
-    old.storage = SlowStorage(tmp_path / "ck", gate)
-    old.storage.attempt = 0
+    gate.clear()
     old.save(20, state, {"step": 20})  # in flight: its loader file waits for the gate
 
     _, fresh = trained(seed=1)
