@@ -1,7 +1,8 @@
 """One rank of ``test_netcheck.py`` (started as a plain process per node, as pods are): the
 network preflight over gloo, this rank on node ``n<RANK>``; ``argv[2]`` degrades rank 1
 (``slow``: 0.2 s late on every exchange, as a congested link) or silences rank 2 (``silent``:
-it never joins the check). The result goes to ``argv[1]/rank<R>.json``."""
+it never joins the check). The result goes to ``argv[1]/rank<R>.json``, with the
+seconds the preflight itself took (process start and imports excluded: they vary with the load)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ if scenario == "silent" and rank == 2:
     netcheck.preflight_groups(cfg)
     time.sleep(15)
     os._exit(0)
+started = time.monotonic()
 result = netcheck.run_preflight(cfg, rank=rank, node=f"n{rank}")
-(out / f"rank{rank}.json").write_text(json.dumps(asdict(result)))
+record = asdict(result) | {"preflight_seconds": time.monotonic() - started}
+(out / f"rank{rank}.json").write_text(json.dumps(record))
 netcheck.enforce(result)
