@@ -29,6 +29,8 @@ demo: setup
 # and the rest (mostly computing), so the run takes about the longer lane, not their sum. Each
 # lane prints its slowest tests. With PYTEST_ARGS, one pytest run with those arguments instead.
 test: setup
+	@# bytecode once for the tree: each of the suite's hundreds of processes would compile it again
+	@$(BIN)/python -m compileall -q -j 0 trainer operator bench tests charts
 ifeq ($(strip $(PYTEST_ARGS)),)
 	@$(BIN)/python -m pytest -q --durations=25 -p no:cacheprovider tests/sandbox tests/operator \
 	  > .pytest-kubernetes.log 2>&1 & lane=$$!; \

@@ -25,6 +25,7 @@ TRAINER_LAYERS: list[tuple[str, list[str]]] = [
         [
             "omni_trainer",
             "omni_trainer.config_base",
+            "omni_trainer.megatron_imports",
             "omni_trainer.field_names",
             "omni_trainer.path_rules",
             "omni_trainer.pod_protocol",

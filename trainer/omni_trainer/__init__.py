@@ -9,4 +9,8 @@ training loop (``trainer``, ``launch``); and on top the planner, the pod's super
 command line (``cli``). ``tests/unit/test_layers.py`` holds the order.
 """
 
+from omni_trainer import megatron_imports
+
 __version__ = "0.1.0"
+
+megatron_imports.install()

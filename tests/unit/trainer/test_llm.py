@@ -149,6 +149,13 @@ def test_gpt_shapes_follow_config(single_rank) -> None:
     assert out.shape == (2, 16, cfg.vocab_size) and torch.isfinite(out).all()
 
 
+def test_megatrons_jit_fused_paths_are_off(single_rank) -> None:
+    """What lets :mod:`omni_trainer.megatron_imports` leave megatron's jit fuser uncompiled."""
+    config = build_gpt(LLMConfig(preset="tiny"), max_sequence_length=32).config
+    assert not config.bias_dropout_fusion and not config.bias_activation_fusion
+    assert not config.masked_softmax_fusion
+
+
 def test_layer_spec_can_be_forced(single_rank) -> None:
     """``LLMRuntime.layer_spec``: local builds the local spec anywhere; te where it cannot run
     says so before building anything."""

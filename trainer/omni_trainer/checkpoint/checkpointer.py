@@ -89,7 +89,7 @@ class Checkpointer:
         if loader_scope not in (SHARED, PER_RANK):
             raise ValueError(f"loader_scope must be {SHARED!r} or {PER_RANK!r}")
         self.config = config
-        self.storage = storage or open_storage(config.path)
+        self._storage = storage or open_storage(config.path)
         ranks = CheckpointGroup(group)
         env_local = os.environ.get("LOCAL_WORLD_SIZE")
         fast_dir = (fast_root or config.fast.path) if config.fast else None
@@ -104,15 +104,15 @@ class Checkpointer:
                 local_world=local_world or (int(env_local) if env_local else ranks.world),
                 planner=planner,
             )
-        tag = hashlib.sha256(self.storage.url.encode()).hexdigest()[:12]
+        tag = hashlib.sha256(self._storage.url.encode()).hexdigest()[:12]
         scratch = Path(config.staging_dir or tempfile.gettempdir())
         scratch = scratch / f"omni-ckpt-{tag}" / f"rank-{ranks.rank:05d}"
-        self.ownership = RootOwnership.resolve(self.storage, attempt=attempt, owner=owner)
+        self.ownership = RootOwnership.resolve(self._storage, attempt=attempt, owner=owner)
         self._rank = ranks.rank
         self._loader_scope = loader_scope
         self._writer = CheckpointWriter(
             config=config,
-            storage=self.storage,
+            storage=self._storage,
             ranks=ranks,
             ownership=self.ownership,
             layout=dict(layout or {}),
@@ -122,7 +122,7 @@ class Checkpointer:
             fast=self.fast,
         )
         self._reader = CheckpointReader(
-            storage=self.storage,
+            storage=self._storage,
             ranks=ranks,
             ownership=self.ownership,
             scratch=scratch,
@@ -168,10 +168,15 @@ class Checkpointer:
             self._last_sync = write(step, staged, loader, blocking)
 
     @property
+    def storage(self) -> CheckpointStorage:
+        """Where checkpoints go: fixed at construction (the writer and the reader share it)."""
+        return self._storage
+
+    @property
     def stuck(self) -> bool:
         """The save in flight waits on failing storage: a request of it failed and is being
         retried (the store is down, or refuses us); waiting for it would stop training."""
-        since = self.storage.failing_since
+        since = self._storage.failing_since
         return self._saver.busy and since is not None and since >= self._submitted_at
 
     def wait(self) -> SaveResult | None:

@@ -137,7 +137,8 @@ def _transformer_config(cfg: LLMConfig, *, runtime: LLMRuntime, use_te: bool):
         batch_p2p_comm=False,
         calculate_per_token_loss=True,  # the trainer pre-normalises by global text targets
         **_parallel_sizes(),
-        bias_dropout_fusion=False,
+        bias_dropout_fusion=False,  # megatron's jit-fused paths: never compiled here
+        bias_activation_fusion=False,  # (omni_trainer.megatron_imports)
         masked_softmax_fusion=False,
         # TE's fused THD RoPE: no host sync per layer on GPU; it reads each sample's angles
         # from position 0, so M-RoPE's per-token angles take megatron's unfused THD path
