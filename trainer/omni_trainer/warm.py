@@ -1,8 +1,8 @@
 """Warm trainer starts: a process that imported the trainer once forks each trainer worker.
 
 Every trainer process pays for its imports (torch, megatron-core, transformers; on GPUs also
-TransformerEngine and the CUDA libraries) at each start: about 4 s per process on this project's
-CPU machine, more on a GPU node. An in-place restart keeps the container, so the in-pod
+TransformerEngine and the CUDA libraries) at each start: about 7 s of CPU per process on this
+project's CPU machine, more on a GPU node. An in-place restart keeps the container, so the in-pod
 supervisor keeps a *zygote* in it: ``python -m omni_trainer.warm --zygote SOCKET`` imports the
 trainer before any attempt needs it and then serves fork requests on a Unix socket.
 
