@@ -26,17 +26,20 @@ demo: setup
 
 # The README's test command, in two lanes side by side: the Kubernetes tests (tests/sandbox,
 # tests/operator: the real operator, kubelet and trainer processes, much of it waiting on polls)
-# and the rest (mostly computing), so the run takes about the longer lane, not their sum. Each
-# lane prints its slowest tests. With PYTEST_ARGS, one pytest run with those arguments instead.
+# with the chart's (Helm, schemas, checkov in a venv of its own: they even the lanes out), and
+# the rest (mostly computing), so the run takes about the longer lane, not their sum. Each lane
+# prints its slowest tests. With PYTEST_ARGS, one pytest run with those arguments instead.
 test: setup
 	@# bytecode once for the tree: each of the suite's hundreds of processes would compile it again
 	@$(BIN)/python -m compileall -q -j 0 trainer operator bench tests charts
 ifeq ($(strip $(PYTEST_ARGS)),)
 	@$(BIN)/python -m pytest -q --durations=25 -p no:cacheprovider tests/sandbox tests/operator \
-	  > .pytest-kubernetes.log 2>&1 & lane=$$!; \
-	$(BIN)/python -m pytest -q --durations=25 --ignore=tests/sandbox --ignore=tests/operator; \
+	  tests/chart > .pytest-kubernetes.log 2>&1 & lane=$$!; \
+	$(BIN)/python -m pytest -q --durations=25 --ignore=tests/sandbox --ignore=tests/operator \
+	  --ignore=tests/chart; \
 	rest=$$?; wait $$lane; kube=$$?; \
-	echo "---- tests/sandbox tests/operator (run beside the above)"; cat .pytest-kubernetes.log; \
+	echo "---- tests/sandbox tests/operator tests/chart (run beside the above)"; \
+	cat .pytest-kubernetes.log; \
 	echo "test lanes: rest exit $$rest, kubernetes exit $$kube"; [ $$rest -eq 0 ] && [ $$kube -eq 0 ]
 else
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
