@@ -25,6 +25,21 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def warm_zygote() -> Iterator[None]:
+    """One zygote (omni_trainer.warm) for the session's trainer workers: the stand-ins the tests
+    start (``omni train --nproc``, ``warm_torchrun_argv``) fork from it instead of importing
+    torch and the trainer again, about 7 s of CPU each. Started after the settings above, which
+    its imports read."""
+    from omni_trainer.warm import zygote_for_run
+
+    with zygote_for_run() as env:
+        os.environ.update(env)
+        yield
+        for name in env:
+            os.environ.pop(name, None)
+
+
 @pytest.fixture
 def tiny_manifest() -> dict:
     """examples/tiny-cpu.yaml as a dict, for tests that derive variants of it."""

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from omni_trainer.launch import torchrun_argv
+from omni_trainer.launch import warm_torchrun_argv
 
 WORKER = Path(__file__).with_name("_multiplex_worker.py")
 
@@ -45,11 +45,7 @@ def launch(world: int, scenarios: dict[str, dict], steps: int, out: Path) -> Pat
     spec = out / "spec.json"
     spec.write_text(json.dumps({"steps": steps, "out": str(out), "scenarios": scenarios}))
     proc = subprocess.run(
-        [
-            *torchrun_argv(world),
-            str(WORKER),
-            str(spec),
-        ],
+        warm_torchrun_argv(world, "--entry=script", str(WORKER), str(spec)),
         capture_output=True,
         text=True,
         timeout=900,

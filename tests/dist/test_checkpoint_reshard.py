@@ -21,7 +21,7 @@ import pytest
 import torch
 import yaml
 
-from omni_trainer.launch import torchrun_argv
+from omni_trainer.launch import warm_torchrun_argv
 
 from ..conftest import EXAMPLES
 
@@ -87,11 +87,7 @@ def launch(tmp_path_factory, moto_endpoint) -> Path:
         "AWS_DEFAULT_REGION": "us-east-1",
     }
     proc = subprocess.run(
-        [
-            *torchrun_argv(2),
-            str(WORKER),
-            str(spec),
-        ],
+        warm_torchrun_argv(2, "--entry=script", str(WORKER), str(spec)),
         capture_output=True,
         text=True,
         timeout=600,

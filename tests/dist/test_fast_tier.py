@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from omni_trainer.launch import torchrun_argv
+from omni_trainer.launch import warm_torchrun_argv
 
 pytestmark = pytest.mark.dist
 
@@ -19,7 +19,10 @@ WORKER = Path(__file__).with_name("_fast_tier_worker.py")
 
 def test_a_lost_nodes_shares_come_back_from_its_peer(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [*torchrun_argv(4), str(WORKER), str(tmp_path)], capture_output=True, text=True, timeout=600
+        warm_torchrun_argv(4, "--entry=script", str(WORKER), str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]

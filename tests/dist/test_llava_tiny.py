@@ -63,7 +63,7 @@ def test_llava_tiny_trains_through_bad_files_and_resumes_exactly(tmp_path: Path)
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    kill_a_worker_after(killed, ckpt / f"step-{2 * INTERVAL:08d}" / "COMMITTED")
+    kill_a_worker_after(killed, two, ckpt / f"step-{2 * INTERVAL:08d}" / "COMMITTED")
     assert killed.wait(timeout=120) != 0, "the run was not interrupted"
     resumed = tmp_path / "resumed.json"
     run([*omni_train(two, "--nproc", "2", "--resume", "auto", steps=STEPS),

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from omni_trainer.launch import torchrun_argv
+from omni_trainer.launch import warm_torchrun_argv
 from omni_trainer.multiplex.dataflow.schedule import LLMOp, stage_ops
 
 pytestmark = pytest.mark.dist
@@ -28,12 +28,9 @@ WORKER = Path(__file__).with_name("_schedule_order_worker.py")
 )
 def test_stage_ops_equal_recorded_megatron_order(tmp_path, nproc, scenarios) -> None:
     proc = subprocess.run(
-        [
-            *torchrun_argv(nproc),
-            str(WORKER),
-            json.dumps(scenarios),
-            str(tmp_path),
-        ],
+        warm_torchrun_argv(
+            nproc, "--entry=script", str(WORKER), json.dumps(scenarios), str(tmp_path)
+        ),
         capture_output=True,
         text=True,
         timeout=300,

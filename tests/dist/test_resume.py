@@ -48,25 +48,31 @@ def run(cmd: list[str]) -> None:
 
 def kill_a_worker_after(
     popen: subprocess.Popen,
+    job: Path,
     committed: Path,
     timeout: float = 300,
     sig: signal.Signals = signal.SIGKILL,
 ) -> None:
-    """Signal one torchrun worker (SIGKILL: a crash) as soon as ``committed`` exists."""
+    """Signal one torchrun worker of ``job``'s run (SIGKILL: a crash) as soon as ``committed``
+    exists. Its workers are the stand-ins torchrun started (``omni_trainer.warm``, whose trainer
+    a zygote forked, or which runs it itself): the trainer dies with its stand-in."""
     deadline = time.monotonic() + timeout
     while not committed.exists():
         assert popen.poll() is None, "the run ended before its checkpoint"
         assert time.monotonic() < deadline, "no checkpoint in time"
         time.sleep(0.05)
-    workers = [
-        p
-        for p in psutil.Process(popen.pid).children(recursive=True)
-        if "omni_trainer.cli" in " ".join(p.cmdline())
-        and p.parent() is not None
-        and "torch.distributed.run" in " ".join(p.parent().cmdline())
-    ]
+    workers = [p for p in psutil.process_iter() if _is_worker(p, job)]
     assert len(workers) == 2, workers
     workers[-1].send_signal(sig)
+
+
+def _is_worker(process: psutil.Process, job: Path) -> bool:
+    try:
+        cmd = process.cmdline()
+    except psutil.Error:
+        return False
+    stand_in = "omni_trainer.warm" in cmd and not any(a.startswith("--entry=") for a in cmd)
+    return stand_in and str(job) in cmd
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +96,7 @@ def test_killed_run_resumes_exactly(tmp_path: Path, ref: dict) -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
-    kill_a_worker_after(killed, ckpt / "step-00000008" / "COMMITTED")
+    kill_a_worker_after(killed, job, ckpt / "step-00000008" / "COMMITTED")
     assert killed.wait(timeout=120) != 0, "the run was not interrupted"
     other_layout = tmp_path / "ckpt-copy"
     shutil.copytree(ckpt, other_layout)
@@ -136,7 +142,7 @@ def test_sigterm_stops_every_rank_with_an_emergency_checkpoint(tmp_path: Path, r
         [*omni_train(job, "--nproc", "2", "--summary", str(stopped_summary))],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    kill_a_worker_after(stopped, ckpt / "step-00000004" / "COMMITTED", sig=signal.SIGTERM)
+    kill_a_worker_after(stopped, job, ckpt / "step-00000004" / "COMMITTED", sig=signal.SIGTERM)
     out, _ = stopped.communicate(timeout=120)
     assert stopped.returncode != 0 and f"exitcode  : {EXIT_STOPPED}" in out, out[-3000:]
     assert "on SIGTERM" in out, out[-3000:]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from omni_trainer.launch import torchrun_argv
+from omni_trainer.launch import warm_torchrun_argv
 from tests.unit.interop.hf_models import QWEN_VISION
 
 pytestmark = pytest.mark.dist
@@ -46,7 +46,7 @@ def results(request, tmp_path_factory) -> dict:
               "model_type": "qwen2_5_vl_vision", **QWEN_VISION}  # fmt: skip
     (root / "config.json").write_text(json.dumps(config))
     proc = subprocess.run(
-        [*torchrun_argv(nproc), str(WORKER), str(out), str(root)],
+        warm_torchrun_argv(nproc, "--entry=script", str(WORKER), str(out), str(root)),
         capture_output=True,
         text=True,
         timeout=300,

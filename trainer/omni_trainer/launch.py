@@ -10,6 +10,7 @@ import warnings
 from dataclasses import asdict
 from pathlib import Path
 
+from omni_trainer import warm
 from omni_trainer.config import JobManifest
 from omni_trainer.termination import final_report, report
 
@@ -24,13 +25,24 @@ def torchrun_argv(nproc: int) -> list[str]:
             f"--nproc-per-node={nproc}"]  # fmt: skip
 
 
+def warm_torchrun_argv(nproc: int, *entry: str) -> list[str]:
+    """torchrun (itself a stand-in, :func:`warm.through_zygote`) starting ``nproc`` local
+    workers, each a stand-in (:mod:`omni_trainer.warm`) for ``entry``: ``omni`` arguments
+    (``"train", MANIFEST, ...``) or ``"--entry=script", FILE, ...``. Under a zygote's
+    :data:`warm.SOCKET_ENV` they fork from it; without one each starts cold."""
+    return warm.through_zygote([*torchrun_argv(nproc), "-m", "omni_trainer.warm", *entry])
+
+
 def launch_torchrun(
     manifest_path: Path, *, nproc: int, forwarded: list[str], env: dict[str, str] | None = None
 ) -> int:
     """Start ``nproc`` local workers; each re-enters ``omni train`` and sees the torchrun env
-    (plus ``env``, which this process's own environment never receives)."""
-    cmd = [*torchrun_argv(nproc), "-m", "omni_trainer.cli", "train", str(manifest_path)]
-    return subprocess.call([*cmd, *forwarded], env={**os.environ, **(env or {})})
+    (plus ``env``, which this process's own environment never receives). They fork from a
+    zygote (the one named in this environment, else one started for the run), so the trainer's
+    imports are paid once, not once per process."""
+    cmd = warm_torchrun_argv(nproc, "train", str(manifest_path), *forwarded)
+    with warm.zygote_for_run() as warm_env:
+        return subprocess.call(cmd, env={**os.environ, **warm_env, **(env or {})})
 
 
 # megatron-core warns on every import about optional kernels that CPU runs never have.

@@ -76,9 +76,6 @@ RDZV_ERROR_FILE = "torchrun-error.json"
 ``@record`` main when the agent, not a worker, fails)."""
 RDZV_RETRIES = 5
 RDZV_RETRY_PAUSE_S = 1.0
-ZYGOTE_LISTEN_S = 5.0
-"""How long a new zygote may take to listen (it listens before it imports) before an attempt
-starts without it."""
 
 Action = Literal["start", "restart", "wait", "exit"]
 
@@ -293,14 +290,8 @@ class Supervisor:
             print(f"omni supervise: the zygote ended (code {z.returncode}); starting another",
                   flush=True)  # fmt: skip
         self._socket.unlink(missing_ok=True)  # the container before's
-        self._zygote = subprocess.Popen(
-            [sys.executable, "-m", "omni_trainer.warm", "--zygote", str(self._socket)]
-        )
-        deadline = time.monotonic() + ZYGOTE_LISTEN_S
-        while not self._socket.exists() and self._zygote.poll() is None:
-            if time.monotonic() > deadline:
-                break  # slow to start: the workers will start cold meanwhile
-            time.sleep(0.01)
+        self._zygote = subprocess.Popen(warm.zygote_command(self._socket))
+        warm.await_listening(self._zygote, self._socket)
         return True
 
     def _retry_rendezvous(self) -> bool:
@@ -334,6 +325,7 @@ class Supervisor:
         }
         (self.state_dir / RDZV_ERROR_FILE).unlink(missing_ok=True)
         command = for_target(self.command, target)
+        env.pop(warm.SOCKET_ENV, None)  # a zygote outside this container: not the pod's to use
         if self.warm and self._keep_warm():
             env[warm.SOCKET_ENV] = str(self._socket)
             command = warm.through_zygote(command)

@@ -7,13 +7,16 @@ supervisor keeps a *zygote* in it: ``python -m omni_trainer.warm --zygote SOCKET
 trainer before any attempt needs it and then serves fork requests on a Unix socket.
 
 torchrun starts each worker as ``python -m omni_trainer.warm ARGS``, a small process that
-imports no torch. With :data:`SOCKET_ENV` set (the supervisor sets it) it hands its arguments,
-environment, working directory and standard streams to the zygote, which forks a child that
-runs ``omni_trainer.cli ARGS`` with them. The small process stands in for the child under
-torchrun: it forwards signals, and it ends as the child ended (its exit code, or the signal that
-killed it). Without a zygote (none set, none running, or it declined) it runs the trainer itself,
-exactly as ``python -m omni_trainer.cli ARGS`` would. The supervisor starts torchrun itself the
-same way (``--entry=torchrun``, :func:`through_zygote`): its agent imports torch too.
+imports no torch (``--entry=script FILE ARGS`` stands in for ``python FILE ARGS``). With
+:data:`SOCKET_ENV` set (the supervisor sets it) it hands its arguments, environment, working
+directory and standard streams to the zygote, which forks a child that runs ``omni_trainer.cli
+ARGS`` with them. The small process stands in for the child under torchrun: it forwards
+signals, and it ends as the child ended (its exit code, or the signal that killed it). Without a
+zygote (none set, none running, or it declined) it runs the trainer itself, exactly as ``python
+-m omni_trainer.cli ARGS`` would. The supervisor starts torchrun itself the same way
+(``--entry=torchrun``, :func:`through_zygote`): its agent imports torch too. A local ``omni train
+--nproc N`` starts a zygote of its own for the run (:func:`zygote_for_run`), which stops serving
+when the run's process ends (``--owner``).
 
 Forking is safe because the zygote only imported modules: before each fork it checks that it
 runs no other Python thread and holds no CUDA context (otherwise it declines, and the workers
@@ -25,6 +28,7 @@ zygote's imports.
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import contextlib
 import gc
@@ -35,11 +39,15 @@ import runpy
 import select
 import signal
 import socket
+import stat
 import struct
+import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+import types
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -48,10 +56,17 @@ SOCKET_ENV = "OMNI_WARM_SOCKET"
 SOCKET_NAME = "warm.sock"
 WARM_IMPORTS = ("omni_trainer.cli", "omni_trainer.trainer", "torch.distributed.run")
 """What the zygote imports once: the command line, everything training imports, torchrun."""
+LISTEN_S = 5.0
+"""How long a new zygote may take to listen (it listens before it imports) before the workers
+started meanwhile start cold."""
 DECLINED = 3
 """The zygote's exit code when forking would be unsafe here: the supervisor starts no other."""
-ENTRIES = {"cli": ("omni_trainer.cli", "app"), "torchrun": ("torch.distributed.run", "main")}
-"""What a stand-in can run: module and function (what ``python -m`` of the module calls)."""
+MODULES = {"cli": ("omni_trainer.cli", "app"), "torchrun": ("torch.distributed.run", "main")}
+"""Module entries: module and function (what ``python -m`` of the module calls)."""
+SCRIPT = "script"
+"""The entry that runs a file as ``python FILE ARGS`` would (the file is the first argument)."""
+ENTRIES = (*MODULES, SCRIPT)
+"""What a stand-in can run."""
 _HEADER = struct.Struct("!cq")  # a message: kind (P: child pid, X: wait status, D: declined)
 _STDIO = (0, 1, 2)
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -67,6 +82,51 @@ def connectable(path: Path) -> str:
 
 
 # -- the zygote ---------------------------------------------------------------------------------
+def zygote_command(path: Path, *, owner: int | None = None, quiet: bool = False) -> list[str]:
+    """The command line of a zygote serving on ``path`` (``owner``: until that pid ends)."""
+    extra = ([f"--owner={owner}"] if owner is not None else []) + (["--quiet"] if quiet else [])
+    return [sys.executable, "-m", "omni_trainer.warm", "--zygote", str(path), *extra]
+
+
+def await_listening(zygote: subprocess.Popen[bytes], path: Path) -> bool:
+    """Wait up to :data:`LISTEN_S` for a new zygote to listen (its stand-ins then wait for its
+    imports); False: it ended or is slow to start, and the workers started now start cold."""
+    deadline = time.monotonic() + LISTEN_S
+    while not path.exists() and zygote.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return path.exists()
+
+
+@contextlib.contextmanager
+def zygote_for_run() -> Iterator[dict[str, str]]:
+    """The environment under which the stand-ins started inside fork from a zygote: nothing to
+    add when :data:`SOCKET_ENV` names a listening one already, else a quiet zygote of this
+    process's own (stopped on leaving; if this process dies first, it stops serving)."""
+    given = os.environ.get(SOCKET_ENV)
+    if given and _is_socket(Path(given)):
+        yield {}
+        return
+    with tempfile.TemporaryDirectory(prefix="omni-warm-") as tmp:
+        path = Path(tmp) / SOCKET_NAME
+        zygote = subprocess.Popen(zygote_command(path, owner=os.getpid(), quiet=True))
+        try:
+            yield {SOCKET_ENV: str(path)} if await_listening(zygote, path) else {}
+        finally:
+            zygote.terminate()
+            try:
+                zygote.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                zygote.kill()
+                zygote.wait()
+
+
+def _is_socket(path: Path) -> bool:
+    try:
+        return stat.S_ISSOCK(path.stat().st_mode)
+    except OSError:
+        return False
+
+
 def unsafe_to_fork() -> str | None:
     """Why a fork now would hand a child broken state (None: safe)."""
     if threading.active_count() > 1:
@@ -77,9 +137,11 @@ def unsafe_to_fork() -> str | None:
     return None
 
 
-def serve(path: Path) -> int:
-    """The zygote: listen, import, then fork a worker per request. Returns only when forking
-    is unsafe (:data:`DECLINED`); a forked child runs its command and exits (:func:`_child`)."""
+def serve(path: Path, owner: int | None = None, *, quiet: bool = False) -> int:
+    """The zygote: listen, import, then fork a worker per request. Returns when forking is
+    unsafe (:data:`DECLINED`), or once ``owner`` (a pid) ended and every child it forked did
+    (0); a forked child runs its command and exits (:func:`_child`). ``quiet``: no line per
+    fork."""
     with contextlib.suppress(FileNotFoundError):
         path.unlink()  # a socket of the container before (the directory outlives it)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -97,21 +159,31 @@ def serve(path: Path) -> int:
     gc.freeze()  # the imports' objects: a child's collections leave their pages shared
     children: dict[int, socket.socket] = {}
     ends: dict[int, int] = {}  # child pid -> its pidfd (readable once it ended)
-    while True:
-        ready = select.select([listener, *ends.values()], [], [], 0.2)[0]
-        if listener in ready:
+    owner_end = _pidfd(owner) if owner is not None else None  # readable once it ended
+    serving = True
+    while serving or children:
+        watched = [listener, *ends.values()] if serving else list(ends.values())
+        if serving and owner_end is not None:
+            watched.append(owner_end)
+        ready = select.select(watched, [], [], 0.2)[0]
+        if serving and listener in ready:
             conn, _ = listener.accept()
-            pid = _fork(conn, listener, children, ends)
+            pid = _fork(conn, listener, children, ends, quiet=quiet)
             if pid is not None:
                 with contextlib.suppress(OSError):  # without pidfds, the timeout reaps
                     ends[pid] = os.pidfd_open(pid)
         _reap(children)
         for pid in [p for p in ends if p not in children]:
             os.close(ends.pop(pid))
+        if serving and owner is not None and (owner_end in ready or not _alive(owner)):
+            serving = False  # no new workers; the running ones' stand-ins still learn their end
+            listener.close()
+            path.unlink(missing_ok=True)
+    return 0
 
 
 def _fork(conn: socket.socket, listener: socket.socket, children: dict[int, socket.socket],
-          ends: dict[int, int]) -> int | None:  # fmt: skip
+          ends: dict[int, int], *, quiet: bool) -> int | None:  # fmt: skip
     """Serve one request: the forked child's pid (None: none); the child never returns."""
     try:
         conn.settimeout(5.0)
@@ -121,13 +193,16 @@ def _fork(conn: socket.socket, listener: socket.socket, children: dict[int, sock
         print(f"omni warm: a bad request ({err})", file=sys.stderr, flush=True)
         conn.close()
         return None
-    why = unsafe_to_fork()
+    why = unsafe_to_fork() or _foreign(request)
     if why is not None:
         for fd in fds:
             os.close(fd)
         with contextlib.suppress(OSError):
             conn.sendall(_HEADER.pack(b"D", 0))
         conn.close()
+        if not quiet:
+            print(f"omni warm: process {request['pid']} starts cold ({why})", file=sys.stderr,
+                  flush=True)  # fmt: skip
         return None
     sys.stdout.flush()
     sys.stderr.flush()
@@ -143,11 +218,22 @@ def _fork(conn: socket.socket, listener: socket.socket, children: dict[int, sock
     for fd in fds:
         os.close(fd)
     children[pid] = conn
-    print(f"omni warm: forked {pid} for process {request['pid']}: {request['entry']} "
-          f"{' '.join(request['args'])}", file=sys.stderr, flush=True)  # fmt: skip
+    if not quiet:
+        print(f"omni warm: forked {pid} for process {request['pid']}: {request['entry']} "
+              f"{' '.join(request['args'])}", file=sys.stderr, flush=True)  # fmt: skip
     with contextlib.suppress(OSError):
         conn.sendall(_HEADER.pack(b"P", pid))
     return pid
+
+
+def _foreign(request: dict[str, Any]) -> str | None:
+    """Why the zygote's imports may not be the requester's (another interpreter, or another
+    import path: a second source tree's command would run this tree's code); None: the same."""
+    ours = (sys.executable, os.environ.get("PYTHONPATH", ""))
+    theirs = (request.get("executable"), request["env"].get("PYTHONPATH", ""))
+    if theirs != ours:
+        return f"its Python and PYTHONPATH {theirs} are not the zygote's {ours}"
+    return None
 
 
 def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
@@ -162,8 +248,10 @@ def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
     for key in ("entry", "args", "env", "cwd", "pid"):
         if key not in request:
             raise KeyError(key)
-    if request["entry"] not in ENTRIES:
-        raise ValueError(f"no entry {request['entry']!r}")
+    if request["entry"] not in ENTRIES or (request["entry"] == SCRIPT and not request["args"]):
+        for fd in fds:
+            os.close(fd)
+        raise ValueError(f"no entry {request['entry']!r} with arguments {request['args']!r}")
     return request, fds
 
 
@@ -203,9 +291,35 @@ def _child(request: dict[str, Any], fds: list[int]) -> NoReturn:
     os.environ.update(request["env"])
     _die_with(int(request["pid"]))
     _as_a_new_process()
-    module, function = ENTRIES[request["entry"]]
-    sys.argv = [module, *request["args"]]
-    run_then_exit(getattr(importlib.import_module(module), function))  # imported already
+    run_then_exit(_entry(request["entry"], request["args"], imported=True))
+
+
+def _entry(entry: str, args: list[str], *, imported: bool) -> Callable[[], object]:
+    """What ``python -m MODULE ARGS`` (``python FILE ARGS`` for :data:`SCRIPT`) runs, with
+    ``sys.argv`` and ``sys.path[0]`` set as that interpreter would set them. ``imported``: call
+    the module's function (the zygote imported it) rather than run the module as ``__main__``."""
+    if entry == SCRIPT:
+        file = os.path.abspath(args[0])
+        sys.argv = list(args)
+        sys.path[0] = os.path.dirname(file)
+        return lambda: _run_file(file)
+    module, function = MODULES[entry]
+    sys.argv = [module, *args]
+    sys.path[0] = os.getcwd()
+    if imported:
+        return getattr(importlib.import_module(module), function)
+    return lambda: runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def _run_file(file: str) -> None:
+    """Execute ``file`` as the ``__main__`` module (the interpreter's own way, which
+    ``runpy.run_path`` is not: it changes ``sys.argv[0]``)."""
+    main = types.ModuleType("__main__")
+    main.__file__ = file
+    sys.modules["__main__"] = main
+    with open(file, "rb") as source:
+        code = compile(source.read(), file, "exec")
+    exec(code, main.__dict__)
 
 
 def run_then_exit(main: Callable[[], object]) -> NoReturn:
@@ -276,6 +390,14 @@ def _die_with(pid: int) -> None:
     threading.Thread(target=watch, name="omni-warm-stand-in", daemon=True).start()
 
 
+def _pidfd(pid: int) -> int | None:
+    """A descriptor readable once ``pid`` ended (None: gone already, or no pidfds here)."""
+    try:
+        return os.pidfd_open(pid)
+    except OSError:
+        return None
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -306,9 +428,7 @@ def stand_in(args: list[str], entry: str = "cli") -> int:
         code = _hand_over(Path(path), entry, args)
         if code is not None:
             return code
-    module, _ = ENTRIES[entry]
-    sys.argv = [module, *args]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    _entry(entry, args, imported=False)()
     return 0
 
 
@@ -318,7 +438,8 @@ def _hand_over(path: Path, entry: str, args: list[str]) -> int | None:
     try:
         sock.connect(connectable(path))
         request = json.dumps({"entry": entry, "args": args, "env": dict(os.environ),
-                              "cwd": os.getcwd(), "pid": os.getpid()}).encode()  # fmt: skip
+                              "cwd": os.getcwd(), "pid": os.getpid(),
+                              "executable": sys.executable}).encode()  # fmt: skip
         socket.send_fds(sock, [struct.pack("!q", len(request))], _stdio())
         sock.sendall(request)
         kind, pid = _message(sock)  # waits while the zygote still imports
@@ -376,12 +497,20 @@ def _forward(pid: int, signum: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["--zygote"] and len(argv) == 2:
-        return serve(Path(argv[1]))
+    if argv[:1] == ["--zygote"]:
+        parser = argparse.ArgumentParser(prog="python -m omni_trainer.warm")
+        parser.add_argument("--zygote", type=Path, required=True, metavar="SOCKET")
+        parser.add_argument("--owner", type=int, help="serve until this process ends")
+        parser.add_argument("--quiet", action="store_true", help="no line per forked worker")
+        opts = parser.parse_args(argv)
+        return serve(opts.zygote, opts.owner, quiet=opts.quiet)
     if argv[:1] and argv[0].startswith("--entry="):
         entry = argv[0].split("=", 1)[1]
         if entry not in ENTRIES:
             print(f"omni_trainer.warm: --entry must be one of {sorted(ENTRIES)}", file=sys.stderr)
+            return 2
+        if entry == SCRIPT and len(argv) < 2:
+            print("omni_trainer.warm: --entry=script needs the file to run", file=sys.stderr)
             return 2
         return stand_in(argv[1:], entry)
     return stand_in(argv)

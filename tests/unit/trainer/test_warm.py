@@ -5,6 +5,7 @@ and streams, forwards signals, and ends as its worker ended; neither outlives th
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -17,7 +18,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from omni_trainer.warm import SOCKET_ENV, through_zygote, unsafe_to_fork
+from omni_trainer.launch import warm_torchrun_argv
+from omni_trainer.warm import SOCKET_ENV, through_zygote, unsafe_to_fork, zygote_for_run
 
 ROOT = Path(__file__).resolve().parents[3]
 STAND_IN = [sys.executable, "-m", "omni_trainer.warm"]
@@ -90,6 +92,111 @@ def test_without_a_zygote_the_stand_in_runs_the_trainer_itself(tmp_path: Path) -
                               capture_output=True, env={**os.environ, **env},
                               timeout=60)  # fmt: skip
         assert cold.returncode == 0 and "valid OmniTrainingJob" in cold.stdout, cold.stderr
+
+
+SCRIPT = """
+import json, os, sys
+print(json.dumps({"argv": sys.argv, "path0": sys.path[0], "name": __name__, "file": __file__,
+                  "cwd": os.getcwd(), "parent": os.getppid()}))
+"""
+
+
+def test_a_script_entry_runs_the_file_as_python_would(zygote: Zygote, tmp_path: Path) -> None:
+    """``--entry=script FILE ARGS``, forked or cold, sees what ``python FILE ARGS`` sees."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub/show.py").write_text(SCRIPT)
+    runs = {}
+    script = [*STAND_IN, "--entry=script", "sub/show.py", "a", "b"]
+    python = [sys.executable, "sub/show.py", "a", "b"]
+    for how, cmd, z in (
+        ("python", python, None),
+        ("cold", script, None),
+        ("forked", script, zygote),
+    ):
+        env = {**os.environ}
+        env.pop(SOCKET_ENV, None)
+        if z is not None:
+            env[SOCKET_ENV] = str(z.socket)
+        done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        runs[how] = json.loads(done.stdout)
+    assert runs["forked"].pop("parent") == zygote.proc.pid
+    assert runs["cold"].pop("parent") == runs["python"].pop("parent") == os.getpid()
+    assert runs["forked"] == runs["cold"] == runs["python"], runs
+    assert runs["python"]["argv"] == ["sub/show.py", "a", "b"]
+    # another import path (a second source tree): the zygote's code is not its code, so cold
+    path = f"{os.environ.get('PYTHONPATH', '')}{os.pathsep}{tmp_path}"
+    other = {**os.environ, SOCKET_ENV: str(zygote.socket), "PYTHONPATH": path}
+    done = subprocess.run(script, cwd=tmp_path, env=other, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert json.loads(done.stdout)["parent"] == os.getpid(), done.stderr
+    assert "starts cold (its Python and PYTHONPATH" in zygote.log.read_text()
+    missing = subprocess.run([*STAND_IN, "--entry=script"], capture_output=True, text=True)
+    assert missing.returncode == 2 and "needs the file to run" in missing.stderr
+
+
+def test_an_owned_zygote_stops_serving_when_its_owner_ends(tmp_path: Path) -> None:
+    """``--owner PID``: once the owner ended the socket is gone (a stand-in started later runs
+    cold), the worker forked before runs to its end, its stand-in learns its exit code, and
+    then the zygote exits."""
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    sock = tmp_path / "warm.sock"
+    log = tmp_path / "zygote.log"
+    with log.open("wb") as err:
+        z = subprocess.Popen([*STAND_IN, "--zygote", str(sock), f"--owner={owner.pid}", "--quiet"],
+                             stderr=err)  # fmt: skip
+    try:
+        _wait("the zygote listening", sock.exists, timeout=30)  # before its imports
+        flag = tmp_path / "go"
+        script = tmp_path / "slow.py"
+        script.write_text(f"import os, pathlib, sys, time\n"
+                          f"while not pathlib.Path({str(flag)!r}).exists(): time.sleep(0.05)\n"
+                          f"print(os.getppid()); sys.exit(5)\n")  # fmt: skip
+        env = {**os.environ, SOCKET_ENV: str(sock)}
+        run = subprocess.Popen([*STAND_IN, "--entry=script", str(script)], env=env,
+                               stdout=subprocess.PIPE, text=True)  # fmt: skip
+        _wait("the worker forked", lambda: psutil.Process(z.pid).children(), timeout=120)
+        owner.kill()
+        owner.wait()
+        _wait("the socket gone", lambda: not sock.exists(), timeout=10)
+        assert z.poll() is None  # its worker still runs
+        flag.write_text("")
+        out, _ = run.communicate(timeout=30)
+        assert run.returncode == 5 and int(out) == z.pid
+        assert z.wait(timeout=10) == 0
+        assert "forked" not in log.read_text()  # --quiet
+    finally:
+        for proc in (owner, z):
+            proc.kill()
+            proc.wait()
+
+
+def test_a_run_zygote_is_the_given_one_or_its_own(
+    zygote: Zygote, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``zygote_for_run``: a listening zygote named in the environment serves as it is; else one
+    of this process's own serves the run (torchrun and its workers fork from it) and is gone,
+    with its socket's directory, after the run."""
+    monkeypatch.setenv(SOCKET_ENV, str(zygote.socket))
+    with zygote_for_run() as env:
+        assert env == {}
+    monkeypatch.setenv(SOCKET_ENV, str(tmp_path / "stale.sock"))  # nobody listens there
+    (tmp_path / "show.py").write_text(
+        SCRIPT.replace("print(", f"open({str(tmp_path)!r} + '/' + os.environ['RANK'], 'w').write(")
+    )
+    with zygote_for_run() as env:
+        assert list(env) == [SOCKET_ENV] and env[SOCKET_ENV] != os.environ[SOCKET_ENV]
+        (own,) = [p for p in psutil.Process().children() if env[SOCKET_ENV] in p.cmdline()]
+        assert f"--owner={os.getpid()}" in own.cmdline()
+        cmd = warm_torchrun_argv(2, "--entry=script", str(tmp_path / "show.py"))
+        done = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True,
+                              timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert not own.is_running() and not Path(env[SOCKET_ENV]).parent.exists()
+    for rank in ("0", "1"):
+        shown = json.loads((tmp_path / rank).read_text())
+        assert shown["parent"] == own.pid and shown["name"] == "__main__", shown
 
 
 ENDINGS = {
