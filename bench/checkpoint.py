@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from omni_trainer.launch import torchrun_argv
+from omni_trainer.launch import warm_torchrun_argv
 
 MB = 1 << 20
 
@@ -129,15 +129,9 @@ def plan_worker(out: Path, tensors: int, kb: int, saves: int) -> None:
 
 
 def bench_plans(root: Path, *, tensors: int, kb: int, saves: int, nproc: int) -> dict:
-    cmd = [
-        *torchrun_argv(nproc),
-        __file__,
-        "--plan-worker",
-        str(root),
-        f"--tensors={tensors}",
-        f"--kb={kb}",
-        f"--saves={saves}",
-    ]
+    # workers fork from a zygote when one is named (the test suite's): saves are timed, not starts
+    cmd = warm_torchrun_argv(nproc, "--entry=script", __file__, "--plan-worker", str(root),
+                             f"--tensors={tensors}", f"--kb={kb}", f"--saves={saves}")  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ})
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-4000:])

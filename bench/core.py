@@ -30,6 +30,8 @@ from pathlib import Path
 
 import yaml
 
+from omni_trainer.warm import SOCKET_ENV
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -50,6 +52,7 @@ def run(tree: Path, doc: dict, *, nproc: int, steps: int, name: str, workdir: Pa
     manifest, summary = workdir / f"{name}.yaml", workdir / f"{name}.json"
     manifest.write_text(yaml.safe_dump(doc))
     env = {**os.environ, "PYTHONPATH": f"{tree}/trainer:{tree}/operator"}
+    env.pop(SOCKET_ENV, None)  # a zygote of another tree's code declines: each run brings its own
     cmd = [sys.executable, "-m", "omni_trainer.cli", "train", str(manifest)]
     cmd += ["--steps", str(steps), "--nproc", str(nproc), "--summary", str(summary)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tree)

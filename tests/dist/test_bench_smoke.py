@@ -9,9 +9,9 @@ A script in bench/ with neither an entry in :data:`SMOKE` nor in :data:`COVERED_
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+import psutil
 import pytest
 
 pytestmark = pytest.mark.dist
@@ -49,6 +50,11 @@ COVERED_ELSEWHERE: dict[str, str] = {
     "gpu_check.py": "tests/dist/test_gpu_check.py",  # --cpu-smoke, its JSON checked part by part
     "fake_layouts.py": "tests/dist/test_gpu_check.py",  # gpu_check's ``layouts`` part
 }
+STAND_IN = [sys.executable, "-m", "omni_trainer.warm", "--entry=script"]
+"""How a script starts: as ``python SCRIPT`` would, forked from the session's zygote (the
+imports of torch and the trainer, most of a smoke run's CPU, paid once)."""
+RUN_MARKER = "OMNI_BENCH_SMOKE"
+"""In the environment of a run's stand-in and of every process its script starts."""
 AT_ONCE = 3
 """Runs side by side: most wait on their own subprocesses or sleeps part of the time."""
 TIMEOUT_S = 420
@@ -67,18 +73,17 @@ def runs(request: pytest.FixtureRequest) -> Iterator[dict[str, Future[tuple[int,
     def run(script: str) -> tuple[int, str, float]:
         t0 = time.perf_counter()
         proc = subprocess.Popen(
-            [sys.executable, str(BENCH / script), "--smoke"],
+            [*STAND_IN, str(BENCH / script), "--smoke"],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
             cwd=ROOT,
-            env={**os.environ, "OMNI_NUM_THREADS": "1"},
-            start_new_session=True,  # a timeout ends the script's own subprocesses too
+            env={**os.environ, "OMNI_NUM_THREADS": "1", RUN_MARKER: script},
         )
         try:
             out, _ = proc.communicate(timeout=TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            _kill_the_run_of(script)
             out = proc.communicate()[0] + f"\n(killed after {TIMEOUT_S} s)"
         return proc.returncode, out, time.perf_counter() - t0
 
@@ -86,6 +91,16 @@ def runs(request: pytest.FixtureRequest) -> Iterator[dict[str, Future[tuple[int,
     futures = {script: pool.submit(run, script) for script in SMOKE if script in selected}
     yield futures
     pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _kill_the_run_of(script: str) -> None:
+    """SIGKILL every process of ``script``'s run, found by the marker in the environment it
+    started with: the stand-in (the forked script dies with it) and whatever the script started
+    (a forked process is not in its stand-in's tree)."""
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get(RUN_MARKER) == script:
+                proc.kill()
 
 
 def test_every_bench_script_has_a_smoke_run() -> None:

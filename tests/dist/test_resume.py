@@ -54,8 +54,8 @@ def kill_a_worker_after(
     sig: signal.Signals = signal.SIGKILL,
 ) -> None:
     """Signal one torchrun worker of ``job``'s run (SIGKILL: a crash) as soon as ``committed``
-    exists. Its workers are the stand-ins torchrun started (``omni_trainer.warm``, whose trainer
-    a zygote forked, or which runs it itself): the trainer dies with its stand-in."""
+    exists. Its workers are the stand-ins torchrun started (``omni_trainer.warm``: a zygote's
+    forked trainer dies with its stand-in; without a zygote the stand-in is the trainer)."""
     deadline = time.monotonic() + timeout
     while not committed.exists():
         assert popen.poll() is None, "the run ended before its checkpoint"
@@ -67,12 +67,12 @@ def kill_a_worker_after(
 
 
 def _is_worker(process: psutil.Process, job: Path) -> bool:
+    """A process torchrun started for ``job`` (its start environment has torchrun's LOCAL_RANK;
+    a forked trainer's shows its zygote's)."""
     try:
-        cmd = process.cmdline()
+        return str(job) in process.cmdline() and "LOCAL_RANK" in process.environ()
     except psutil.Error:
         return False
-    stand_in = "omni_trainer.warm" in cmd and not any(a.startswith("--entry=") for a in cmd)
-    return stand_in and str(job) in cmd
 
 
 @pytest.fixture(scope="module")

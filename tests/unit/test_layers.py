@@ -88,14 +88,16 @@ TRAINER_LAYERS: list[tuple[str, list[str]]] = [
         ],
     ),
     ("components: the step's runtime parts", ["omni_trainer.components"]),
-    ("the training loop and its launch", ["omni_trainer.trainer", "omni_trainer.launch"]),
+    (
+        "the training loop and its launch (torchrun, the zygote its workers fork from)",
+        ["omni_trainer.trainer", "omni_trainer.launch", "omni_trainer.warm"],
+    ),
     (
         "offline planning, the pod's supervisor, the command line",
         [
             "omni_trainer.planner",
             "omni_trainer.plan",
             "omni_trainer.preflight",
-            "omni_trainer.warm",
             "omni_trainer.supervisor",
             "omni_trainer.cli",
         ],
@@ -191,6 +193,7 @@ TORCH_FREE = [
     "omni_trainer.costs.devices",
     "omni_trainer.pod_protocol",
     "omni_trainer.supervisor",
+    "omni_trainer.warm",
     "omni_trainer.termination",
     "omni_trainer.failure_report",
     "omni_trainer.storage",

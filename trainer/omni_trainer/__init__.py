@@ -5,8 +5,8 @@ spec (the manifest and its config modules, ``costs``, ``storage``, the operator<
 what the operator and the planner import, so loading this package imports no torch); then
 ``data``, ``balance``, ``distributed`` and ``mcore``; ``models``, ``checkpoint`` and ``interop``;
 ``multiplex`` (the step's dataflow tables); ``components`` (the step's runtime parts); the
-training loop (``trainer``, ``launch``); and on top the planner, the pod's supervisor and the
-command line (``cli``). ``tests/unit/test_layers.py`` holds the order.
+training loop and its launch (``trainer``, ``launch``, ``warm``); and on top the planner, the
+pod's supervisor and the command line (``cli``). ``tests/unit/test_layers.py`` holds the order.
 """
 
 from omni_trainer import megatron_imports

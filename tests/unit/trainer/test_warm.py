@@ -146,6 +146,7 @@ def test_an_owned_zygote_stops_serving_when_its_owner_ends(tmp_path: Path) -> No
     with log.open("wb") as err:
         z = subprocess.Popen([*STAND_IN, "--zygote", str(sock), f"--owner={owner.pid}", "--quiet"],
                              stderr=err)  # fmt: skip
+    started = [owner, z]
     try:
         _wait("the zygote listening", sock.exists, timeout=30)  # before its imports
         flag = tmp_path / "go"
@@ -156,6 +157,7 @@ def test_an_owned_zygote_stops_serving_when_its_owner_ends(tmp_path: Path) -> No
         env = {**os.environ, SOCKET_ENV: str(sock)}
         run = subprocess.Popen([*STAND_IN, "--entry=script", str(script)], env=env,
                                stdout=subprocess.PIPE, text=True)  # fmt: skip
+        started.append(run)
         _wait("the worker forked", lambda: psutil.Process(z.pid).children(), timeout=120)
         owner.kill()
         owner.wait()
@@ -167,7 +169,7 @@ def test_an_owned_zygote_stops_serving_when_its_owner_ends(tmp_path: Path) -> No
         assert z.wait(timeout=10) == 0
         assert "forked" not in log.read_text()  # --quiet
     finally:
-        for proc in (owner, z):
+        for proc in started:
             proc.kill()
             proc.wait()
 
