@@ -41,7 +41,7 @@ ifeq ($(strip $(PYTEST_ARGS)),)
 	$(BIN)/python -m pytest -q --durations=25 $(addprefix --ignore=,$(KUBERNETES_ONLY)) \
 	  --ignore=tests/operator --ignore=tests/chart; \
 	rest=$$?; wait $$lane; kube=$$?; \
-	echo "---- tests/sandbox tests/operator tests/chart (run beside the above)"; \
+	echo "---- tests/sandbox (less $(BALANCE)) tests/operator tests/chart (run beside the above)"; \
 	cat .pytest-kubernetes.log; \
 	echo "test lanes: rest exit $$rest, kubernetes exit $$kube"; [ $$rest -eq 0 ] && [ $$kube -eq 0 ]
 else

@@ -182,6 +182,13 @@ def _rates_worker(threads, shapes, attn, barrier, out) -> None:
     out.put((flops / seconds, 3.0 * per * MICRO_BATCH / _timed(attention)))
 
 
+def _measuring_context():
+    """Measuring processes fork from this one: it imported torch but runs no tensor op and
+    starts no thread before its last measurement (the simulator runs after), so a child has
+    nothing to set up again, where a spawned one would import torch and this module again."""
+    return mp.get_context("fork")
+
+
 def measure_rates(cfg, shapes, *, world: int, cores: int, threads: int = 0) -> CpuRates:
     """Rates of one process of a world-``world`` run, measured by as many processes at once as
     that run has processes with a core of their own (median over them)."""
@@ -189,7 +196,7 @@ def measure_rates(cfg, shapes, *, world: int, cores: int, threads: int = 0) -> C
     k = concurrent_processes(world, cores)
     llm = cfg.model.llm
     attn = (cfg.data.seq_length, llm.num_attention_heads, llm.head_dim)
-    ctx = mp.get_context("spawn")
+    ctx = _measuring_context()
     q, barrier = ctx.Queue(), ctx.Barrier(k)
     procs = [ctx.Process(target=_rates_worker, args=(threads, shapes, attn, barrier, q))
              for _ in range(k)]  # fmt: skip
@@ -242,7 +249,7 @@ def gloo_link(sizes: list[int]) -> tuple[list[float], Link]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
+    ctx = _measuring_context()
     q = ctx.Queue()
     procs = [ctx.Process(target=_allreduce_worker, args=(r, port, sizes, q)) for r in range(2)]
     for p in procs:
@@ -340,7 +347,8 @@ def main() -> int:
     for key in runs:
         w, t = key
         for attempt in range(1, args.attempts + 1):
-            wait_quiet(cores, threshold=args.max_foreign)
+            if args.max_foreign < 1:  # else no share can exceed it: nothing to wait for
+                wait_quiet(cores, threshold=args.max_foreign)
             n = copies.get(key, 1)
             like = w if n == 1 else n  # rates measured by as many processes as run at once
             with Foreign(cores) as f:

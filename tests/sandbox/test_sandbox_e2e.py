@@ -36,6 +36,11 @@ BIN = Path(sys.executable).parent
 OMNI = [sys.executable, "-m", "omni_trainer.cli"]
 STEPS = 40
 SANDBOX_DIR = ".sandbox"
+POD_THREADS = "1"
+"""Intra-op threads of every trainer here (``OMNI_NUM_THREADS``, which the sandbox's pods inherit
+from its environment): the sandbox's nodes and the suite's other lane share this machine's
+cores, so a pod's trainer taking every core (its default) would only contend, and the
+uninterrupted run must use the same count for its float sums to run in the same order."""
 
 
 def _manifest(path: Path, *, step_log: str, checkpoint: str | None, steps: int = STEPS) -> None:
@@ -57,16 +62,16 @@ _REFERENCE_LOGS: dict[str, Path] = {}
 
 def uninterrupted_run(cwd: Path) -> dict[int, float]:
     """Losses by step of ``ref.yaml`` (the job without faults) trained by `omni train` on two
-    local processes, with the intra-op threads of a sandbox pod (one trainer per pod: every
-    core), so the float sums run in the same order and the curves compare bit for bit (with
-    one thread each they drift apart by ~1e-7 a step). Its step log is ``runs/ref/steps.jsonl``."""
+    local processes, with the intra-op threads of a sandbox pod (:data:`POD_THREADS`), so the
+    float sums run in the same order and the curves compare bit for bit (at other thread
+    counts they drift apart by ~1e-7 a step). Its step log is ``runs/ref/steps.jsonl``."""
     key = hashlib.sha256((cwd / "ref.yaml").read_bytes()).hexdigest()
     log = cwd / "runs/ref/steps.jsonl"
     if key in _REFERENCE_LOGS:
         log.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(_REFERENCE_LOGS[key], log)
         return read_step_log(log)
-    env = {**os.environ, "OMNI_NUM_THREADS": str(os.cpu_count() or 1)}
+    env = {**os.environ, "OMNI_NUM_THREADS": POD_THREADS}
     subprocess.run([*OMNI, "train", "ref.yaml", "--nproc", "2"], cwd=cwd, env=env, check=True,
                    capture_output=True, timeout=600)  # fmt: skip
     _REFERENCE_LOGS[key] = log
@@ -101,7 +106,8 @@ class Sandbox:
         self, cwd: Path, env: dict[str, str] | None = None, *, nodes: int = 4, args: tuple = ()
     ) -> None:
         self.cwd, self.log = cwd, cwd / "sandbox.log"
-        self.env = {**(env or os.environ), "KUBECONFIG": str(cwd / SANDBOX_DIR / "kubeconfig")}
+        self.env = {**(env or os.environ), "OMNI_NUM_THREADS": POD_THREADS,
+                    "KUBECONFIG": str(cwd / SANDBOX_DIR / "kubeconfig")}  # fmt: skip
         self.argv = [*OMNI, "sandbox", "up", "--nodes", str(nodes), "--gpus-per-node", "0",
                      "--resync", "1", "--dir", SANDBOX_DIR, *args]  # fmt: skip
         self.proc: subprocess.Popen[bytes] | None = None
@@ -182,8 +188,9 @@ def test_graceful_delete_then_node_lost_resume_and_match_an_uninterrupted_run(
     emergency checkpoint, and the restart resumes from it (no step recomputed). Later a node
     is lost: the job restarts from its last checkpoint on other nodes."""
     # two faults, each timed by the status (which trails the trainer by ~10-15 s here): long
-    # enough that the second lands while the job still trains (~0.3 s a step on this machine)
-    steps = 120
+    # enough that the second lands while the job still trains (at step 23 with the suite's
+    # sandbox tests alone, 0.3 s a step; the rest is room for a loaded machine)
+    steps = 80
     _manifest(tmp_path / "job.yaml", step_log="runs/job/steps.jsonl", checkpoint="runs/job/ckpt",
               steps=steps)  # fmt: skip
     _manifest(tmp_path / "ref.yaml", step_log="runs/ref/steps.jsonl", checkpoint=None,
@@ -284,8 +291,10 @@ def _pods(sb: Sandbox) -> dict[str, dict[str, Any]]:
     return {p["metadata"]["name"]: p for p in items}
 
 
-RUN_IN_PLACE_STEPS = 150
-"""Long enough that both faults land while training runs (about 0.3 s a step on this machine)."""
+RUN_IN_PLACE_STEPS = 100
+"""Long enough that both faults land while training runs: they landed at steps 21 and 37 (0.3 s
+a step) with the suite's sandbox tests alone; the rest is room for a loaded machine, whose
+status trails further."""
 
 
 def test_a_crashed_trainer_and_a_dead_container_restart_in_place_exactly(tmp_path: Path) -> None:

@@ -14,8 +14,10 @@ from omni_trainer.components.progress import read_step_log
 
 from .test_sandbox_e2e import SANDBOX_DIR, Sandbox, _fault, _manifest, uninterrupted_run
 
-STEPS = 150
-"""Long enough that the node loss lands while the job trains (about 0.3 s a step here)."""
+STEPS = 60
+"""Long enough that the node loss lands while the job trains: the fault follows the second
+fast save (step 8) within a poll of the node's disk and the kubelet's watch (a few seconds, at
+0.1-0.3 s a step here)."""
 FAST = 4
 
 

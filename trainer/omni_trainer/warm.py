@@ -237,22 +237,28 @@ def _foreign(request: dict[str, Any]) -> str | None:
 
 
 def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """A request and its standard streams; a malformed one releases the streams it brought."""
     head, fds, _, _ = socket.recv_fds(conn, 8, len(_STDIO))
+    try:
+        return _validated(conn, head, fds), fds
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
+def _validated(conn: socket.socket, head: bytes, fds: list[int]) -> dict[str, Any]:
     head += _exactly(conn, 8 - len(head))
     (size,) = struct.unpack("!q", head)
     if len(fds) != len(_STDIO) or not 0 < size < 1 << 24:
-        for fd in fds:
-            os.close(fd)
         raise ValueError(f"{len(fds)} descriptors, {size} bytes")
     request = json.loads(_exactly(conn, size))
     for key in ("entry", "args", "env", "cwd", "pid"):
         if key not in request:
             raise KeyError(key)
     if request["entry"] not in ENTRIES or (request["entry"] == SCRIPT and not request["args"]):
-        for fd in fds:
-            os.close(fd)
         raise ValueError(f"no entry {request['entry']!r} with arguments {request['args']!r}")
-    return request, fds
+    return request
 
 
 def _exactly(conn: socket.socket, n: int) -> bytes:

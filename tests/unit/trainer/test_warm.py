@@ -8,6 +8,8 @@ import contextlib
 import json
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -280,6 +282,32 @@ def test_signals_pass_and_neither_outlives_the_other(zygote: Zygote, tmp_path: P
     zygote.workers()[0].kill()
     run.communicate(timeout=30)
     assert run.returncode == -signal.SIGKILL  # as torchrun would see its own worker killed
+
+
+@pytest.mark.parametrize("request_", [{"args": []}, {"entry": "nothing", "args": [], "env": {},
+                                      "cwd": "/", "pid": 1}, "not json"])  # fmt: skip
+def test_a_malformed_request_is_refused_and_its_streams_released(
+    zygote: Zygote, tmp_path: Path, request_: object
+) -> None:
+    """A request missing a key, naming no entry or not JSON at all: the zygote says so, keeps
+    none of the three descriptors that came with it, and serves the next request."""
+    served = _stand_in(["validate", "nothing.yaml"], tmp_path, zygote)
+    served.communicate(timeout=120)  # the imports are done: descriptors now are the zygote's own
+    held = len(os.listdir(f"/proc/{zygote.proc.pid}/fd"))
+    body = (request_ if isinstance(request_, str) else json.dumps(request_)).encode()
+    streams = [os.open(os.devnull, os.O_RDWR) for _ in range(3)]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(str(zygote.socket))
+        socket.send_fds(sock, [struct.pack("!q", len(body))], streams)
+        for fd in streams:
+            os.close(fd)
+        sock.sendall(body)
+        assert sock.recv(16) == b""  # closed without an answer
+    _wait("the refusal", lambda: "omni warm: a bad request" in zygote.log.read_text(), 30)
+    assert len(os.listdir(f"/proc/{zygote.proc.pid}/fd")) == held
+    again = _stand_in(["validate", "nothing.yaml"], tmp_path, zygote)
+    _, err = again.communicate(timeout=60)
+    assert again.returncode == 2 and "nothing.yaml: no such file" in err, err
 
 
 def test_forking_is_declined_beside_another_thread() -> None:
