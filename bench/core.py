@@ -30,6 +30,7 @@ from pathlib import Path
 
 import yaml
 
+import omni_trainer
 from omni_trainer.warm import SOCKET_ENV
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,14 +52,23 @@ def bench_job(pipeline: int, layers: int = 4) -> dict:
 def run(tree: Path, doc: dict, *, nproc: int, steps: int, name: str, workdir: Path) -> dict:
     manifest, summary = workdir / f"{name}.yaml", workdir / f"{name}.json"
     manifest.write_text(yaml.safe_dump(doc))
-    env = {**os.environ, "PYTHONPATH": f"{tree}/trainer:{tree}/operator"}
-    env.pop(SOCKET_ENV, None)  # a zygote of another tree's code declines: each run brings its own
     cmd = [sys.executable, "-m", "omni_trainer.cli", "train", str(manifest)]
     cmd += ["--steps", str(steps), "--nproc", str(nproc), "--summary", str(summary)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tree)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env_for(tree), cwd=tree)
     if proc.returncode:
         sys.exit(f"{name}: omni train failed\n{proc.stderr[-3000:]}")
     return json.loads(summary.read_text())
+
+
+def _env_for(tree: Path) -> dict[str, str]:
+    """A run's environment: this process's own when it imports ``tree``'s trainer (a zygote it
+    names serves the run), else ``tree``'s source first on the import path and no zygote (one
+    of another tree's code would decline: the run's launcher brings its own)."""
+    if Path(omni_trainer.__file__).resolve().is_relative_to(tree.resolve()):
+        return dict(os.environ)
+    env = {**os.environ, "PYTHONPATH": f"{tree}/trainer:{tree}/operator"}
+    env.pop(SOCKET_ENV, None)
+    return env
 
 
 def compare_overlap(*, rounds: int, steps: int, layers: int) -> None:

@@ -30,20 +30,20 @@ BENCH = ROOT / "bench"
 SMOKE: dict[str, str] = {
     # script: a line its smoke run prints (a regular expression, searched in stdout)
     "faults.py": r"crash\s+\S+ s",
-    "core.py": r"pp2: before [\d,]+ tok/s .* after / before = \d",
+    "interop.py": r"export \(one process, fp32 params -> [\d.]+ GiB safetensors\)",
     "multiplex.py": r"median step-time ratio \d",
     "calibrate.py": r"# (PASS|FAIL): predictions within",
     "data.py": r"data time without / with prefetch: [\d.]+x; same loss curve: True",
-    "checkpoint.py": r"later saves, cache off / on: [\d.]+x",
-    "interop.py": r"export \(one process, fp32 params -> [\d.]+ GiB safetensors\)",
+    "core.py": r"pp2: before [\d,]+ tok/s .* after / before = \d",
     "preflight.py": r"0.1\s+n1 late\s+[\d.]+",
-    "freeze.py": r"projector-only step is [\d.]+x faster",
     "operator_scale.py": r"\s+4\s+8 crash\s+[\d.]+\s+\d+",
     "attention.py": r"sdpa per sample\s+[\d.]+ ms",
+    "freeze.py": r"projector-only step is [\d.]+x faster",
     "storage_outage.py": r"outage of 1 s: a write during it refused",
+    "checkpoint.py": r"later saves, cache off / on: [\d.]+x",
+    "shared_cluster.py": r"backfill \| [\d.]+ min \|(.|\n)*scheduler \| [\d.]+ min \|",
     "paper.py": r"#   A: LLaMA-7B",
     "balance.py": r"13:74:13\s+4 \| [\d.]+",
-    "shared_cluster.py": r"backfill \| [\d.]+ min \|(.|\n)*scheduler \| [\d.]+ min \|",
 }
 """Ordered longest first: the slow runs start at once, the short ones fill in beside them."""
 COVERED_ELSEWHERE: dict[str, str] = {
@@ -119,6 +119,7 @@ def test_smoke_run_prints_its_figures(
     script: str, runs: dict[str, Future[tuple[int, str, float]]]
 ) -> None:
     code, out, seconds = runs[script].result()
+    print(f"bench/{script} --smoke: {seconds:.1f} s")  # pytest -rA shows each run's time
     assert code == 0, f"bench/{script} --smoke exited {code} after {seconds:.0f} s:\n{out[-4000:]}"
     assert re.search(SMOKE[script], out), (
         f"bench/{script} --smoke printed no line like {SMOKE[script]!r}:\n{out[-4000:]}"

@@ -15,12 +15,20 @@ import yaml
 from omni_trainer.components.progress import read_step_log
 
 from ..step_logs import read_step_samples
-from .test_sandbox_e2e import Sandbox, _fault, _manifest, _pods, last_logged_step, uninterrupted_run
+from .test_sandbox_e2e import (
+    RUN_IN_PLACE_STEPS,
+    Sandbox,
+    _fault,
+    _manifest,
+    _pods,
+    last_logged_step,
+    uninterrupted_run,
+)
 
-STEPS = 100
-"""Long enough that both node losses land while the job trains: they landed at steps 18 and 26
-(0.3 s a step) with the suite's sandbox tests alone; the rest is room for a loaded machine,
-whose status trails further (15 s is 50 steps)."""
+STEPS = RUN_IN_PLACE_STEPS
+"""Long enough that both node losses land while the job trains (at steps 18 and 26, 0.3 s a
+step, with the suite's sandbox tests alone), and the in-place test's length: one uninterrupted
+run serves both."""
 RANK = "omni.megascale.io/node-rank"
 
 
