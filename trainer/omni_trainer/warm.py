@@ -253,6 +253,8 @@ def _validated(conn: socket.socket, head: bytes, fds: list[int]) -> dict[str, An
     if len(fds) != len(_STDIO) or not 0 < size < 1 << 24:
         raise ValueError(f"{len(fds)} descriptors, {size} bytes")
     request = json.loads(_exactly(conn, size))
+    if not isinstance(request, dict):
+        raise ValueError(f"a request is a JSON object, not {type(request).__name__}")
     for key in ("entry", "args", "env", "cwd", "pid"):
         if key not in request:
             raise KeyError(key)

@@ -285,12 +285,12 @@ def test_signals_pass_and_neither_outlives_the_other(zygote: Zygote, tmp_path: P
 
 
 @pytest.mark.parametrize("request_", [{"args": []}, {"entry": "nothing", "args": [], "env": {},
-                                      "cwd": "/", "pid": 1}, "not json"])  # fmt: skip
+                                      "cwd": "/", "pid": 1}, "not json", 5])  # fmt: skip
 def test_a_malformed_request_is_refused_and_its_streams_released(
     zygote: Zygote, tmp_path: Path, request_: object
 ) -> None:
-    """A request missing a key, naming no entry or not JSON at all: the zygote says so, keeps
-    none of the three descriptors that came with it, and serves the next request."""
+    """A request missing a key, naming no entry, not JSON or not an object: the zygote says so,
+    keeps none of the three descriptors that came with it, and serves the next request."""
     served = _stand_in(["validate", "nothing.yaml"], tmp_path, zygote)
     served.communicate(timeout=120)  # the imports are done: descriptors now are the zygote's own
     held = len(os.listdir(f"/proc/{zygote.proc.pid}/fd"))
