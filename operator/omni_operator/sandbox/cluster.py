@@ -18,7 +18,7 @@ import dataclasses
 import json
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ import aiohttp
 import kmock
 import kopf
 import yaml
+from aiohttp.web_protocol import RequestHandler
 
 from omni_operator.sandbox import kueue
 from omni_operator.sandbox.control import STATE_FILE
@@ -197,20 +198,8 @@ class Sandbox:
             sb.tasks.append(asyncio.create_task(DeploymentController(url).run(),
                                                 name="sandbox-deployments"))  # fmt: skip
             if config.operator:
-                import omni_operator.handlers  # noqa: F401  (registers the operator's handlers)
-
                 memo = kopf.Memo(api_server=url, resync_seconds=config.resync_seconds)
-                sb.tasks.append(
-                    asyncio.create_task(
-                        kopf.operator(
-                            registry=kopf.get_default_registry(),
-                            standalone=True,
-                            clusterwide=True,
-                            memo=memo,
-                        ),
-                        name="sandbox-operator",
-                    )
-                )
+                sb.tasks.append(asyncio.create_task(_operator(memo), name="sandbox-operator"))
             sb._write_state()
             try:
                 yield sb
@@ -244,6 +233,43 @@ class Sandbox:
             "operator": self.config.operator,
         }
         (workdir / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+
+
+class _SandboxTasks(Collection["asyncio.Task[Any]"]):
+    """The tasks kopf must not count as its operator's when it stops: those that existed before
+    it started, the sandbox's own (named ``sandbox-*``), and the API server's handlers of open
+    connections (aiohttp's ``RequestHandler.start``, one per keep-alive or watch connection of
+    the kubelet, Kueue and the Deployment controller). kopf gives each task begun after it
+    started 5 s to end on its own; those never end while the sandbox runs."""
+
+    def __init__(self, before: Collection[asyncio.Task[Any]]) -> None:
+        self._before = frozenset(before)
+
+    def __contains__(self, task: object) -> bool:
+        if task in self._before:
+            return True
+        if not isinstance(task, asyncio.Task):
+            return False
+        code = getattr(task.get_coro(), "cr_code", None)
+        return task.get_name().startswith("sandbox-") or code is RequestHandler.start.__code__
+
+    def __iter__(self) -> Iterator[asyncio.Task[Any]]:
+        return iter(self._before)
+
+    def __len__(self) -> int:
+        return len(self._before)
+
+
+async def _operator(memo: kopf.Memo) -> None:
+    """The operator, as ``kopf.operator`` runs it (its handlers, in-cluster mode, SIGINT/SIGTERM
+    stop it), but stopping at once: see :class:`_SandboxTasks`."""
+    import omni_operator.handlers  # noqa: F401  (registers the operator's handlers)
+
+    before = _SandboxTasks(asyncio.all_tasks())
+    tasks = await kopf.spawn_tasks(
+        registry=kopf.get_default_registry(), standalone=True, clusterwide=True, memo=memo
+    )
+    await kopf.run_tasks(tasks, ignored=before)
 
 
 async def _post(http: aiohttp.ClientSession, url: str, path: str, body: Any) -> None:
