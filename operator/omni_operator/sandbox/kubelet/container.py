@@ -111,7 +111,8 @@ def set_throttle(c: Container, *, on: bool) -> None:
             return [p for p in pod_processes(c.uid) if p.pid != c.proc.pid]
 
         c.throttle = asyncio.get_running_loop().create_task(
-            degrade.throttle(processes, stop_s=stop_s, run_s=THROTTLE_PERIOD_S - stop_s)
+            degrade.throttle(processes, stop_s=stop_s, run_s=THROTTLE_PERIOD_S - stop_s),
+            name=f"sandbox-throttle-{c.pod}",
         )
         log.warning(f"sandbox: {c.pod} throttled ({THROTTLE_STOPPED:.0%} of the time stopped)")
     elif not on and c.throttle is not None:

@@ -110,7 +110,9 @@ class Faults:
             mine = [c for c in containers if c.node == sim.name and not c.hung]
             return [p for c in mine for p in pod_processes(c.uid) if p.pid != c.proc.pid]
 
-        sim.degraded = asyncio.get_running_loop().create_task(degrade.throttle(processes))
+        sim.degraded = asyncio.get_running_loop().create_task(
+            degrade.throttle(processes), name=f"sandbox-degraded-{sim.name}"
+        )
         log.warning(f"sandbox: node {sim.name}'s network degraded (its pods stall in a duty cycle)")
 
     async def on_pod(self, pod: Obj, c: Container) -> bool:
