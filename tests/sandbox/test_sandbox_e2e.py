@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -36,8 +35,12 @@ BIN = Path(sys.executable).parent
 OMNI = [sys.executable, "-m", "omni_trainer.cli"]
 STEPS = 40
 GRACEFUL_STEPS = 120
-"""The graceful-delete test's length, and the restarted sandbox's (one uninterrupted run serves
-both)."""
+"""The graceful-delete test's length, and the restarted sandbox's."""
+REFERENCE_STEPS = 240
+"""The longest uninterrupted run a test here compares with (the replaced straggler's). Every
+sandbox job's learning rate decays over this many steps (``lrSchedule.decaySteps``), whatever
+its length, so a job of N steps trains as the first N steps of a job of this length does, and
+one uninterrupted run of this length serves every test of the session."""
 SANDBOX_DIR = ".sandbox"
 POD_THREADS = "1"
 """Intra-op threads of every trainer here (``OMNI_NUM_THREADS``, which the sandbox's pods inherit
@@ -46,40 +49,57 @@ cores, so a pod's trainer taking every core (its default) would only contend, an
 uninterrupted run must use the same count for its float sums to run in the same order."""
 
 
-def _manifest(path: Path, *, step_log: str, checkpoint: str | None, steps: int = STEPS) -> None:
+def _manifest(
+    path: Path,
+    *,
+    step_log: str,
+    checkpoint: str | None,
+    steps: int = STEPS,
+    decay_steps: int = REFERENCE_STEPS,
+) -> None:
     doc = yaml.safe_load((EXAMPLES / "tiny-cpu.yaml").read_text())
     spec = doc["spec"]
     spec["nodes"] = 2  # two pods on two sandbox nodes: a real cross-node torchrun rendezvous
     spec["restartPolicy"] = {"nodeLostGraceSeconds": 5, "backoffSeconds": {"base": 0, "max": 0}}
     trainer = spec["trainer"]
     trainer["train"].update(steps=steps, stepLog=step_log)
+    trainer["lrSchedule"]["decaySteps"] = decay_steps
     if checkpoint:
         trainer["checkpoint"] = {"path": checkpoint, "intervalSteps": 10}
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
 
 
 _REFERENCE_LOGS: dict[str, Path] = {}
-"""Step logs of the uninterrupted runs of this session by the sha256 of the manifest's content
-(its keys in any order): tests whose ``ref.yaml`` is the same job train it once (the run is
-deterministic)."""
+"""Step logs of the uninterrupted runs of this session by the sha256 of what their losses depend
+on (``spec.trainer``, its keys in any order, but for its length and step log)."""
 
 
-def uninterrupted_run(cwd: Path) -> dict[int, float]:
-    """Losses by step of ``ref.yaml`` (the job without faults) trained by `omni train` on two
-    local processes, with the intra-op threads of a sandbox pod (:data:`POD_THREADS`), so the
-    float sums run in the same order and the curves compare bit for bit (at other thread
-    counts they drift apart by ~1e-7 a step). Its step log is ``runs/ref/steps.jsonl``."""
+def uninterrupted_run(cwd: Path, *, longest: int = REFERENCE_STEPS) -> dict[int, float]:
+    """Losses by step of ``ref.yaml`` (the job without faults), its steps only, from one run of
+    the same trainer for ``longest`` steps (see :data:`REFERENCE_STEPS`) trained by `omni
+    train` on two local processes, with the intra-op threads of a sandbox pod
+    (:data:`POD_THREADS`), so the float sums run in the same order and the curves compare bit
+    for bit (at other thread counts they drift apart by ~1e-7 a step). Its first steps' log is
+    written to ``runs/ref/steps.jsonl``."""
     doc = yaml.safe_load((cwd / "ref.yaml").read_text())
-    key = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+    trainer = doc["spec"]["trainer"]
+    steps = trainer["train"]["steps"]
+    assert steps <= longest and trainer["lrSchedule"].get("decaySteps") == longest, (
+        f"ref.yaml: {steps} steps, decaySteps {trainer['lrSchedule'].get('decaySteps')}: the "
+        f"uninterrupted run of {longest} steps would not train as it does"
+    )
+    trainer["train"]["steps"], trainer["train"]["stepLog"] = longest, "runs/ref-whole/steps.jsonl"
+    key = hashlib.sha256(json.dumps(trainer, sort_keys=True).encode()).hexdigest()
+    if key not in _REFERENCE_LOGS:
+        (cwd / "ref-whole.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+        env = {**os.environ, "OMNI_NUM_THREADS": POD_THREADS}
+        subprocess.run([*OMNI, "train", "ref-whole.yaml", "--nproc", "2"], cwd=cwd, env=env,
+                       check=True, capture_output=True, timeout=600)  # fmt: skip
+        _REFERENCE_LOGS[key] = cwd / "runs/ref-whole/steps.jsonl"
+    lines = _REFERENCE_LOGS[key].read_text().splitlines(keepends=True)
     log = cwd / "runs/ref/steps.jsonl"
-    if key in _REFERENCE_LOGS:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(_REFERENCE_LOGS[key], log)
-        return read_step_log(log)
-    env = {**os.environ, "OMNI_NUM_THREADS": POD_THREADS}
-    subprocess.run([*OMNI, "train", "ref.yaml", "--nproc", "2"], cwd=cwd, env=env, check=True,
-                   capture_output=True, timeout=600)  # fmt: skip
-    _REFERENCE_LOGS[key] = log
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("".join(line for line in lines if json.loads(line)["step"] <= steps))
     return read_step_log(log)
 
 

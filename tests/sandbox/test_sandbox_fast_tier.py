@@ -17,20 +17,21 @@ from .test_sandbox_e2e import SANDBOX_DIR, Sandbox, _fault, _manifest, uninterru
 STEPS = 60
 """Long enough that the node loss lands while the job trains: the fault follows the second
 fast save (step 8) within a poll of the node's disk and the kubelet's watch (a few seconds, at
-0.1-0.3 s a step here)."""
+0.1-0.3 s a step here). Its learning rate decays over these steps and its uninterrupted run is
+this long: it runs in the other test lane, where no test trains a longer one."""
 FAST = 4
 
 
 def test_a_lost_node_resumes_from_the_fast_tier_of_its_peer(tmp_path: Path) -> None:
     _manifest(tmp_path / "job.yaml", step_log="runs/job/steps.jsonl", checkpoint="runs/job/ckpt",
-              steps=STEPS)  # fmt: skip
+              steps=STEPS, decay_steps=STEPS)  # fmt: skip
     doc = yaml.safe_load((tmp_path / "job.yaml").read_text())
     doc["spec"]["trainer"]["checkpoint"].update(
         intervalSteps=1000, fast={"path": "/var/lib/omni-fast", "intervalSteps": FAST}
     )  # the persistent tier never saves before the fault: only the fast tier can help
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     _manifest(tmp_path / "ref.yaml", step_log="runs/ref/steps.jsonl", checkpoint=None,
-              steps=STEPS)  # fmt: skip
+              steps=STEPS, decay_steps=STEPS)  # fmt: skip
     log_path = tmp_path / "runs/job/steps.jsonl"
     with Sandbox(tmp_path) as sb:
         sb.kubectl("apply", "-f", "job.yaml")
@@ -68,6 +69,6 @@ def test_a_lost_node_resumes_from_the_fast_tier_of_its_peer(tmp_path: Path) -> N
           f"(persistent tier alone: {reached})")  # fmt: skip
 
     got = read_step_log(log_path)
-    want = uninterrupted_run(tmp_path)
+    want = uninterrupted_run(tmp_path, longest=STEPS)
     assert list(got) == list(want) == list(range(1, STEPS + 1))
     assert max(abs(got[s] - want[s]) for s in want) <= 1e-6, (got, want)

@@ -27,8 +27,8 @@ from .test_sandbox_e2e import (
 
 STEPS = RUN_IN_PLACE_STEPS
 """Long enough that both node losses land while the job trains (at steps 18 and 26, 0.3 s a
-step, with the suite's sandbox tests alone), and the in-place test's length: one uninterrupted
-run serves both."""
+step, with the suite's sandbox tests alone; the second waits for a spare started after the
+first), with the in-place test's margin."""
 RANK = "omni.megascale.io/node-rank"
 
 
