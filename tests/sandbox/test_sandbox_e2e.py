@@ -35,7 +35,11 @@ BIN = Path(sys.executable).parent
 OMNI = [sys.executable, "-m", "omni_trainer.cli"]
 STEPS = 40
 GRACEFUL_STEPS = 120
-"""The graceful-delete test's length, and the restarted sandbox's."""
+"""The graceful-delete test's length: its second fault lands after a restart (at 40 steps the job
+once finished before it)."""
+RESTARTED_STEPS = 80
+"""The restarted sandbox's job: long enough that the sandbox stops mid-run (at its second
+checkpoint, step 10, once the other job's trainers started) even on an idle machine."""
 REFERENCE_STEPS = 240
 """The longest uninterrupted run a test here compares with (the replaced straggler's). Every
 sandbox job's learning rate decays over this many steps (``lrSchedule.decaySteps``), whatever
@@ -507,7 +511,7 @@ def test_a_restarted_sandbox_keeps_the_job_and_it_succeeds_exactly(tmp_path: Pat
     for the one before. A second job whose trainers had started but not reached step 1 when the
     sandbox stopped restarts too (infrastructure, not a configuration error) and succeeds. Then
     a job of another name on the same path refuses the checkpoint, naming the owner."""
-    steps = GRACEFUL_STEPS  # long enough that the sandbox stops mid-run even on an idle machine
+    steps = RESTARTED_STEPS
     for name, ckpt in (("job", "runs/job/ckpt"), ("ref", None)):
         _manifest(tmp_path / f"{name}.yaml", step_log=f"runs/{name}/steps.jsonl", checkpoint=ckpt)
         doc = yaml.safe_load((tmp_path / f"{name}.yaml").read_text())
