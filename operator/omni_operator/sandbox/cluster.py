@@ -261,8 +261,8 @@ class _SandboxTasks(Collection["asyncio.Task[Any]"]):
 
 
 async def _operator(memo: kopf.Memo) -> None:
-    """The operator, as ``kopf.operator`` runs it (its handlers, in-cluster mode, SIGINT/SIGTERM
-    stop it), but stopping at once: see :class:`_SandboxTasks`."""
+    """The operator, as ``kopf.operator`` runs it (its handlers, cluster-wide, standalone;
+    SIGINT/SIGTERM stop it), but stopping at once: see :class:`_SandboxTasks`."""
     import omni_operator.handlers  # noqa: F401  (registers the operator's handlers)
 
     before = _SandboxTasks(asyncio.all_tasks())
