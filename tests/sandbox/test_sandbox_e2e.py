@@ -78,19 +78,19 @@ _REFERENCE_LOGS: dict[str, Path] = {}
 on (``spec.trainer``, its keys in any order, but for its length and step log)."""
 
 
-def uninterrupted_run(cwd: Path, *, longest: int = REFERENCE_STEPS) -> dict[int, float]:
+def uninterrupted_run(cwd: Path) -> dict[int, float]:
     """Losses by step of ``ref.yaml`` (the job without faults), its steps only, from one run of
-    the same trainer for ``longest`` steps (see :data:`REFERENCE_STEPS`) trained by `omni
-    train` on two local processes, with the intra-op threads of a sandbox pod
-    (:data:`POD_THREADS`), so the float sums run in the same order and the curves compare bit
-    for bit (at other thread counts they drift apart by ~1e-7 a step). Its first steps' log is
-    written to ``runs/ref/steps.jsonl``."""
+    the same trainer for as many steps as its learning rate decays over (``decaySteps``: see
+    :data:`REFERENCE_STEPS`), trained by `omni train` on two local processes, with the
+    intra-op threads of a sandbox pod (:data:`POD_THREADS`), so the float sums run in the same
+    order and the curves compare bit for bit (at other thread counts they drift apart by ~1e-7
+    a step). Its first steps' log is written to ``runs/ref/steps.jsonl``."""
     doc = yaml.safe_load((cwd / "ref.yaml").read_text())
     trainer = doc["spec"]["trainer"]
-    steps = trainer["train"]["steps"]
-    assert steps <= longest and trainer["lrSchedule"].get("decaySteps") == longest, (
-        f"ref.yaml: {steps} steps, decaySteps {trainer['lrSchedule'].get('decaySteps')}: the "
-        f"uninterrupted run of {longest} steps would not train as it does"
+    steps, longest = trainer["train"]["steps"], trainer["lrSchedule"].get("decaySteps")
+    assert longest is not None and steps <= longest, (
+        f"ref.yaml: {steps} steps, decaySteps {longest}: an uninterrupted run of decaySteps "
+        "steps would not train as it does"
     )
     trainer["train"]["steps"], trainer["train"]["stepLog"] = longest, "runs/ref-whole/steps.jsonl"
     key = hashlib.sha256(json.dumps(trainer, sort_keys=True).encode()).hexdigest()

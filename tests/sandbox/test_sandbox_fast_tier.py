@@ -69,6 +69,6 @@ def test_a_lost_node_resumes_from_the_fast_tier_of_its_peer(tmp_path: Path) -> N
           f"(persistent tier alone: {reached})")  # fmt: skip
 
     got = read_step_log(log_path)
-    want = uninterrupted_run(tmp_path, longest=STEPS)
+    want = uninterrupted_run(tmp_path)
     assert list(got) == list(want) == list(range(1, STEPS + 1))
     assert max(abs(got[s] - want[s]) for s in want) <= 1e-6, (got, want)
