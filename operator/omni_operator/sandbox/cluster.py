@@ -240,7 +240,8 @@ class _SandboxTasks(Collection["asyncio.Task[Any]"]):
     it started, the sandbox's own (named ``sandbox-*``), and the API server's handlers of open
     connections (aiohttp's ``RequestHandler.start``, one per keep-alive or watch connection of
     the kubelet, Kueue and the Deployment controller). kopf gives each task begun after it
-    started 5 s to end on its own; those never end while the sandbox runs."""
+    started 5 s to end on its own; those never end while the sandbox runs. kopf only asks
+    whether a task is in it, so iterating gives the tasks from before alone."""
 
     def __init__(self, before: Collection[asyncio.Task[Any]]) -> None:
         self._before = frozenset(before)
